@@ -1,0 +1,148 @@
+"""Parser and printer: golden round trips, malformed input, fuzzing."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax._src.lib import xla_client as xc
+
+import hlo_tools
+from hlo_tools import HloParseError, parse, parse_shape, to_text
+
+FIXTURES = sorted((pathlib.Path(__file__).parent / "fixtures").glob("*.hlo"))
+
+SMALL = """HloModule small, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  p = f32[4]{0} parameter(0)
+  c = f32[] constant(2)
+  bc = f32[4]{0} broadcast(c), dimensions={}
+  m = f32[4]{0} multiply(p, bc)
+  ar = f32[4]{0} all-reduce(m), replica_groups={{0,1,2,3}}, to_apply=add_f32
+  ROOT out = f32[4]{0} add(ar, p), metadata={op_name="jit(f)/add, with comma" source_line=3}
+}
+"""
+
+
+def xla_canonical(text: str) -> str:
+    return xc.hlo.hlo_module_from_text(text).to_string()
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+def test_golden_round_trip(path):
+    text = path.read_text()
+    printed = to_text(parse(text, source=str(path)))
+    assert to_text(parse(printed)) == printed, "parse∘print is not idempotent"
+    assert xla_canonical(printed) == xla_canonical(text), printed
+
+
+def test_small_module_structure():
+    m = parse(SMALL)
+    assert m.name == "small"
+    assert [c.name for c in m.computations] == ["add_f32", "main"]
+    assert m.entry.name == "main" and m.entry.root_name == "out"
+    ar = m.entry.instruction("ar")
+    assert ar.opcode == "all-reduce" and ar.operands == ["m"]
+    assert ar.called_computations == ["add_f32"]
+    assert ar.attrs["replica_groups"] == "{{0,1,2,3}}"
+    out = m.entry.instruction("out")
+    assert out.op_name == "jit(f)/add, with comma"
+    assert m.entry.instruction("c").payload == "2"
+    assert m.instruction_count == 9
+    assert xla_canonical(to_text(m)) == xla_canonical(SMALL)
+
+
+def test_attribute_edit_is_printed():
+    m = parse(SMALL)
+    m.entry.instruction("bc").attrs["dimensions"] = "{}"
+    m.entry.instruction("ar").attrs["channel_id"] = "7"
+    text = to_text(m)
+    assert "to_apply=add_f32, channel_id=7" in text
+    assert parse(text).entry.instruction("ar").attrs["channel_id"] == "7"
+
+
+@pytest.mark.parametrize("text,shape", [
+    ("f32[8,16]{1,0}", ("f32", (8, 16), 512)),
+    ("f32[]", ("f32", (), 4)),
+    ("pred[3]{0}", ("pred", (3,), 3)),
+    ("bf16[2,<=5]", ("bf16", (2, 5), 20)),
+    ("(f32[2]{0}, (s32[], u8[4]{0}))", ("tuple", (), 16)),
+    ("token[]", ("token", (), 0)),
+])
+def test_parse_shape(text, shape):
+    s = parse_shape(text)
+    assert (s.element_type, s.dims, s.byte_size()) == shape
+    assert str(s) == text.replace(", (", ", (")
+
+
+def _broken(old: str, new: str) -> str:
+    assert old in SMALL
+    return SMALL.replace(old, new, 1)
+
+
+MALFORMED = {
+    "empty": ("", 1),
+    "no header": ("ENTRY main {\n  p = f32[] parameter(0)\n}\n", 1),
+    "truncated": (SMALL[: SMALL.index("  ROOT out")], 14),
+    "unknown opcode": (_broken("multiply(p, bc)", "multiplyy(p, bc)"), 13),
+    "undefined operand": (_broken("add(ar, p)", "add(ar, q)"), 15),
+    "mismatched braces": (_broken("replica_groups={{0,1,2,3}}", "replica_groups={{0,1,2,3}"), 14),
+    "bad shape": (_broken("f32[4]{0} multiply", "f32[4,x]{0} multiply"), 13),
+    "unknown type": (_broken("f32[4]{0} multiply", "f33[4]{0} multiply"), 13),
+    "missing equals": (_broken("m = f32[4]{0} multiply", "m f32[4]{0} multiply"), 13),
+    "bad parameter": (_broken("parameter(0)\n  c", "parameter(x)\n  c"), 10),
+    "unterminated string": (_broken('source_line=3}', 'source_line=3'), 15),
+    "duplicate name": (_broken("  c = f32[] constant(2)", "  p = f32[] constant(2)"), 11),
+    "unknown computation": (_broken("to_apply=add_f32", "to_apply=nope"), 14),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_raises_with_line(name):
+    text, line = MALFORMED[name]
+    with pytest.raises(HloParseError) as info:
+        parse(text, source="bad.hlo")
+    assert info.value.line == line, str(info.value)
+    assert f"bad.hlo:{line}:" in str(info.value)
+
+
+def test_error_message_names_what_was_expected():
+    with pytest.raises(HloParseError, match=r"expected a shape like"):
+        parse(_broken("f32[4]{0} multiply", "[4]{0} multiply"))
+
+
+_REAL = [p.read_text() for p in FIXTURES if p.name.startswith(("shard_map", "scan", "cond"))]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(_REAL) - 1),
+    cuts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40),
+                            st.text(alphabet="{}()[],=%\"\n abfx0123.-", max_size=6)),
+                  min_size=1, max_size=4),
+)
+def test_fuzz_parser_raises_only_parse_errors(which, cuts):
+    text = _REAL[which]
+    for pos, length, insert in cuts:
+        pos %= max(len(text), 1)
+        text = text[:pos] + insert + text[pos + length:]
+    try:
+        module = parse(text)
+    except HloParseError:
+        return
+    printed = to_text(module)
+    assert to_text(parse(printed)) == printed
+
+
+def test_public_api_exports():
+    for name in hlo_tools.__all__:
+        assert hasattr(hlo_tools, name), name
