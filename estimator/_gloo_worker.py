@@ -1,0 +1,150 @@
+"""Child processes of the AllReduce microbenchmarks (``python -m estimator._gloo_worker``).
+
+``measure``: measures psum in this process (``--devices N`` host devices, or one device
+of a gloo job with ``--coordinator/--num-processes/--process-id``) and writes the points
+as JSON. ``launch``: starts a gloo job of ``measure`` workers on a free 127.0.0.1 port,
+optionally first limiting the loopback with ``tc`` (only allowed inside a private network
+namespace, i.e. under ``unshare -n``), bounds it in time and merges the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _log(tag: str, text: str) -> None:
+    print(f"[{tag}] {text}", file=sys.stderr, flush=True)
+
+
+def _facts() -> dict[str, Any]:
+    import jax
+
+    return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "num_devices": jax.device_count(), "local_devices": jax.local_device_count(),
+            "num_processes": jax.process_count(), "jax_version": jax.__version__,
+            "host_cpus": os.cpu_count() or 0}
+
+
+def _measure(args: argparse.Namespace) -> None:
+    import jax
+
+    if args.coordinator:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id, initialization_timeout=60)
+    from estimator.allreduce import measure_psum
+
+    expected = args.num_processes if args.coordinator else args.devices
+    if jax.device_count() != expected:
+        raise SystemExit(f"expected {expected} devices, got {jax.device_count()}")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    show = args.process_id == 0 and not args.silent
+    tag = f"{args.tag} p0" if args.coordinator else args.tag
+    points = measure_psum(sizes, quick=args.quick,
+                          progress=(lambda s: _log(tag, s)) if show else None)
+    result = {"facts": _facts(), "processes": [[p.to_json() for p in points]]}
+    Path(args.out).write_text(json.dumps(result))
+    if args.coordinator:
+        jax.distributed.shutdown()
+
+
+def _in_private_netns(parent_netns: str) -> bool:
+    """True if this process's network namespace differs from the parent's (``unshare -n``)."""
+    try:
+        return bool(parent_netns) and os.readlink("/proc/self/ns/net") != parent_netns
+    except OSError:
+        return False
+
+
+def _limit_loopback(rate: str, parent_netns: str) -> str:
+    """Brings ``lo`` up and limits it to ``rate``; returns ``tc qdisc show dev lo``."""
+    if not _in_private_netns(parent_netns):
+        raise SystemExit("refusing to shape lo outside a private network namespace "
+                         "(run under `unshare -n`)")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
+    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate,
+                    "burst", "1mb", "latency", "100ms"], check=True, timeout=10)
+    out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], check=True, timeout=10,
+                         capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_all(procs: list[subprocess.Popen], deadline: float) -> list[int]:
+    """Waits for every process until ``deadline``; kills the rest (by pid) after it."""
+    rcs = []
+    for p in procs:
+        try:
+            rcs.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+            raise SystemExit(124) from None
+    return rcs
+
+
+def _launch(args: argparse.Namespace) -> None:
+    qdisc = _limit_loopback(args.rate, args.parent_netns) if args.rate else ""
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="disco_gloo_") as tmp:
+        outs = [Path(tmp) / f"p{i}.json" for i in range(args.num_processes)]
+        procs = [subprocess.Popen(_worker_cmd(args, port, i, outs[i]))
+                 for i in range(args.num_processes)]
+        rcs = _wait_all(procs, time.monotonic() + args.timeout)
+        if any(rcs):
+            raise SystemExit(f"gloo workers exited with {rcs}")
+        results = [json.loads(o.read_text()) for o in outs]
+    facts = dict(results[0]["facts"], port=port, rate=args.rate or "", qdisc=qdisc)
+    merged = {"facts": facts, "processes": [r["processes"][0] for r in results]}
+    Path(args.out).write_text(json.dumps(merged))
+
+
+def _worker_cmd(args: argparse.Namespace, port: int, i: int, out: Path) -> list[str]:
+    return [sys.executable, "-m", "estimator._gloo_worker", "measure", "--out", str(out),
+            "--tag", args.tag, "--sizes", args.sizes, "--coordinator", f"127.0.0.1:{port}",
+            "--num-processes", str(args.num_processes), "--process-id", str(i)] + (
+                ["--quick"] * args.quick) + (["--silent"] * args.silent)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point (see the module docstring)."""
+    ap = argparse.ArgumentParser(prog="python -m estimator._gloo_worker")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("measure", "launch"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", required=True)
+        p.add_argument("--sizes", required=True, help="comma-separated bytes per device")
+        p.add_argument("--tag", default="allreduce")
+        p.add_argument("--quick", action="store_true")
+        p.add_argument("--silent", action="store_true")
+        p.add_argument("--num-processes", type=int, default=1)
+    m = sub.choices["measure"]
+    m.add_argument("--devices", type=int, default=1)
+    m.add_argument("--coordinator", default="")
+    m.add_argument("--process-id", type=int, default=0)
+    la = sub.choices["launch"]
+    la.add_argument("--rate", default="", help="tc rate limit of lo, e.g. 1gbit")
+    la.add_argument("--timeout", type=float, default=300.0, help="seconds")
+    la.add_argument("--parent-netns", default="",
+                    help="readlink /proc/self/ns/net of the caller; --rate needs a different one")
+    args = ap.parse_args(argv)
+    _measure(args) if args.cmd == "measure" else _launch(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,688 @@
+"""Linear AllReduce model ``T(bytes) = C * bytes + D``, its microbenchmarks and hardware files.
+
+What is measured: a jitted ``shard_map`` of ``lax.psum`` over every device of a float32
+array of ``bytes`` bytes *per device* (the size the ``all-reduce`` instruction has in the
+per-device HLO). Two times are taken per call:
+
+* ``op``: the all-reduce instruction's own duration from a profiler trace (see
+  :mod:`estimator.profiler`). An all-reduce event lasts until every participant has
+  arrived, so each participant's duration includes waiting for the late ones; per
+  iteration the *minimum* over participants (the last to arrive) is the collective's cost,
+  and the model is fitted on the median over iterations. This is the time the simulator
+  charges one all-reduce op: launch/dispatch overhead of the program is not in it.
+* ``wall``: host wall time of the whole call (dispatch to ready), also min over processes.
+  It includes per-launch overhead (~0.1-0.2 ms on CPU) and is kept for reference.
+
+Setups (see :data:`SETUPS`) run in child processes so that each gets its own device
+configuration; ``gloo2-1gbit`` runs inside a private network namespace (``unshare -n``)
+whose loopback is limited with ``tc``, so the host's network is never touched.
+
+Times are seconds and sizes bytes throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "AllReduceModel",
+    "AllReduceFit",
+    "AllReducePoint",
+    "HardwareConfig",
+    "MeasuredAllReduce",
+    "Setup",
+    "SetupResult",
+    "SETUPS",
+    "STATISTICS",
+    "FULL_SIZES",
+    "QUICK_SIZES",
+    "HARDWARE_DIR",
+    "fit_allreduce",
+    "relative_errors",
+    "measure_psum",
+    "default_repeats",
+    "combine_processes",
+    "run_setup",
+    "run_inproc",
+    "run_gloo",
+    "hardware_toml",
+    "write_hardware",
+    "load_hardware",
+]
+
+#: 4 B .. 64 MiB in powers of 4 (13 sizes).
+FULL_SIZES: tuple[int, ...] = tuple(4 * 4**k for k in range(13))
+#: 4 B .. 64 MiB in powers of 16 (7 sizes).
+QUICK_SIZES: tuple[int, ...] = tuple(4 * 16**k for k in range(7))
+#: ``configs/hardware`` of this repository.
+HARDWARE_DIR = Path(__file__).resolve().parents[1] / "configs" / "hardware"
+HARDWARE_SCHEMA = 1
+_WORKER = "estimator._gloo_worker"
+
+
+# --------------------------------------------------------------------------- model and fit
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceModel:
+    """``T(bytes) = c_s_per_byte * bytes + d_s``.
+
+    Attributes:
+        c_s_per_byte: seconds per byte of the per-device buffer (1 / effective bandwidth).
+        d_s: fixed latency of one all-reduce, seconds.
+    """
+
+    c_s_per_byte: float
+    d_s: float
+
+    def time(self, nbytes: float) -> float:
+        """Predicted time in seconds of one all-reduce of ``nbytes`` bytes per device."""
+        return self.c_s_per_byte * float(nbytes) + self.d_s
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Effective bandwidth ``1 / C`` in bytes per second (inf if C is 0)."""
+        return math.inf if self.c_s_per_byte <= 0 else 1.0 / self.c_s_per_byte
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredAllReduce:
+    """Interpolation of measured times, for when one line is too coarse.
+
+    Between measured sizes, times are interpolated linearly (after making them
+    non-decreasing); below the smallest size the smallest time is used; above the
+    largest, the linear model's slope extends the last point.
+
+    Attributes:
+        bytes: measured sizes in bytes, increasing.
+        times_s: measured times in seconds.
+        linear: the fitted linear model (its slope extrapolates).
+    """
+
+    bytes: tuple[int, ...]
+    times_s: tuple[float, ...]
+    linear: AllReduceModel
+
+    def time(self, nbytes: float) -> float:
+        """Time in seconds of one all-reduce of ``nbytes`` bytes per device."""
+        t = np.maximum.accumulate(np.asarray(self.times_s, dtype=float))
+        if nbytes >= self.bytes[-1]:
+            return float(t[-1] + self.linear.c_s_per_byte * (nbytes - self.bytes[-1]))
+        return float(np.interp(nbytes, self.bytes, t))
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceFit:
+    """A fitted model with its relative errors on the points it was fitted on.
+
+    Attributes:
+        model: the fitted model.
+        mean_rel_err: mean of ``|pred - t| / t``.
+        max_rel_err: max of ``|pred - t| / t``.
+        weighting: ``"relative"`` (residuals divided by t) or ``"none"``.
+    """
+
+    model: AllReduceModel
+    mean_rel_err: float
+    max_rel_err: float
+    weighting: str
+
+
+def relative_errors(model: AllReduceModel, nbytes: Sequence[float],
+                    times: Sequence[float]) -> np.ndarray:
+    """``|model.time(b) - t| / t`` for each point."""
+    b = np.asarray(nbytes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    return np.abs(model.c_s_per_byte * b + model.d_s - t) / t
+
+
+def fit_allreduce(nbytes: Sequence[float], times: Sequence[float],
+                  weighting: str = "relative") -> AllReduceFit:
+    """Fits ``T = C * bytes + D`` with ``C, D >= 0`` by (weighted) least squares.
+
+    Args:
+        nbytes: message sizes in bytes.
+        times: measured times in seconds (> 0).
+        weighting: ``"relative"`` minimizes the sum of squared relative errors (weights
+            1/T, so small messages count as much as big ones); ``"none"`` the plain
+            squared errors (dominated by the biggest messages).
+
+    Returns:
+        The fit and its mean/max relative error.
+    """
+    from scipy.optimize import nnls
+
+    b = np.asarray(nbytes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    if len(b) < 2 or np.any(t <= 0):
+        raise ValueError("need >= 2 points with positive times")
+    w = 1.0 / t if weighting == "relative" else np.ones_like(t)
+    scale = max(float(b.max()), 1.0)
+    a = np.column_stack([b / scale, np.ones_like(b)]) * w[:, None]
+    coef, _ = nnls(a, t * w)
+    model = AllReduceModel(float(coef[0] / scale), float(coef[1]))
+    err = relative_errors(model, b, t)
+    return AllReduceFit(model, float(err.mean()), float(err.max()), weighting)
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+@dataclasses.dataclass
+class AllReducePoint:
+    """Measurements of one message size.
+
+    Attributes:
+        bytes: per-device buffer size in bytes.
+        op_times_s: per iteration, the all-reduce op's trace duration (min over
+            participants).
+        wall_times_s: per iteration, the call's wall time (min over processes).
+    """
+
+    bytes: int
+    op_times_s: list[float]
+    wall_times_s: list[float]
+
+    @property
+    def op_time_s(self) -> float:
+        """Median op time in seconds."""
+        return statistics.median(self.op_times_s)
+
+    @property
+    def wall_time_s(self) -> float:
+        """Median wall time in seconds."""
+        return statistics.median(self.wall_times_s)
+
+    def op_time(self, stat: str = "median") -> float:
+        """Op time in seconds by statistic (see :data:`STATISTICS`)."""
+        return _statistic(self.op_times_s, stat)
+
+    def wall_time(self, stat: str = "median") -> float:
+        """Wall time in seconds by statistic (see :data:`STATISTICS`)."""
+        return _statistic(self.wall_times_s, stat)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "op_time_s": self.op_time_s,
+                "op_p25_s": self.op_time("p25"), "wall_time_s": self.wall_time_s,
+                "op_times_s": self.op_times_s, "wall_times_s": self.wall_times_s}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AllReducePoint:
+        return cls(int(d["bytes"]), list(d["op_times_s"]), list(d["wall_times_s"]))
+
+
+#: Statistics over iterations a fit can use: ``median`` (default), ``p25`` (25th
+#: percentile: robust to a busy shared machine, where a share of the iterations waits a
+#: scheduler slice, ~4 ms, for a CPU) and ``min``.
+STATISTICS = ("median", "p25", "min")
+
+
+def _statistic(values: Sequence[float], stat: str) -> float:
+    if stat == "median":
+        return statistics.median(values)
+    if stat == "p25":
+        return float(np.percentile(values, 25))
+    if stat == "min":
+        return min(values)
+    raise ValueError(f"unknown statistic {stat!r}; choose from {STATISTICS}")
+
+
+def default_repeats(nbytes: int, quick: bool = False) -> int:
+    """Timed iterations for a size: more for small (noisy) messages, fewer for big ones."""
+    n = 30 if nbytes <= 256 * 1024 else 10 if nbytes <= 4 * 1024 * 1024 else 5
+    return max(3, n // 2) if quick else n
+
+
+def _psum_program(mesh: Any, nbytes: int) -> Any:
+    """A jitted psum of ``nbytes`` per device over mesh axis ``"d"``; module is unique."""
+    import jax
+    from jax import lax
+    from jax.sharding import PartitionSpec
+
+    def body(x: Any) -> Any:
+        return lax.psum(x, "d")
+
+    body.__name__ = body.__qualname__ = f"allreduce_{nbytes}B"
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec("d"),
+                                 out_specs=PartitionSpec()))
+
+
+def _global_input(mesh: Any, n_per_device: int) -> Any:
+    """A float32 array of ``n_per_device`` elements on each device of ``mesh``."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    shape = (mesh.devices.size * n_per_device,)
+    sharding = NamedSharding(mesh, PartitionSpec("d"))
+    return jax.make_array_from_callback(
+        shape, sharding, lambda idx: np.ones((n_per_device,), np.float32))
+
+
+@dataclasses.dataclass
+class _Case:
+    nbytes: int
+    compiled: Any
+    module: str
+    ar_names: frozenset[str]
+    x: Any
+    repeats: int
+    walls: list[float] = dataclasses.field(default_factory=list)
+
+
+def _make_case(mesh: Any, nbytes: int, quick: bool) -> _Case:
+    import hlo_tools
+    from estimator.profiler import _module_name
+
+    n = max(1, nbytes // 4)
+    x = _global_input(mesh, n)
+    compiled = _psum_program(mesh, 4 * n).lower(x).compile()
+    text = compiled.as_text()
+    names = frozenset(i.name for _, i in hlo_tools.parse(text).instructions()
+                      if i.opcode.startswith("all-reduce"))
+    return _Case(4 * n, compiled, _module_name(text), names, x, default_repeats(4 * n, quick))
+
+
+def _call(case: _Case) -> float:
+    import time
+
+    import jax
+
+    t0 = time.perf_counter()
+    jax.block_until_ready(case.compiled(case.x))
+    return time.perf_counter() - t0
+
+
+def _op_times(case: _Case, events: Sequence[Any]) -> list[float]:
+    """Per iteration, the all-reduce time of the participant that waited least."""
+    from estimator.profiler import op_events, per_device_samples
+
+    evs = [e for e in op_events(events, case.module) if e.name in case.ar_names]
+    per_dev = per_device_samples(evs)
+    series = [[sum(v) for v in zip(*names.values(), strict=True)] for names in per_dev.values()]
+    return [min(vals) for vals in zip(*series, strict=False)]
+
+
+def measure_psum(sizes: Sequence[int], quick: bool = False, warmup: int = 2,
+                 progress: Callable[[str], None] | None = None) -> list[AllReducePoint]:
+    """Measures psum over all (global) devices of this process's jax runtime.
+
+    Sizes are run interleaved (round r runs every size that still needs a repeat), so
+    slow drifts of a shared machine hit every size alike. In a multi-process job every
+    process must call this with the same arguments.
+
+    Args:
+        sizes: per-device message sizes in bytes (rounded down to a multiple of 4, >= 4).
+        quick: fewer repeats (see :func:`default_repeats`).
+        warmup: untimed calls per size before tracing.
+        progress: called with a line of text per finished size.
+
+    Returns:
+        One point per size; op times are min over this process's local devices.
+    """
+    import jax
+    from jax.sharding import Mesh
+
+    from estimator.profiler import find_trace_file, read_trace_events
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    cases = [_make_case(mesh, b, quick) for b in sizes]
+    for case in cases:
+        for _ in range(warmup):
+            _call(case)
+    with tempfile.TemporaryDirectory(prefix="disco_ar_trace_") as tmp:
+        jax.profiler.start_trace(tmp)
+        try:
+            for r in range(max(c.repeats for c in cases)):
+                for case in (c for c in cases if r < c.repeats):
+                    case.walls.append(_call(case))
+        finally:
+            jax.profiler.stop_trace()
+        events = read_trace_events(find_trace_file(tmp))
+    points = [AllReducePoint(c.nbytes, _op_times(c, events), c.walls) for c in cases]
+    for p in points:
+        if progress is not None:
+            progress(f"{_fmt_bytes(p.bytes):>9}  op {p.op_time_s * 1e3:9.3f} ms  "
+                     f"wall {p.wall_time_s * 1e3:9.3f} ms  ({len(p.op_times_s)} it)")
+    return points
+
+
+def combine_processes(per_process: Sequence[Sequence[AllReducePoint]]) -> list[AllReducePoint]:
+    """Merges the points of the processes of one job: per iteration, min over processes."""
+    out = []
+    for pts in zip(*per_process, strict=True):
+        op = [min(v) for v in zip(*(p.op_times_s for p in pts), strict=False)]
+        wall = [min(v) for v in zip(*(p.wall_times_s for p in pts), strict=False)]
+        out.append(AllReducePoint(pts[0].bytes, op, wall))
+    return out
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, k in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{n} B"
+
+
+# --------------------------------------------------------------------------- setups
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One measured configuration.
+
+    Attributes:
+        name: setup name (also the hardware file name).
+        kind: ``"inproc"`` (N host devices in one process) or ``"gloo"`` (N processes).
+        num_devices: devices taking part in the all-reduce.
+        num_processes: processes of the job.
+        rate: loopback rate limit for ``tc`` (e.g. ``"1gbit"``), or None for unlimited.
+        description: what it models.
+    """
+
+    name: str
+    kind: str
+    num_devices: int
+    num_processes: int
+    rate: str | None
+    description: str
+
+
+SETUPS: dict[str, Setup] = {
+    "inproc4": Setup("inproc4", "inproc", 4, 1, None,
+                     "4 XLA:CPU host devices in one process (in-memory rendezvous)"),
+    "gloo2": Setup("gloo2", "gloo", 2, 2, None,
+                   "2 processes x 1 CPU device, gloo over TCP on 127.0.0.1 (no limit)"),
+    "gloo2-1gbit": Setup("gloo2-1gbit", "gloo", 2, 2, "1gbit",
+                         "2 processes x 1 CPU device, gloo over TCP on a private loopback "
+                         "limited by tc tbf rate 1gbit burst 1mb latency 100ms"),
+}
+
+
+@dataclasses.dataclass
+class SetupResult:
+    """Measured points of one setup with the fits of op and wall times.
+
+    Attributes:
+        setup: the setup.
+        points: one per size.
+        fit: fit of the op times (the model to use).
+        wall_fit: fit of the wall times (reference).
+        facts: measured facts about the run (jax version, devices, qdisc, ...).
+        stat: statistic over iterations that was fitted (see :data:`STATISTICS`).
+    """
+
+    setup: Setup
+    points: list[AllReducePoint]
+    fit: AllReduceFit
+    wall_fit: AllReduceFit
+    facts: dict[str, Any]
+    stat: str = "median"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"setup": dataclasses.asdict(self.setup), "facts": self.facts,
+                "statistic": self.stat,
+                "fit": _fit_json(self.fit), "wall_fit": _fit_json(self.wall_fit),
+                "points": [p.to_json() for p in self.points]}
+
+
+def _fit_json(fit: AllReduceFit) -> dict[str, Any]:
+    return {"c_s_per_byte": fit.model.c_s_per_byte, "d_s": fit.model.d_s,
+            "mean_rel_err": fit.mean_rel_err, "max_rel_err": fit.max_rel_err,
+            "weighting": fit.weighting}
+
+
+def _child_env(num_local_devices: int) -> dict[str, str]:
+    """The environment for a worker: CPU only, ``num_local_devices`` host devices."""
+    env = dict(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   env.get("XLA_FLAGS", "")).strip()
+    if num_local_devices > 1:
+        flags = f"{flags} --xla_force_host_platform_device_count={num_local_devices}".strip()
+    env["XLA_FLAGS"] = flags
+    env["JAX_PLATFORMS"] = "cpu"
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run_bounded(cmd: list[str], env: Mapping[str, str], timeout_s: float) -> None:
+    """Runs ``cmd`` in its own process group; kills that group after ``timeout_s``."""
+    proc = subprocess.Popen(cmd, env=dict(env), start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise TimeoutError(f"{' '.join(cmd[:4])} ... took over {timeout_s:.0f} s") from None
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with status {rc}")
+
+
+def _size_args(sizes: Sequence[int]) -> list[str]:
+    return ["--sizes", ",".join(str(int(s)) for s in sizes)]
+
+
+def run_inproc(num_devices: int, sizes: Sequence[int], quick: bool = False,
+               timeout_s: float = 300.0, tag: str = "inproc") -> dict[str, Any]:
+    """Measures psum over ``num_devices`` host devices in a child process.
+
+    Returns:
+        The worker's JSON: ``{"facts": {...}, "processes": [[point, ...]]}``.
+    """
+    with tempfile.TemporaryDirectory(prefix="disco_ar_") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", _WORKER, "measure", "--out", str(out), "--tag", tag,
+               "--devices", str(num_devices), *_size_args(sizes)] + (["--quick"] * quick)
+        _run_bounded(cmd, _child_env(num_devices), timeout_s)
+        return json.loads(out.read_text())
+
+
+def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
+             quick: bool = False, timeout_s: float = 300.0, tag: str = "gloo") -> dict[str, Any]:
+    """Measures psum between ``num_processes`` gloo processes on 127.0.0.1.
+
+    Args:
+        num_processes: processes (one CPU device each).
+        sizes: per-device message sizes in bytes.
+        rate: if set (``"1gbit"``), the job runs in a private network namespace
+            (``unshare -n``, needs root) whose loopback ``tc`` limits to this rate.
+        quick: fewer repeats.
+        timeout_s: the whole job is killed after this many seconds.
+        tag: label of the progress lines.
+
+    Returns:
+        The launcher's JSON: ``{"facts": {...}, "processes": [[point, ...], ...]}``.
+    """
+    with tempfile.TemporaryDirectory(prefix="disco_ar_") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", _WORKER, "launch", "--out", str(out), "--tag", tag,
+               "--num-processes", str(num_processes), "--timeout", str(timeout_s - 5),
+               *_size_args(sizes)] + (["--quick"] * quick)
+        if rate:
+            netns = os.readlink("/proc/self/ns/net")
+            cmd = ["unshare", "-n", *cmd, "--rate", rate, "--parent-netns", netns]
+        _run_bounded(cmd, _child_env(1), timeout_s)
+        return json.loads(out.read_text())
+
+
+def run_setup(setup: Setup | str, sizes: Sequence[int] | None = None, quick: bool = False,
+              timeout_s: float = 300.0, stat: str = "median") -> SetupResult:
+    """Measures one setup in child processes and fits the linear model.
+
+    Args:
+        setup: a :class:`Setup` or a name in :data:`SETUPS`.
+        sizes: message sizes in bytes; :data:`QUICK_SIZES` or :data:`FULL_SIZES` if None.
+        quick: fewer sizes and repeats.
+        timeout_s: bound on the whole setup's run, seconds.
+        stat: statistic over iterations to fit (see :data:`STATISTICS`).
+    """
+    s = SETUPS[setup] if isinstance(setup, str) else setup
+    sizes = sizes or (QUICK_SIZES if quick else FULL_SIZES)
+    if s.kind == "inproc":
+        raw = run_inproc(s.num_devices, sizes, quick, timeout_s, s.name)
+    else:
+        raw = run_gloo(s.num_processes, sizes, s.rate, quick, timeout_s, s.name)
+    per_proc = [[AllReducePoint.from_json(p) for p in pts] for pts in raw["processes"]]
+    points = combine_processes(per_proc)
+    b = [p.bytes for p in points]
+    fit = fit_allreduce(b, [p.op_time(stat) for p in points])
+    wall_fit = fit_allreduce(b, [p.wall_time(stat) for p in points])
+    return SetupResult(s, points, fit, wall_fit, raw["facts"], stat)
+
+
+# --------------------------------------------------------------------------- hardware files
+
+
+_SCHEMA_DOC = """\
+# DisCo hardware description, schema 1. Units: seconds, bytes.
+#
+# schema              int     always 1
+# name                str     setup name (= file name without .toml)
+# description         str     what the setup is
+# [hardware]
+#   backend           str     jax backend ("cpu", "gpu")
+#   device_kind       str     jax device_kind of the devices
+#   num_devices       int     devices taking part in each all-reduce
+#   num_processes     int     processes of the job
+#   devices_per_process int
+#   interconnect      str     how the devices are connected
+#   host_cpus         int     CPU cores of the host (os.cpu_count(); 0 if not measured)
+#   jax_version       str     jax version it was measured with ("" if not measured)
+#   measured_on       str     ISO date of the measurement, or of the estimate
+#   source            str     where the numbers come from
+# [allreduce]         T(bytes) = c_s_per_byte * bytes + d_s, bytes = per-device buffer
+#   model             str     "linear"
+#   c_s_per_byte      float   seconds per byte (1 / effective bandwidth)
+#   d_s               float   fixed latency per all-reduce, seconds
+#   time_metric       str     "op": all-reduce op duration from profiler traces, min over
+#                             participants per iteration; "spec": derived from hardware
+#                             specifications
+#   time_statistic    str     statistic over iterations: "median", "p25" or "min"
+#   fit_weighting     str     "relative": least squares on relative error (weights 1/T)
+#   mean_rel_err      float   mean |fit - measured| / measured over the points
+#   max_rel_err       float   max  |fit - measured| / measured over the points
+#   min_bytes, max_bytes int  range of measured sizes
+# [allreduce.wall]    same fit on host wall time per call (includes launch overhead)
+# [allreduce.points]  bytes; op_time_s, wall_time_s: the fitted statistic per size;
+#                     op_median_s, op_p25_s: median and 25th percentile of the op time
+"""
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "nan")
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_table(name: str | None, items: Mapping[str, Any]) -> list[str]:
+    lines = [f"[{name}]"] if name else []
+    lines += [f"{k} = {_toml_value(v)}" for k, v in items.items()]
+    return lines + [""]
+
+
+def hardware_toml(result: SetupResult) -> str:
+    """The hardware TOML text (schema documented at its top) for a measured setup."""
+    s, f, w = result.setup, result.fit, result.wall_fit
+    facts = result.facts
+    hw = {"backend": facts.get("backend", "cpu"), "device_kind": facts.get("device_kind", ""),
+          "num_devices": s.num_devices, "num_processes": s.num_processes,
+          "devices_per_process": s.num_devices // s.num_processes,
+          "interconnect": s.description, "host_cpus": int(facts.get("host_cpus", 0)),
+          "jax_version": facts.get("jax_version", ""),
+          "measured_on": datetime.date.today().isoformat(),
+          "source": "measured by benchmarks/allreduce_fit.py (estimator.allreduce)"}
+    ar = {"model": "linear", "c_s_per_byte": f.model.c_s_per_byte, "d_s": f.model.d_s,
+          "time_metric": "op", "time_statistic": result.stat, "fit_weighting": f.weighting,
+          "mean_rel_err": f.mean_rel_err, "max_rel_err": f.max_rel_err,
+          "min_bytes": result.points[0].bytes, "max_bytes": result.points[-1].bytes}
+    wall = {"c_s_per_byte": w.model.c_s_per_byte, "d_s": w.model.d_s,
+            "mean_rel_err": w.mean_rel_err, "max_rel_err": w.max_rel_err}
+    pts = {"bytes": [p.bytes for p in result.points],
+           "op_time_s": [p.op_time(result.stat) for p in result.points],
+           "wall_time_s": [p.wall_time(result.stat) for p in result.points],
+           "op_median_s": [p.op_time_s for p in result.points],
+           "op_p25_s": [p.op_time("p25") for p in result.points]}
+    lines = [_SCHEMA_DOC]
+    lines += _toml_table(None, {"schema": HARDWARE_SCHEMA, "name": s.name,
+                                "description": s.description})
+    lines += _toml_table("hardware", hw) + _toml_table("allreduce", ar)
+    lines += _toml_table("allreduce.wall", wall) + _toml_table("allreduce.points", pts)
+    return "\n".join(lines)
+
+
+def write_hardware(result: SetupResult, directory: str | os.PathLike[str] = HARDWARE_DIR) -> Path:
+    """Writes ``<directory>/<setup>.toml`` atomically; returns its path."""
+    path = Path(directory) / f"{result.setup.name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(hardware_toml(result))
+    os.replace(tmp, path)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareConfig:
+    """A loaded hardware file.
+
+    Attributes:
+        name: setup name.
+        allreduce: the all-reduce model.
+        hardware: the ``[hardware]`` table.
+        raw: the whole parsed TOML.
+    """
+
+    name: str
+    allreduce: AllReduceModel
+    hardware: dict[str, Any]
+    raw: dict[str, Any]
+
+    @property
+    def num_devices(self) -> int:
+        return int(self.hardware.get("num_devices", 1))
+
+    def measured(self) -> MeasuredAllReduce | None:
+        """Interpolation of the fitted points (None if the file has no points)."""
+        pts = self.raw.get("allreduce", {}).get("points")
+        if not pts or len(pts.get("bytes", [])) < 2:
+            return None
+        return MeasuredAllReduce(tuple(pts["bytes"]), tuple(pts["op_time_s"]), self.allreduce)
+
+
+def load_hardware(path_or_name: str | os.PathLike[str]) -> HardwareConfig:
+    """Loads a hardware TOML by path, or by name from ``configs/hardware/<name>.toml``."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(path_or_name)
+    if not path.exists():
+        path = HARDWARE_DIR / f"{Path(path_or_name).name.removesuffix('.toml')}.toml"
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    ar = raw["allreduce"]
+    model = AllReduceModel(float(ar["c_s_per_byte"]), float(ar["d_s"]))
+    return HardwareConfig(raw.get("name", path.stem), model, dict(raw.get("hardware", {})), raw)

@@ -1,0 +1,386 @@
+"""Bridge between jax and HLO text: extract a program, compile our text exactly as written.
+
+This is the only module of the project that touches jax/jaxlib internals
+(``jax._src...``, ``xla_client``, MLIR contexts, ``Lowered._lowering._hlo``). Everything
+here was checked on jax/jaxlib 0.10.2; importing it under other versions warns.
+
+Typical use::
+
+    text = extract(step, params, batch)            # pre-optimization whole-program HLO
+    new_text = rewrite(text)                        # our plan, e.g. hand-written fusions
+    run = compile_hlo(step, (params, batch), new_text, exact=True)
+    new_params, loss = run(params, batch)
+    print(run.as_text())                            # what XLA actually compiled
+
+With ``exact=True`` the XLA passes that create fusions or combine collectives (listed per
+backend in ``configs/xla_passes.toml``) are disabled, so the compiled program keeps the
+fusions and AllReduces of the text. On XLA:CPU every op left outside a fusion is still
+wrapped in its own single-op ``wrapped_*`` fusion by ``fusion-wrapper``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jaxlib.version
+from jax._src.interpreters import mlir as jax_mlir
+from jax._src.lib import xla_client as xc
+from jax._src.lib.mlir import ir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "PINNED_VERSION",
+    "CompiledHlo",
+    "HloCompileError",
+    "check_versions",
+    "compile_hlo",
+    "compiled_text",
+    "count_all_reduces",
+    "exact_compiler_options",
+    "extract",
+    "hlo_text_to_mlir",
+    "load_pass_config",
+    "lowered_text",
+    "verify_hlo",
+    "xla_parse_ok",
+]
+
+PINNED_VERSION = "0.10.2"
+DEFAULT_PASS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "xla_passes.toml"
+
+# jax platform name -> section of configs/xla_passes.toml.
+_BACKEND_SECTIONS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu"}
+_DISABLE = "xla_disable_hlo_passes"
+
+
+class HloCompileError(RuntimeError):
+    """XLA rejected HLO text: parse, verification, MLIR conversion or compilation failed."""
+
+
+def check_versions(*, warn: bool = True) -> bool:
+    """Checks that jax and jaxlib are the pinned version this bridge was verified on.
+
+    Args:
+        warn: Emit a ``RuntimeWarning`` on mismatch.
+
+    Returns:
+        True when both jax and jaxlib equal ``PINNED_VERSION``.
+    """
+    found = {"jax": jax.__version__, "jaxlib": jaxlib.version.__version__}
+    ok = all(version == PINNED_VERSION for version in found.values())
+    if not ok and warn:
+        warnings.warn(
+            f"hlo_tools.jax_bridge was verified on jax/jaxlib {PINNED_VERSION}, found {found}; "
+            "the jax internals it uses may have changed.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return ok
+
+
+check_versions()
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def _print_options(metadata: bool) -> xc.hlo.HloPrintOptions:
+    """Print options giving re-parsable text with every constant printed in full."""
+    opts = xc.hlo.HloPrintOptions.short_parsable()
+    opts.print_large_constants = True  # already the default of short_parsable; be explicit
+    opts.print_metadata = metadata
+    return opts
+
+
+def _jitted(fn: Callable[..., Any]) -> Any:
+    """Returns ``fn`` if it is already jit-wrapped (has ``.lower``), else ``jax.jit(fn)``."""
+    return fn if hasattr(fn, "lower") else jax.jit(fn)
+
+
+def lowered_text(lowered: jax.stages.Lowered, *, metadata: bool = False) -> str:
+    """Prints the pre-optimization HLO module of a ``Lowered`` as re-parsable text.
+
+    Args:
+        lowered: Result of ``jax.jit(fn).lower(...)``.
+        metadata: Also print jax's ``metadata={op_name=...}``. Leave False to have XLA
+            report each instruction's own name as its op_name after ``compile_hlo``.
+
+    Returns:
+        HLO text accepted by XLA's parser, large constants included (never ``{...}``).
+    """
+    module = lowered.compiler_ir("hlo").as_hlo_module()
+    return module.to_string(_print_options(metadata))
+
+
+def extract(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """Whole-program pre-optimization HLO text of ``fn`` lowered on ``args``.
+
+    Args:
+        fn: A plain function or an already ``jax.jit``-wrapped one.
+        *args: Positional arguments (pytrees of arrays or ``ShapeDtypeStruct``).
+        **kwargs: Keyword arguments passed to ``lower``.
+
+    Returns:
+        HLO text equal to ``jax.jit(fn).lower(...).as_text(dialect="hlo")``.
+    """
+    return lowered_text(_jitted(fn).lower(*args, **kwargs))
+
+
+# ------------------------------------------------------------------------ text -> XLA
+
+
+def _parse(hlo_text: str) -> Any:
+    """Parses HLO text with XLA's own parser, wrapping its errors.
+
+    The parser checks syntax, names and attributes but not operand shapes.
+    """
+    try:
+        return xc.hlo.hlo_module_from_text(hlo_text)
+    except Exception as err:  # jax.errors.JaxRuntimeError carries XLA's message
+        raise HloCompileError(f"XLA could not parse the HLO text: {err}") from err
+
+
+def xla_parse_ok(hlo_text: str) -> None:
+    """Raises ``HloCompileError`` with XLA's message unless XLA's parser accepts the text.
+
+    Shape errors (e.g. ``add`` of f32[8] and f32[4]) pass this check; ``verify_hlo``
+    catches them.
+    """
+    _parse(hlo_text)
+
+
+def _computation(hlo_text: str) -> Any:
+    """HLO text -> ``XlaComputation``."""
+    return xc.XlaComputation(_parse(hlo_text).as_serialized_hlo_module_proto())
+
+
+def _to_mlir(computation: Any) -> str:
+    """``XlaComputation`` -> MLIR (StableHLO) text, wrapping conversion errors."""
+    try:
+        return xc._xla.mlir.xla_computation_to_mlir_module(computation)
+    except Exception as err:
+        raise HloCompileError(f"HLO -> MLIR conversion failed: {err}") from err
+
+
+def hlo_text_to_mlir(hlo_text: str) -> str:
+    """Converts HLO text to MLIR (StableHLO) text that jax can compile.
+
+    A ``fusion`` instruction survives the conversion (as ``mhlo.fusion``); each original
+    instruction name is kept as its MLIR location, which XLA reports back as
+    ``metadata={op_name="<name>"}`` in the compiled HLO and in profiles (when the text was
+    printed without metadata, the default of ``extract``).
+
+    Raises:
+        HloCompileError: XLA rejects the text or its conversion.
+    """
+    return _to_mlir(_computation(hlo_text))
+
+
+def _mlir_module(computation: Any) -> ir.Module:
+    """``XlaComputation`` -> verified MLIR module in a jax MLIR context."""
+    mlir_text = _to_mlir(computation)
+    try:
+        with jax_mlir.make_ir_context():
+            return ir.Module.parse(mlir_text)  # runs the StableHLO verifier
+    except Exception as err:  # ir.MLIRError
+        raise HloCompileError(f"jax could not parse the converted MLIR: {err}") from err
+
+
+def verify_hlo(hlo_text: str) -> None:
+    """Parses the text and verifies every op's shapes (as MLIR), without compiling.
+
+    Raises:
+        HloCompileError: with XLA's or MLIR's message, naming the offending instruction.
+    """
+    _mlir_module(_computation(hlo_text))
+
+
+# ------------------------------------------------------------------- pass configuration
+
+
+@functools.lru_cache(maxsize=8)
+def load_pass_config(path: str | Path | None = None) -> dict[str, Any]:
+    """Reads the per-backend XLA pass lists (``configs/xla_passes.toml`` by default)."""
+    with open(path or DEFAULT_PASS_CONFIG, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def _section(platform: str) -> str:
+    """Maps a jax platform name (cpu, cuda, rocm) to a config section."""
+    try:
+        return _BACKEND_SECTIONS[platform.lower()]
+    except KeyError:
+        raise HloCompileError(
+            f"exact=True has no pass list for backend {platform!r} (known: cpu, gpu)"
+        ) from None
+
+
+def exact_compiler_options(platform: str, config: str | Path | None = None) -> dict[str, Any]:
+    """Compiler options that make XLA compile fusions and collectives as written.
+
+    Args:
+        platform: jax platform name: ``cpu``, ``cuda``, ``rocm`` or ``gpu``.
+        config: Pass config TOML; ``configs/xla_passes.toml`` when None.
+
+    Returns:
+        ``{"xla_disable_hlo_passes": "a,b,..."}`` plus the section's ``exact_options``.
+    """
+    section = load_pass_config(config)[_section(platform)]
+    options: dict[str, Any] = {_DISABLE: ",".join(section["exact_disable"])}
+    options.update(section.get("exact_options", {}))
+    return options
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+@dataclass(frozen=True)
+class CompiledHlo:
+    """A compiled program: call it with the same pytrees as the original function.
+
+    Attributes:
+        compiled: The ``jax.stages.Compiled``; ``compiled.as_text()`` is the optimized HLO.
+        hlo_text: The HLO text that was compiled (None: jax's own lowering).
+        compiler_options: Options passed to XLA.
+    """
+
+    compiled: jax.stages.Compiled
+    hlo_text: str | None
+    compiler_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    def as_text(self) -> str:
+        """Post-optimization HLO text of what XLA compiled."""
+        return self.compiled.as_text()
+
+
+def _platform(lowered: jax.stages.Lowered) -> str:
+    """The jax platform a ``Lowered`` targets (``cpu``, ``cuda``, ...)."""
+    platforms = getattr(lowered._lowering, "_platforms", None) or (jax.default_backend(),)
+    return platforms[0]
+
+
+def _shape_strings(program_shape: Any) -> tuple[list[str], str]:
+    """Parameter and result shapes (with layouts) as comparable strings."""
+    return [str(s) for s in program_shape.parameter_shapes()], str(program_shape.result_shape())
+
+
+def _check_signature(lowered: jax.stages.Lowered, computation: Any) -> None:
+    """Raises unless ``computation`` has the entry signature of the lowered program."""
+    want = _shape_strings(lowered.compiler_ir("hlo").program_shape())
+    got = _shape_strings(computation.program_shape())
+    if got != want:
+        raise HloCompileError(
+            f"entry signature of the HLO text {got} differs from the lowered program {want}"
+        )
+
+
+def _install(lowered: jax.stages.Lowered, hlo_text: str) -> None:
+    """Checks ``hlo_text`` and puts its MLIR form in place of ``lowered``'s module."""
+    if not hasattr(lowered._lowering, "_hlo"):
+        raise HloCompileError(f"unsupported lowering type {type(lowered._lowering).__name__}")
+    computation = _computation(hlo_text)
+    _check_signature(lowered, computation)
+    lowered._lowering._hlo = _mlir_module(computation)
+
+
+def _options(
+    lowered: jax.stages.Lowered, exact: bool, extra: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Compiler options: the exact-mode ones (if asked) updated with ``extra``.
+
+    ``xla_disable_hlo_passes`` lists are concatenated, other keys of ``extra`` win.
+    """
+    options = exact_compiler_options(_platform(lowered)) if exact else {}
+    extra = dict(extra or {})
+    disabled = [options.get(_DISABLE, ""), extra.pop(_DISABLE, "")]
+    options.update(extra)
+    if any(disabled):
+        options[_DISABLE] = ",".join(name for name in disabled if name)
+    return options
+
+
+def _compile(lowered: jax.stages.Lowered, options: dict[str, Any]) -> jax.stages.Compiled:
+    """``lowered.compile`` with XLA errors turned into ``HloCompileError``."""
+    try:
+        return lowered.compile(compiler_options=options or None)
+    except Exception as err:
+        raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
+
+
+def compile_hlo(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    hlo_text: str | None,
+    *,
+    exact: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> CompiledHlo:
+    """Compiles ``hlo_text`` in place of ``fn``'s own lowering.
+
+    Args:
+        fn: Function (plain or jit-wrapped) whose calling convention the program keeps.
+        args: Positional arguments to lower ``fn`` on (arrays or ``ShapeDtypeStruct``).
+        hlo_text: HLO text with the same entry signature as ``fn``'s lowering; None compiles
+            jax's own lowering (useful with ``exact=False`` for XLA's default plan).
+        exact: Disable XLA's fusion and collective-combining passes for this backend
+            (``configs/xla_passes.toml``) so fusions and AllReduces stay as written.
+        kwargs: Keyword arguments to lower ``fn`` on.
+        compiler_options: Extra XLA options. Their ``xla_disable_hlo_passes`` is added to
+            the exact-mode list; other keys override it.
+
+    Returns:
+        A ``CompiledHlo`` taking the same pytrees as ``fn`` and returning its output pytree.
+
+    Raises:
+        HloCompileError: XLA rejected the text, its signature differs from ``fn``'s, or
+            compilation failed; the message includes XLA's.
+
+    Warning:
+        Limits of XLA:CPU 0.10.2 (docs/xla_cpu_passes.md): a ``kind=kOutput`` fusion
+        containing a dot aborts the whole process (C++ CHECK failure, not catchable; use
+        ``kind=kLoop``), and a multi-operand (tuple) all-reduce inside a shard_map body is
+        rejected (combine gradients through one flat concatenated buffer instead). jax drops
+        unused arguments from the entry signature unless ``jax.jit(..., keep_unused=True)``.
+    """
+    lowered = _jitted(fn).lower(*args, **(kwargs or {}))
+    if hlo_text is not None:
+        _install(lowered, hlo_text)
+    options = _options(lowered, exact, compiler_options)
+    return CompiledHlo(_compile(lowered, options), hlo_text, options)
+
+
+def compiled_text(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    hlo_text: str | None = None,
+    *,
+    exact: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Post-optimization HLO of ``hlo_text`` (or of ``fn``'s own lowering when None)."""
+    return compile_hlo(fn, args, hlo_text, exact=exact, kwargs=kwargs).as_text()
+
+
+# An opcode is followed by "(", an instruction name never is.
+_ALL_REDUCE_RE = re.compile(r"\sall-reduce(?:-start)?\(")
+
+
+def count_all_reduces(hlo_text: str) -> int:
+    """Number of all-reduce instructions in HLO text (a combined tuple one counts once)."""
+    return len(_ALL_REDUCE_RE.findall(hlo_text))

@@ -1,0 +1,204 @@
+"""Materializes a :class:`~hlo_tools.plan.Plan` as HLO: fusions, copies and buckets.
+
+* A fusion group becomes one ``fusion`` instruction calling a new fused computation that
+  holds the group's members (and copies of duplicated producers). A group whose values
+  are read outside it in more than one place is a multi-output fusion: its root is a
+  tuple and ``get-tuple-element`` instructions named like the original members give
+  the other instructions the values they read, so users need no renaming.
+* An AllReduce bucket becomes one variadic ``all-reduce`` with a tuple result followed
+  by ``get-tuple-element`` instructions named like the original all-reduces.
+* The per-device computation is printed in the plan's schedule order.
+"""
+
+from __future__ import annotations
+
+from hlo_tools.graph import DeviceGraph, device_graph
+from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
+from hlo_tools.plan import Plan
+
+__all__ = ["apply_plan", "fusion_kind"]
+
+
+def fusion_kind(opcodes: list[str], backend: str = "cpu") -> str:
+    """The fusion kind XLA gives a group of these opcodes on ``backend``.
+
+    XLA:CPU fuses everything we fuse (elementwise ops, broadcasts, reductions) as
+    ``kLoop``; a ``kOutput`` dot fusion written as text aborts its emitter, and dots are
+    never fused on CPU. XLA:GPU uses ``kOutput`` around dots and ``kInput`` for
+    reductions.
+    """
+    if backend != "gpu":
+        return "kLoop"
+    if any(op in ("dot", "convolution") for op in opcodes):
+        return "kOutput"
+    if "reduce" in opcodes:
+        return "kInput"
+    return "kLoop"
+
+
+class _Names:
+    """Hands out instruction and computation names that are unique in the module."""
+
+    def __init__(self, module: HloModule):
+        self.taken = {i.name for _, i in module.instructions()}
+        self.taken |= {c.name for c in module.computations}
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}.{k}"
+        self.taken.add(name)
+        return name
+
+
+def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
+               backend: str = "cpu") -> HloModule:
+    """Writes ``plan`` into a copy of ``module``.
+
+    Args:
+        module: the module the plan's graph was built from (left unchanged).
+        plan: the plan to enact.
+        graph: the plan's graph (default: ``device_graph(module)``).
+        backend: ``"cpu"`` or ``"gpu"``, for the fusion kinds.
+
+    Returns:
+        A new module in which the per-device computation holds the planned fusions and
+        AllReduce buckets, in the plan's schedule order.
+    """
+    graph = graph or device_graph(module)
+    out = module.clone()
+    comp = out.computation(graph.computation.name)
+    instrs = comp.instructions
+    names = _Names(out)
+    groups = plan.groups()
+    copies: dict[int, list[int]] = {}
+    for p, g in plan.dups:
+        copies.setdefault(g, []).append(p)
+    readers = _outside_readers(graph, plan)
+    new_instrs: list[HloInstruction] = []
+    new_comps: list[HloComputation] = []
+    done: set[int] = set()
+    for node in plan.order:
+        gid = plan.group[node]
+        if gid in done:
+            continue
+        if gid not in groups:
+            new_instrs.append(instrs[node])
+            continue
+        done.add(gid)
+        ms = groups[gid]
+        if graph.opcodes[ms[0]] == "all-reduce":
+            new_instrs += _bucket(instrs, ms, names)
+        else:
+            outputs = [m for m in ms if m in readers or m == graph.root]
+            fused, body = _fusion(out, instrs, ms, copies.get(gid, []), outputs, names,
+                                  backend, graph)
+            new_instrs += fused
+            new_comps.append(body)
+    comp.instructions = new_instrs
+    index = out.computations.index(comp)
+    out.computations[index:index] = new_comps
+    return out
+
+
+def _outside_readers(graph: DeviceGraph, plan: Plan) -> set[int]:
+    """Nodes whose value is read by some instruction outside the node's own group."""
+    group, dups = plan.group, plan.dups
+    readers = {
+        m for m in range(graph.num_nodes)
+        if any(group[u] != group[m] and (m, group[u]) not in dups for u in graph.users[m])
+    }
+    # A copy of a duplicated producer reads the producer's operands from its own group.
+    readers |= {o for p, g in dups for o in graph.operands[p] if group[o] != g}
+    return readers
+
+
+def _bucket(instrs: list[HloInstruction], ms: list[int], names: _Names) -> list[HloInstruction]:
+    """One all-reduce for the bucket ``ms`` over a flat buffer of all its gradients.
+
+    Each gradient is reshaped to 1-D, the pieces are concatenated, one all-reduce sums
+    the buffer, and each member's name is given to a slice (reshaped back) of the result,
+    so users need no renaming. This is the fusion buffer of Horovod and DDP. A variadic
+    (tuple) all-reduce would avoid the copies, but inside a shard_map body on jax 0.10.2
+    Shardy rejects tuple-shaped results and GSPMD supports only single-operand
+    all-reduces in manual mode, so the flat buffer is what compiles.
+    """
+    first = instrs[ms[0]]
+    etype = first.shape.element_type
+    sizes = [instrs[m].shape.num_elements for m in ms]
+    total = sum(sizes)
+    out: list[HloInstruction] = []
+    flat = []
+    for m, n in zip(ms, sizes):
+        piece = HloInstruction(names.fresh(f"{instrs[m].name}.flat"), "reshape",
+                               Shape(etype, (n,), "{0}"), list(instrs[m].operands))
+        out.append(piece)
+        flat.append(piece.name)
+    buffer = HloInstruction(names.fresh(f"{first.name}.buffer"), "concatenate",
+                            Shape(etype, (total,), "{0}"), flat, {"dimensions": "{0}"})
+    attrs = {k: v for k, v in first.attrs.items() if k != "metadata"}
+    bucket = HloInstruction(names.fresh(f"{first.name}.bucket"), "all-reduce",
+                            Shape(etype, (total,), "{0}"), [buffer.name], attrs)
+    out += [buffer, bucket]
+    offset = 0
+    for m, n in zip(ms, sizes):
+        member = instrs[m]
+        piece = HloInstruction(names.fresh(f"{member.name}.slice"), "slice",
+                               Shape(etype, (n,), "{0}"), [bucket.name],
+                               {"slice": f"{{[{offset}:{offset + n}]}}"})
+        out += [piece, HloInstruction(member.name, "reshape", member.shape, [piece.name])]
+        offset += n
+    return out
+
+
+def _fusion(module: HloModule, instrs: list[HloInstruction], ms: list[int], copied: list[int],
+            outputs: list[int], names: _Names, backend: str,
+            graph: DeviceGraph) -> tuple[list[HloInstruction], HloComputation]:
+    """The fusion instruction(s) for group ``ms`` and its fused computation."""
+    inner: dict[str, str] = {}  # outer name -> name inside the fused computation
+    params: list[HloInstruction] = []
+    operands: list[str] = []
+    body: list[HloInstruction] = []
+    member_names = {instrs[m].name for m in ms}
+
+    def inside(name: str) -> str:
+        if name not in inner:
+            k = len(params)
+            shape = graph.computation.instructions[graph.index[name]].shape
+            param = HloInstruction(names.fresh(f"{name}.param"), "parameter", shape,
+                                   payload=str(k))
+            params.append(param)
+            operands.append(name)
+            inner[name] = param.name
+        return inner[name]
+
+    copy_names = {instrs[p].name for p in copied}
+    # Original node indices are a topological order, so sorting by them orders the body.
+    for node in sorted(set(copied) | set(ms)):
+        src = instrs[node]
+        suffix = "dup" if src.name in copy_names else "f"
+        new_name = names.fresh(f"{src.name}.{suffix}")
+        ops = [inner[op] if op in member_names or op in copy_names else inside(op)
+               for op in src.operands]
+        body.append(src.copy(name=new_name, operands=ops))
+        inner[src.name] = new_name
+    out_names = [instrs[m].name for m in outputs] or [instrs[ms[-1]].name]
+    if len(out_names) == 1:
+        root_name = inner[out_names[0]]
+        shape = instrs[graph.index[out_names[0]]].shape
+    else:
+        shape = Shape("tuple", tuple_shapes=tuple(instrs[graph.index[n]].shape for n in out_names))
+        root_name = names.fresh(f"{out_names[-1]}.tuple")
+        body.append(HloInstruction(root_name, "tuple", shape, [inner[n] for n in out_names]))
+    comp = HloComputation(names.fresh(f"fused_{out_names[-1]}"), params + body, root_name)
+    kind = fusion_kind([instrs[m].opcode for m in ms], backend)
+    sigil = "%" if module.percent_names else ""
+    attrs = {"kind": kind, "calls": f"{sigil}{comp.name}"}
+    if len(out_names) == 1:
+        return [HloInstruction(out_names[0], "fusion", shape, operands, attrs)], comp
+    fusion = HloInstruction(names.fresh(f"fusion.{out_names[-1]}"), "fusion", shape, operands,
+                            attrs)
+    gtes = [HloInstruction(n, "get-tuple-element", instrs[graph.index[n]].shape, [fusion.name],
+                           {"index": str(k)}) for k, n in enumerate(out_names)]
+    return [fusion, *gtes], comp

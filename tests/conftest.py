@@ -1,0 +1,13 @@
+"""Shared pytest setup: 4 host CPU devices for data-parallel (shard_map) tests.
+
+XLA reads XLA_FLAGS once, when jax creates its CPU backend, so this runs before any test
+module imports jax.
+"""
+
+import os
+
+_DEVICES_FLAG = "--xla_force_host_platform_device_count=4"
+
+os.environ.setdefault("XLA_FLAGS", _DEVICES_FLAG)
+if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + _DEVICES_FLAG

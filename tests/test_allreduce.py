@@ -1,0 +1,110 @@
+"""Tests of estimator.allreduce: the linear fit, real psum runs, hardware files."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import pytest
+
+from estimator import allreduce as ar
+
+SIZES = [4 * 4**k for k in range(13)]
+
+
+@pytest.mark.parametrize("weighting", ["relative", "none"])
+def test_fit_recovers_c_and_d_exactly(weighting: str) -> None:
+    c, d = 2.5e-9, 150e-6
+    fit = ar.fit_allreduce(SIZES, [c * b + d for b in SIZES], weighting)
+    assert fit.model.c_s_per_byte == pytest.approx(c, rel=1e-9)
+    assert fit.model.d_s == pytest.approx(d, rel=1e-9)
+    assert fit.max_rel_err < 1e-9 and fit.weighting == weighting
+    assert fit.model.time(1 << 20) == pytest.approx(c * (1 << 20) + d)
+
+
+def test_fit_errors_and_non_negative() -> None:
+    times = [1e-4 * (1.2 if i % 2 else 0.8) + 1e-9 * b for i, b in enumerate(SIZES)]
+    fit = ar.fit_allreduce(SIZES, times)
+    errs = ar.relative_errors(fit.model, SIZES, times)
+    assert fit.mean_rel_err == pytest.approx(errs.mean()) and fit.max_rel_err == errs.max()
+    assert fit.model.c_s_per_byte >= 0 and fit.model.d_s >= 0
+    flat = ar.fit_allreduce([4, 8, 16], [3e-3, 2e-3, 1e-3])  # decreasing: C clipped at 0
+    assert flat.model.c_s_per_byte == 0 and flat.model.d_s > 0
+
+
+def test_combine_processes_takes_min_per_iteration() -> None:
+    p0 = [ar.AllReducePoint(4, [1.0, 5.0, 3.0], [2.0, 6.0, 4.0])]
+    p1 = [ar.AllReducePoint(4, [2.0, 1.0, 4.0], [3.0, 2.0, 5.0])]
+    (merged,) = ar.combine_processes([p0, p1])
+    assert merged.op_times_s == [1.0, 1.0, 3.0] and merged.wall_times_s == [2.0, 2.0, 4.0]
+    assert merged.op_time_s == 1.0 and merged.op_time("min") == 1.0
+
+
+def test_inproc_psum_microbenchmark() -> None:
+    lines: list[str] = []
+    points = ar.measure_psum([4, 64 * 1024], quick=True, warmup=1, progress=lines.append)
+    assert [p.bytes for p in points] == [4, 64 * 1024] and len(lines) == 2
+    for p in points:
+        assert len(p.op_times_s) == ar.default_repeats(p.bytes, quick=True)
+        assert min(p.op_times_s) > 0 and min(p.wall_times_s) > 0
+        assert p.op_time_s <= p.wall_time_s * 1.5  # the op is part of the call
+    assert jax.device_count() == 4
+
+
+def test_gloo_two_processes() -> None:
+    raw = ar.run_gloo(2, [4, 4096], quick=True, timeout_s=90, tag="test-gloo2")
+    assert len(raw["processes"]) == 2 and raw["facts"]["num_devices"] == 2
+    for pts in raw["processes"]:
+        points = [ar.AllReducePoint.from_json(p) for p in pts]
+        assert [p.bytes for p in points] == [4, 4096]
+        assert all(min(p.op_times_s) > 0 and min(p.wall_times_s) > 0 for p in points)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("tc") is None,
+                    reason="needs unshare and tc (root)")
+def test_gloo_rate_limited_loopback() -> None:
+    res = ar.run_setup("gloo2-1gbit", [4, 4 << 20], quick=True, timeout_s=120)
+    assert "rate 1Gbit" in res.facts["qdisc"]
+    # both directions share lo's token bucket: >= 2 * 4 MiB at 125 MB/s ~ 67 ms
+    assert res.points[-1].op_time_s > 0.05
+
+
+def _result() -> ar.SetupResult:
+    pts = [ar.AllReducePoint(b, [1e-9 * b + 1e-4] * 3, [1e-9 * b + 3e-4] * 3)
+           for b in (4, 1024, 1 << 20)]
+    fit = ar.fit_allreduce([p.bytes for p in pts], [p.op_time_s for p in pts])
+    wall = ar.fit_allreduce([p.bytes for p in pts], [p.wall_time_s for p in pts])
+    facts = {"backend": "cpu", "device_kind": "cpu", "jax_version": "0.10.2", "host_cpus": 2}
+    return ar.SetupResult(ar.SETUPS["gloo2"], pts, fit, wall, facts)
+
+
+def test_hardware_toml_round_trip(tmp_path) -> None:
+    res = _result()
+    path = ar.write_hardware(res, tmp_path)
+    assert path.name == "gloo2.toml" and path.read_text().startswith("# DisCo hardware")
+    hw = ar.load_hardware(path)
+    assert hw.name == "gloo2" and hw.num_devices == 2
+    assert hw.allreduce.c_s_per_byte == pytest.approx(1e-9)
+    assert hw.allreduce.d_s == pytest.approx(1e-4)
+    assert hw.raw["allreduce"]["points"]["bytes"] == [4, 1024, 1 << 20]
+    table = hw.measured()
+    assert table.time(1024) == pytest.approx(1e-9 * 1024 + 1e-4)
+    assert table.time(2) == table.time(4) > 0
+    assert table.time(2 << 20) == pytest.approx(1e-9 * (2 << 20) + 1e-4)
+
+
+def test_measured_interpolation_is_monotone() -> None:
+    lin = ar.AllReduceModel(1e-9, 1e-4)
+    table = ar.MeasuredAllReduce((4, 64, 1024), (2e-4, 1e-4, 3e-4), lin)  # noisy dip
+    ts = [table.time(b) for b in (4, 16, 64, 512, 1024, 4096)]
+    assert all(x <= y for x, y in zip(ts, ts[1:], strict=False))
+
+
+@pytest.mark.parametrize("name", ["gpu_cluster_example", "inproc4", "gloo2", "gloo2-1gbit"])
+def test_shipped_hardware_files_load(name: str) -> None:
+    if not (ar.HARDWARE_DIR / f"{name}.toml").exists():
+        pytest.skip(f"{name}.toml not generated yet")
+    hw = ar.load_hardware(name)
+    assert hw.allreduce.time(0) > 0 and hw.allreduce.c_s_per_byte > 0
+    assert hw.raw["schema"] == 1 and hw.hardware["num_devices"] >= 2

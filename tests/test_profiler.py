@@ -1,0 +1,155 @@
+"""Tests of estimator.profiler: trace reading, op keys, stored profiles, fallback model."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import hlo_tools
+from estimator import profiler as pr
+
+# Opcodes that never run as a thunk of their own on XLA:CPU.
+_NO_EVENT = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
+
+
+def _step(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    y = jnp.tanh(x @ w)
+    return y * 2.0 + 1.0, lax.psum(jnp.sum(y, axis=0), "d")
+
+
+def _program() -> tuple[object, tuple[jax.Array, jax.Array]]:
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    fn = jax.jit(jax.shard_map(_step, mesh=mesh, in_specs=(P("d"), P()),
+                               out_specs=(P("d"), P())))
+    return fn, (jnp.ones((64, 32), jnp.float32), jnp.ones((32, 32), jnp.float32))
+
+
+@pytest.fixture(scope="module")
+def profile() -> pr.ProgramProfile:
+    fn, args = _program()
+    return pr.profile_program(fn, *args, iterations=4, warmup=1)
+
+
+def test_every_executed_instruction_has_a_positive_time(profile: pr.ProgramProfile) -> None:
+    module = hlo_tools.parse(profile.hlo_text)
+    entry = [i for i in module.entry.instructions if i.opcode not in _NO_EVENT]
+    assert entry, "the compiled entry should run some instructions"
+    for instr in entry:
+        assert profile.times_s.get(instr.name, 0) > 0, instr.name
+    names = {i.name for _, i in module.instructions()}
+    assert set(profile.times_s) <= names  # keys are real compiled instructions
+    assert sorted(profile.per_device_s) == list(range(jax.device_count()))
+    assert len(profile.wall_times_s) == 4 and min(profile.wall_times_s) > 0
+    assert len(profile.trace_iteration_s) == 4 and min(profile.trace_iteration_s) > 0
+    for dev in profile.samples_s.values():
+        assert all(len(s) == 4 for s in dev.values())
+
+
+def test_op_profile_keys_and_json_round_trip(profile: pr.ProgramProfile, tmp_path) -> None:
+    op = pr.build_op_profile(profile)
+    assert op.records and op.module == profile.module
+    for name, rec in op.instructions.items():
+        assert rec["time_s"] > 0 and rec["key"] in op.records, name
+        assert rec["op_names"], name  # metadata maps back to the traced program
+    path = tmp_path / "sub" / "profile.json"
+    op.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["profile.json"]  # no temp file left
+    loaded = pr.OpProfile.load(path)
+    assert loaded.to_json() == op.to_json()
+    assert json.loads(path.read_text())["backend"] == jax.default_backend()
+    info = pr.analyze_module(hlo_tools.parse(profile.hlo_text))[next(iter(op.instructions))]
+    assert loaded.estimate(info) == pr.OpEstimate(op.records[info.key.encode()].time_s,
+                                                  False, "measured")
+
+
+def test_map_back_to_the_hlo_text_that_was_compiled() -> None:
+    jax_bridge = pytest.importorskip("hlo_tools.jax_bridge")
+    fn, args = _program()
+    text = jax_bridge.extract(fn, *args)
+    compiled = jax_bridge.compile_hlo(fn, args, text, exact=True)
+    prof = pr.profile_program(compiled, *args, iterations=2, warmup=1)
+    infos = pr.analyze_module(hlo_tools.parse(prof.hlo_text))
+    mapping = pr.map_to_original({n: infos[n].op_names for n in prof.times_s},
+                                 hlo_tools.parse(text))
+    mapped = {o for names in mapping.values() for o in names}
+    original = hlo_tools.parse(text)
+    wanted = {i.name for _, i in original.instructions()
+              if i.opcode in ("dot", "tanh", "reduce", "all-reduce")}
+    assert wanted <= mapped
+
+
+_HLO = """HloModule m{tag}, entry_computation_layout={{(f32[8,16]{{1,0}})->f32[8,16]{{1,0}}}}
+
+ENTRY %main{tag} (p{tag}: f32[8,16]) -> f32[8,16] {{
+  %p{tag} = f32[8,16]{{1,0}} parameter(0)
+  %t{tag} = f32[8,16]{{1,0}} tanh(%p{tag}), metadata={{op_name="t{tag}"}}
+  ROOT %a{tag} = f32[8,16]{{1,0}} add(%t{tag}, %p{tag})
+}}
+"""
+
+
+def test_identical_ops_in_different_programs_share_a_key() -> None:
+    a = pr.analyze_module(hlo_tools.parse(_HLO.format(tag="a")))
+    b = pr.analyze_module(hlo_tools.parse(_HLO.format(tag="b")))
+    assert a["ta"].key == b["tb"].key and a["aa"].key == b["ab"].key
+    assert a["ta"].key != a["aa"].key
+    assert a["ta"].cls == "elementwise" and a["ta"].bytes == 2 * 8 * 16 * 4
+    assert pr.OpKey.decode(a["aa"].key.encode()) == a["aa"].key
+    assert a["ta"].op_names == ("ta",)
+
+
+def test_trace_events_by_device_and_iteration() -> None:
+    def ev(name, dev, run, ts, dur, module="jit_f"):
+        return {"ph": "X", "pid": 1, "tid": 7, "ts": ts, "dur": dur, "name": name,
+                "args": {"hlo_op": name, "hlo_module": module, "device_ordinal": str(dev),
+                         "run_id": run}}
+
+    raw = [ev("b", 0, "r2", 100, 2), ev("a", 0, "r1", 0, 5), ev("a", 0, "r1", 10, 5),
+           ev("a", 1, "r1", 1, 3), ev("a", 0, "r2", 90, 4), ev("x", 0, "r1", 0, 9, "other"),
+           {"ph": "X", "pid": 1, "tid": 7, "ts": 6, "dur": 1, "name": "end: a",
+            "args": {"_src": "thunk_executor.cc"}}]
+    events = pr.op_events(raw, "jit_f")
+    assert pr.iteration_order(events) == ["r1", "r2"]
+    s = pr.per_device_samples(events)
+    assert s[0]["a"] == pytest.approx([10e-6, 4e-6])  # same op twice in one run: summed
+    assert s[0]["b"] == pytest.approx([2e-6]) and s[1]["a"] == pytest.approx([3e-6])
+
+
+def test_fallback_is_positive_flagged_and_monotone() -> None:
+    rng = np.random.default_rng(0)
+    samples = [("elementwise", b, b / 8, 1e-6 + b * 1e-10 * rng.uniform(0.9, 1.1))
+               for b in (1e3, 1e4, 1e5, 1e6)]
+    samples.append(("dot-conv", 1e5, 1e8, 2e-3))
+    model = pr.OpCostModel.fit(samples)
+    for cls in pr.OP_CLASSES:
+        assert model.predict(cls, 0, 0) > 0
+    sizes = [0, 1e2, 1e4, 1e6, 1e8]
+    preds = [model.predict("elementwise", b, 0) for b in sizes]
+    assert all(x <= y for x, y in zip(preds, preds[1:], strict=False)) and preds[-1] > preds[0]
+    for m in (pr.OpCostModel.fit([]), pr.OpCostModel.fit([("reduce", 100, 10, 1e-6)])):
+        preds = [m.predict("reduce", b, 0) for b in sizes]
+        assert min(preds) > 0 and preds[-1] > preds[0]
+    key = pr.OpKey("exponential", ("f32[4]",), "f32[4]", "f32")
+    prof = pr.OpProfile("cpu", "cpu", jax.__version__, "0", "m", "now", {}, {}, [], [])
+    est = prof.estimate(pr.OpInfo(key, "elementwise", 32, 4))
+    assert est.estimated and est.time_s > 0 and est.source == "model:elementwise"
+
+
+def test_loop_body_ops_are_counted_per_execution() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        return lax.fori_loop(0, 5, lambda i, c: jnp.tanh(c * 0.5), x)
+
+    prof = pr.profile_program(jax.jit(f), jnp.ones((32, 32)), iterations=2, warmup=1)
+    body = [n for n, c in prof.counts.items() if c == 5]
+    assert body, prof.counts  # the loop body ran 5 times per iteration
+    op = pr.build_op_profile(prof)
+    name = body[0]
+    rec = op.records[op.instructions[name]["key"]]
+    assert rec.time_s == pytest.approx(prof.times_s[name] / 5)
