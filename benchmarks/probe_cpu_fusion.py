@@ -13,6 +13,7 @@ Writes ``benchmarks/results/cpu_fusion_probe.json``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -41,7 +42,15 @@ def f(x, w, v, i):
 ARGS = (jnp.ones((8, 16)) * 0.3, jnp.ones((8, 4)) * 0.1, jnp.arange(4.0), jnp.int32(1))
 '''
 
-CHILD = PROGRAM + r'''
+ZOO = r'''
+import os, sys
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+import jax
+from disco_jax import zoo
+f, ARGS = zoo.get(sys.argv[3])(4, "tiny")
+'''
+
+CHILD = r'''
 import json, random, sys
 import numpy as np
 import hlo_tools
@@ -52,29 +61,36 @@ from hlo_tools.rewrite import apply_plan
 producer, consumer = int(sys.argv[1]), int(sys.argv[2])
 module = hlo_tools.parse(extract(f, *ARGS))
 graph = device_graph(module)
-space = P.FusionSpace(graph, unfusible=frozenset())
-plan = P.fuse(space, P.initial_plan(graph), producer, consumer)
+space = P.FusionSpace(graph, unfusible=frozenset() if sys.argv[4] == "all" else P.UNFUSIBLE_OPCODES)
+base = P.initial_plan(graph)
+if sys.argv[5] == "dup":
+    plan = P.duplicate(space, base, producer, consumer)
+else:
+    plan = P.fuse(space, base, producer, consumer)
 text = hlo_tools.to_text(apply_plan(module, plan, graph))
 run = compile_hlo(f, ARGS, text, exact=True)
-ok = np.allclose(run(*ARGS), jax.jit(f)(*ARGS), rtol=1e-5, atol=1e-6)
+got, want = jax.tree.leaves(run(*ARGS)), jax.tree.leaves(jax.jit(f)(*ARGS))
+ok = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
 print(json.dumps({"ok": bool(ok)}))
 '''
 
-LIST = PROGRAM + r'''
-import json
+LIST = r'''
+import json, sys
 import hlo_tools
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 from hlo_tools.jax_bridge import extract
 module = hlo_tools.parse(extract(f, *ARGS))
 graph = device_graph(module)
-space = P.FusionSpace(graph, unfusible=frozenset())
+space = P.FusionSpace(graph, unfusible=frozenset() if sys.argv[2] == "all" else P.UNFUSIBLE_OPCODES)
 plan = P.initial_plan(graph)
 pairs = {}
 for c in range(graph.num_nodes):
     for p in graph.operands[c]:
-        if P.can_fuse(space, plan, p, c):
-            pairs.setdefault(graph.opcodes[p] + "->" + graph.opcodes[c], (p, c))
+        for how, legal in (("fuse", P.can_fuse), ("dup", P.can_duplicate)):
+            if legal(space, plan, p, c):
+                label = f"{how} {graph.opcodes[p]}->{graph.opcodes[c]}"
+                pairs.setdefault(label, (p, c, how))
 print(json.dumps(pairs))
 '''
 
@@ -86,13 +102,20 @@ def run_child(code: str, *argv: str) -> subprocess.CompletedProcess:
 
 
 def main() -> None:
-    listing = run_child(LIST)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", help="probe a zoo model (tiny) instead of the built-in program")
+    parser.add_argument("--all", action="store_true",
+                        help="probe every opcode, not only those the plans may fuse")
+    args = parser.parse_args()
+    program = (ZOO if args.zoo else PROGRAM)
+    which = "all" if args.all else "allowed"
+    listing = run_child(program + LIST, "x", which, args.zoo or "")
     if listing.returncode:
         sys.exit(listing.stderr[-2000:])
     pairs = json.loads(listing.stdout.strip().splitlines()[-1])
     rows = []
-    for label, (p, c) in sorted(pairs.items()):
-        proc = run_child(CHILD, str(p), str(c))
+    for label, (p, c, how) in sorted(pairs.items()):
+        proc = run_child(program + CHILD, str(p), str(c), args.zoo or "", which, how)
         if proc.returncode == 0:
             status = "ok" if json.loads(proc.stdout.strip().splitlines()[-1])["ok"] else "wrong"
         elif proc.returncode < 0 or "Check failed" in proc.stderr:
@@ -100,10 +123,10 @@ def main() -> None:
                                        if "Check failed" in ln), "signal")[-90:]
         else:
             status = "error: " + proc.stderr.strip().splitlines()[-1][-90:]
-        rows.append({"pair": label, "status": status})
+        rows.append({"program": args.zoo or "builtin", "pair": label, "status": status})
         print(f"{label:32} {status}", flush=True)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "cpu_fusion_probe.json"
+    out = RESULTS / f"cpu_fusion_probe{'_' + args.zoo if args.zoo else ''}.json"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"rows": rows}, indent=2))
     os.replace(tmp, out)

@@ -20,7 +20,9 @@ wrapped in its own single-op ``wrapped_*`` fusion by ``fusion-wrapper``.
 
 from __future__ import annotations
 
+import copy
 import functools
+import os
 import re
 import sys
 import warnings
@@ -31,6 +33,8 @@ from typing import Any
 
 import jax
 import jaxlib.version
+import numpy as np
+from jax._src import xla_bridge as jax_xla_bridge
 from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
@@ -44,8 +48,11 @@ __all__ = [
     "PINNED_VERSION",
     "CompiledHlo",
     "HloCompileError",
+    "StandaloneHlo",
     "check_versions",
+    "backend_info",
     "compile_hlo",
+    "compile_standalone",
     "compiled_text",
     "count_all_reduces",
     "exact_compiler_options",
@@ -289,13 +296,23 @@ def _check_signature(lowered: jax.stages.Lowered, computation: Any) -> None:
         )
 
 
-def _install(lowered: jax.stages.Lowered, hlo_text: str) -> None:
-    """Checks ``hlo_text`` and puts its MLIR form in place of ``lowered``'s module."""
+def _install(lowered: jax.stages.Lowered, hlo_text: str) -> jax.stages.Lowered:
+    """A copy of ``lowered`` whose module is ``hlo_text`` (checked, as MLIR).
+
+    jax caches lowerings per function and signature, so the text goes into shallow
+    copies of the ``Lowered`` and its lowering: writing into the cached object would make
+    later ``jax.jit(fn)`` calls run our text.
+    """
     if not hasattr(lowered._lowering, "_hlo"):
         raise HloCompileError(f"unsupported lowering type {type(lowered._lowering).__name__}")
     computation = _computation(hlo_text)
     _check_signature(lowered, computation)
-    lowered._lowering._hlo = _mlir_module(computation)
+    installed = copy.copy(lowered)
+    installed._lowering = copy.copy(lowered._lowering)
+    installed._lowering._hlo = _mlir_module(computation)
+    if hasattr(installed._lowering, "_executable"):
+        installed._lowering._executable = None
+    return installed
 
 
 def _options(
@@ -360,7 +377,7 @@ def compile_hlo(
     """
     lowered = _jitted(fn).lower(*args, **(kwargs or {}))
     if hlo_text is not None:
-        _install(lowered, hlo_text)
+        lowered = _install(lowered, hlo_text)
     options = _options(lowered, exact, compiler_options)
     return CompiledHlo(_compile(lowered, options), hlo_text, options)
 
@@ -384,3 +401,186 @@ _ALL_REDUCE_RE = re.compile(r"\sall-reduce(?:-start)?\(")
 def count_all_reduces(hlo_text: str) -> int:
     """Number of all-reduce instructions in HLO text (a combined tuple one counts once)."""
     return len(_ALL_REDUCE_RE.findall(hlo_text))
+
+
+# ----------------------------------------------------------------- standalone modules
+
+
+@dataclass(frozen=True)
+class StandaloneHlo:
+    """A single-device HLO module compiled on its own, outside any jax function.
+
+    Calling it runs the module once on replica 0's inputs and returns numpy arrays. For
+    timing, :meth:`put` places inputs once and :meth:`run` executes without transfers.
+    With ``replicas > 1`` the same program runs on that many local devices at once
+    (every replica gets the same inputs), which reproduces the contention of a
+    data-parallel program whose devices share the host's cores.
+
+    Attributes:
+        executable: the loaded XLA executable.
+        devices: the devices of the replicas, in replica order.
+        module_name: the HLO module name (the ``hlo_module`` of profiler events).
+        param_shapes: ``(dims, numpy dtype)`` of each entry parameter, in order.
+        result_shapes: ``(dims, numpy dtype)`` of each result leaf.
+        result_is_tuple: whether the entry result is a tuple.
+        hlo_text: the HLO text that was compiled.
+        compiler_options: the XLA options used.
+    """
+
+    executable: Any
+    devices: tuple[Any, ...]
+    module_name: str
+    param_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    result_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    result_is_tuple: bool
+    hlo_text: str
+    compiler_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def put(self, *arrays: Any) -> list[Any]:
+        """Places host arrays on every replica device (one jax array per parameter).
+
+        Raises:
+            ValueError: wrong number of arrays, or a shape/dtype that differs from the
+                module's parameter.
+        """
+        if len(arrays) != len(self.param_shapes):
+            raise ValueError(f"{self.module_name} takes {len(self.param_shapes)} arguments, "
+                             f"got {len(arrays)}")
+        sharding = _replicated_sharding(self.devices)
+        placed = []
+        for k, (arr, (dims, dtype)) in enumerate(zip(arrays, self.param_shapes)):
+            host = np.asarray(arr)
+            if host.shape != dims or host.dtype != dtype:
+                raise ValueError(f"argument {k} of {self.module_name}: expected {dtype}{list(dims)}"
+                                 f", got {host.dtype}{list(host.shape)}")
+            with jax.enable_x64(True):  # keep 64-bit inputs 64-bit (the module expects them)
+                placed.append(jax.device_put(host, sharding))
+        return placed
+
+    def run(self, placed: Sequence[Any]) -> list[list[Any]]:
+        """Executes once on placed inputs and waits; returns ``[leaf][replica]`` arrays."""
+        results = self.executable.execute_sharded(list(placed))
+        leaves = results.disassemble_into_single_device_arrays()
+        jax.block_until_ready(leaves)
+        return leaves
+
+    def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...]:
+        """Runs the module on host arrays (parameter order); one numpy array per result
+        leaf (a non-tuple result gives a 1-tuple), taken from replica 0."""
+        leaves = self.run(self.put(*arrays))
+        return tuple(np.asarray(per_replica[0]) for per_replica in leaves)
+
+    def as_text(self) -> str:
+        """Post-optimization HLO text of what XLA compiled."""
+        return self.executable.hlo_modules()[0].to_string()
+
+
+def _replicated_sharding(devices: Sequence[Any]) -> Any:
+    mesh = jax.sharding.Mesh(np.array(list(devices)), ("replica",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def _leaf_shapes(shape: Any) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
+    """``(dims, dtype)`` of the array leaves of an ``xla_client.Shape``."""
+    if shape.is_tuple():
+        return tuple(leaf for s in shape.tuple_shapes() for leaf in _leaf_shapes(s))
+    return ((tuple(shape.dimensions()), np.dtype(shape.numpy_dtype())),)
+
+
+def _standalone_options(platform: str, exact: bool, replicas: int,
+                        extra: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """``CompileOptions`` for ``replicas`` replicas with the exact-mode pass list."""
+    options = exact_compiler_options(platform) if exact else {}
+    extra = dict(extra or {})
+    disabled = [options.get(_DISABLE, ""), extra.pop(_DISABLE, "")]
+    options.update(extra)
+    if any(disabled):
+        options[_DISABLE] = ",".join(name for name in disabled if name)
+    compile_options = xc.CompileOptions()
+    compile_options.num_replicas = replicas
+    compile_options.num_partitions = 1
+    compile_options.device_assignment = xc.DeviceAssignment.create(
+        np.arange(replicas).reshape(replicas, 1))
+    compile_options.env_option_overrides = list(options.items())
+    return compile_options, options
+
+
+def compile_standalone(
+    hlo_text: str,
+    *,
+    exact: bool = True,
+    replicas: int = 1,
+    platform: str | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> StandaloneHlo:
+    """Compiles a single-device HLO module on its own (no jax function needed).
+
+    The text goes HLO -> XLA's parser -> MLIR (as in :func:`hlo_text_to_mlir`) and is
+    compiled by the backend client directly (``Client.compile_and_load``), so any
+    module can be built: one op with parameters for its operands (per-op timing), or a
+    module holding one hand-written ``fusion`` (fused-op samples for the estimator).
+
+    Args:
+        hlo_text: HLO text of a module without cross-device collectives.
+        exact: disable XLA's fusion passes (``configs/xla_passes.toml``), so a
+            hand-written fusion stays as written and single ops stay unfused.
+        replicas: run the program on this many local devices at once (each replica
+            gets the same inputs); 1 for a plain single-device run.
+        platform: jax platform (default: ``jax.default_backend()``).
+        compiler_options: extra XLA options (``xla_disable_hlo_passes`` is appended).
+
+    Returns:
+        A :class:`StandaloneHlo`: ``run(*numpy_arrays) -> tuple of numpy arrays``.
+
+    Raises:
+        HloCompileError: XLA rejects the text or fails to compile it, or the backend has
+            fewer than ``replicas`` devices.
+    """
+    platform = platform or jax.default_backend()
+    client = jax_xla_bridge.get_backend(platform)
+    devices = tuple(client.local_devices()[:replicas])
+    if replicas < 1 or len(devices) < replicas:
+        raise HloCompileError(f"{replicas} replicas requested, {platform} has "
+                              f"{len(client.local_devices())} local devices")
+    computation = _computation(hlo_text)
+    program_shape = computation.program_shape()
+    mlir_text = _to_mlir(computation)
+    compile_options, options = _standalone_options(platform, exact, replicas, compiler_options)
+    try:
+        executable = client.compile_and_load(mlir_text, xc.DeviceList(devices), compile_options)
+    except Exception as err:
+        raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
+    result = program_shape.result_shape()
+    return StandaloneHlo(
+        executable=executable,
+        devices=devices,
+        module_name=_module_name(hlo_text),
+        param_shapes=tuple(s for p in program_shape.parameter_shapes() for s in _leaf_shapes(p)),
+        result_shapes=_leaf_shapes(result),
+        result_is_tuple=bool(result.is_tuple()),
+        hlo_text=hlo_text,
+        compiler_options=options,
+    )
+
+
+def _module_name(hlo_text: str) -> str:
+    match = re.match(r"\s*HloModule\s+([\w.\-]+)", hlo_text)
+    return match.group(1) if match else ""
+
+
+def backend_info(platform: str | None = None) -> dict[str, Any]:
+    """What per-op times depend on: versions, platform, device kind and host CPUs.
+
+    Returns:
+        ``{"jax", "jaxlib", "platform", "device_kind", "num_devices", "cpu_count"}``.
+    """
+    platform = platform or jax.default_backend()
+    devices = jax.devices(platform)
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.version.__version__,
+        "platform": platform,
+        "device_kind": devices[0].device_kind if devices else "",
+        "num_devices": len(devices),
+        "cpu_count": os.cpu_count() or 0,
+    }

@@ -33,6 +33,7 @@ __all__ = [
     "Plan",
     "initial_plan",
     "members",
+    "dead_groups",
     "group_operands",
     "group_users",
     "can_fuse",
@@ -45,6 +46,8 @@ __all__ = [
     "duplicate_fusion_move",
     "allreduce_move",
     "random_moves",
+    "random_plan",
+    "UNFUSIBLE_OPCODES",
 ]
 
 #: Opcodes we never fuse on XLA:CPU although they are ordinary kernels.
@@ -62,6 +65,13 @@ UNFUSIBLE_OPCODES = frozenset({
     "call", "map", "topk", "batch-norm-training", "batch-norm-inference",
     "batch-norm-grad", "dynamic-update-slice", "iota", "pad", "reverse", "dynamic-slice",
 })
+
+
+#: Consumers that may read a value computed inside their fusion only at these operand
+#: positions on XLA:CPU: ``select`` with an on-true/on-false value computed in the same
+#: fusion aborts the emitter (the fused value has no layout; see UNFUSIBLE_OPCODES),
+#: while a fused predicate is fine.
+FUSED_OPERAND_POSITIONS = {"select": frozenset({0})}
 
 
 class Decision(NamedTuple):
@@ -98,9 +108,12 @@ class FusionSpace:
     """
 
     def __init__(self, graph: DeviceGraph, unfusible: frozenset[str] = UNFUSIBLE_OPCODES,
-                 multi_output: bool = False):
+                 multi_output: bool = False,
+                 fused_operand_positions: dict[str, frozenset[int]] | None = None):
         self.graph = graph
         self.multi_output = multi_output
+        self.fused_operand_positions = (FUSED_OPERAND_POSITIONS if fused_operand_positions
+                                        is None else fused_operand_positions)
         self.n = graph.num_nodes
         self.operands = graph.operands
         self.users = graph.users
@@ -207,6 +220,37 @@ def group_users(space: FusionSpace, plan: Plan, gid: int) -> set[int]:
     return _successor_groups(space, plan, gid, readers)
 
 
+def dead_groups(space: FusionSpace, plan: Plan) -> set[int]:
+    """Compute groups whose values nobody reads any more, because every user now holds its
+    own copy (duplicate fusion). XLA deletes them, so :func:`~hlo_tools.rewrite.apply_plan`
+    leaves them out and the cost model does not charge them."""
+    graph, group = space.graph, plan.group
+    if not plan.dups:
+        return set()
+    readers: dict[int, set[int]] = {}
+    for node in range(space.n):
+        for u in space.users[node]:
+            if group[u] != group[node] and (node, group[u]) not in plan.dups:
+                readers.setdefault(group[node], set()).add(group[u])
+    for p, g in plan.dups:
+        for o in space.operands[p]:
+            if group[o] != g:
+                readers.setdefault(group[o], set()).add(g)
+    root_group = group[graph.root]
+    dead: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for gid in {group[p] for p, _ in plan.dups} | {group[o] for g in dead
+                                                        for o in group_operands(space, plan, g)}:
+            if gid in dead or gid == root_group or not space.fusible[gid]:
+                continue
+            if not (readers.get(gid, set()) - dead):
+                dead.add(gid)
+                changed = True
+    return dead
+
+
 # --------------------------------------------------------------------------- legality
 
 
@@ -226,6 +270,9 @@ def can_fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> De
     users = group_users(space, plan, gp)
     if gc not in users:
         return Decision(False, "producer group does not feed the consumer group")
+    if not _layout_safe(space, _fused_nodes(plan, gp, gc)):
+        return Decision(False, "the consumer reads the producer at an operand position this "
+                        "backend cannot fuse (e.g. a select's on-true/on-false value)")
     if not space.multi_output:
         if len(users) > 1 or _is_output(space, plan, gp):
             return Decision(False, "producer has users outside the consumer group: that "
@@ -235,6 +282,26 @@ def can_fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> De
     if _reaches_through_window(space, plan, gp, gc):
         return Decision(False, "fusing would create a cycle (another path joins them)")
     return LEGAL
+
+
+def _layout_safe(space: FusionSpace, nodes: set[int]) -> bool:
+    """Whether no node of a would-be fusion (members and copies) reads another one at an
+    operand position XLA:CPU cannot fuse (:data:`FUSED_OPERAND_POSITIONS`)."""
+    opcodes, operands = space.graph.opcodes, space.operands
+    for c in nodes:
+        allowed = space.fused_operand_positions.get(opcodes[c])
+        if allowed is not None and any(o in nodes and k not in allowed
+                                       for k, o in enumerate(operands[c])):
+            return False
+    return True
+
+
+def _fused_nodes(plan: Plan, *gids: int) -> set[int]:
+    """Members and copies of the given groups."""
+    nodes = {p for p, g in plan.dups if g in gids}
+    for gid in gids:
+        nodes.update(members(plan, gid))
+    return nodes
 
 
 def _is_output(space: FusionSpace, plan: Plan, gid: int) -> bool:
@@ -280,6 +347,9 @@ def can_duplicate(space: FusionSpace, plan: Plan, producer: int, consumer: int) 
         return Decision(False, "the consumer group already holds a copy of the producer")
     if producer not in group_operands(space, plan, gc):
         return Decision(False, "the consumer group does not read the producer")
+    if not _layout_safe(space, _fused_nodes(plan, gc) | {producer}):
+        return Decision(False, "the consumer reads the producer at an operand position this "
+                        "backend cannot fuse (e.g. a select's on-true/on-false value)")
     outside = [u for u in space.users[producer]
                if plan.group[u] != gc and (producer, plan.group[u]) not in plan.dups]
     if not outside:
@@ -518,3 +588,14 @@ def random_moves(space: FusionSpace, plan: Plan, rng: random.Random, moves: int,
         move = rng.choices(MOVES, weights)[0]
         plan = move(space, plan, rng)
     return plan
+
+
+def random_plan(module, seed: int, moves: int = 50, *,
+                weights: tuple[float, float, float] = (0.6, 0.15, 0.25)) -> Plan:
+    """A plan of ``moves`` random legal moves of all three kinds on ``module``'s
+    per-device program (seeded: the same arguments give the same plan)."""
+    from hlo_tools.graph import device_graph
+
+    graph = device_graph(module)
+    space = FusionSpace(graph)
+    return random_moves(space, initial_plan(graph), random.Random(seed), moves, weights)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
-from hlo_tools.plan import Plan
+from hlo_tools.plan import FusionSpace, Plan, dead_groups
 
 __all__ = ["apply_plan", "fusion_kind"]
 
@@ -76,15 +76,16 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     for p, g in plan.dups:
         copies.setdefault(g, []).append(p)
     readers = _outside_readers(graph, plan)
+    done: set[int] = dead_groups(FusionSpace(graph), plan)
     new_instrs: list[HloInstruction] = []
     new_comps: list[HloComputation] = []
-    done: set[int] = set()
     for node in plan.order:
         gid = plan.group[node]
         if gid in done:
             continue
         if gid not in groups:
             new_instrs.append(instrs[node])
+            done.add(gid)
             continue
         done.add(gid)
         ms = groups[gid]

@@ -321,3 +321,17 @@ def test_pinned_versions(monkeypatch):
     monkeypatch.setattr(jax, "__version__", "0.0.1")
     with pytest.warns(RuntimeWarning, match="0.10.2"):
         assert not jb.check_versions()
+
+
+def test_compile_hlo_does_not_change_what_jax_jit_runs():
+    """jax caches lowerings; our text must go into a copy, never into jax's cache."""
+
+    def f(x):
+        return jnp.tanh(x) * 2
+
+    x = jnp.float32(0.9)
+    changed = jb.extract(f, x).replace("multiply(", "add(")
+    run = jb.compile_hlo(f, (x,), changed, exact=True)
+    assert float(run(x)) == pytest.approx(np.tanh(0.9) + 2, rel=1e-6)
+    assert float(jax.jit(f)(x)) == pytest.approx(np.tanh(0.9) * 2, rel=1e-6)
+    assert "multiply(" in jb.extract(f, x)

@@ -1,0 +1,161 @@
+"""Checks that random plans compile exactly as planned and compute the same numbers.
+
+For a zoo model, each seed gives a random plan (op fusion, duplicate fusion and
+AllReduce combination moves). The check applies it, verifies the module, has XLA parse
+and compile it with ``exact=True``, counts the multi-op fusions and all-reduces in what
+XLA compiled, runs it and compares every output with ``jax.jit`` of the original step.
+
+XLA:CPU aborts the whole process on some fusions it cannot emit, so
+:func:`run_isolated` runs the checks in a subprocess and survives such a crash: the
+seed that was running is reported as ``crashed`` and the next seeds go on in a new
+subprocess. Command line (one JSON object per plan on stdout)::
+
+    python -m disco_jax.plan_check vgg --seeds 0:10 --moves 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+__all__ = ["check_plans", "run_isolated", "multi_op_fusions", "count_opcode"]
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def multi_op_fusions(module) -> list[tuple[str, list[str]]]:
+    """``(fusion name, fused opcodes)`` for every fusion holding more than one op."""
+    comps = module.computations_by_name()
+    found = []
+    for _, instr in module.instructions():
+        if instr.opcode != "fusion":
+            continue
+        body = comps[instr.called_computations[0]]
+        ops = [i.opcode for i in body.instructions if i.opcode != "parameter"]
+        if len(ops) > 1:
+            found.append((instr.name, ops))
+    return found
+
+
+def count_opcode(module, opcode: str) -> int:
+    return sum(1 for _, i in module.instructions() if i.opcode == opcode)
+
+
+def _planned(space, plan) -> tuple[int, int]:
+    """(live fusion groups, all-reduces) the plan should compile to."""
+    from hlo_tools.plan import dead_groups
+
+    graph = space.graph
+    groups = plan.groups()
+    dead = dead_groups(space, plan)
+    fusions = sum(1 for gid, ms in groups.items()
+                  if graph.opcodes[ms[0]] != "all-reduce" and gid not in dead)
+    merged = sum(len(ms) - 1 for ms in groups.values() if graph.opcodes[ms[0]] == "all-reduce")
+    return fusions, count_opcode(graph.module, "all-reduce") - merged
+
+
+def check_plans(model: str, seeds: list[int], moves: int = 200,
+                size: str = "tiny") -> Iterator[dict]:
+    """Yields one result dict per seed (see the module docstring)."""
+    import random
+
+    import jax
+    import numpy as np
+
+    import hlo_tools
+    from disco_jax import zoo
+    from hlo_tools import plan as P
+
+    step, args = zoo.get(model)(4, size)
+    want = jax.tree.leaves(jax.jit(step)(*args))
+    module = hlo_tools.parse(hlo_tools.extract(step, *args))
+    graph = hlo_tools.device_graph(module)
+    space = P.FusionSpace(graph)
+    for seed in seeds:
+        t0 = time.perf_counter()
+        plan = P.random_moves(space, P.initial_plan(graph), random.Random(seed), moves)
+        fusions, allreduces = _planned(space, plan)
+        row = {"model": model, "seed": seed, "moves": moves, "planned_fusions": fusions,
+               "planned_allreduces": allreduces, "dups": len(plan.dups)}
+        yield _check_one(row, module, graph, plan, step, args, want, np) | {
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _check_one(row, module, graph, plan, step, args, want, np) -> dict:
+    import jax
+
+    import hlo_tools
+
+    out = hlo_tools.apply_plan(module, plan, graph)
+    problems = hlo_tools.find_problems(out)
+    if problems:
+        return row | {"status": "invalid", "error": problems[0]}
+    try:
+        run = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(out), exact=True)
+    except Exception as err:  # XLA's own error, reported as data
+        return row | {"status": "compile_error", "error": str(err)[:500]}
+    compiled = hlo_tools.parse(run.as_text())
+    got = jax.tree.leaves(run(*args))
+    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, want)]
+    match = all(np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(got, want))
+    bitwise = all(np.array_equal(a, b) for a, b in zip(got, want))
+    return row | {
+        "status": "ok" if match else "mismatch",
+        "compiled_fusions": len(multi_op_fusions(compiled)),
+        "compiled_allreduces": count_opcode(compiled, "all-reduce"),
+        "bitwise": bitwise, "max_abs_diff": max(diffs) if diffs else 0.0,
+    }
+
+
+def run_isolated(model: str, seeds: list[int], moves: int = 200, size: str = "tiny",
+                 timeout_s: float = 1800.0) -> list[dict]:
+    """Runs :func:`check_plans` in subprocesses; a seed whose compile kills the process is
+    reported with ``status == "crashed"`` and the remaining seeds run in a new one."""
+    results: list[dict] = []
+    todo = list(seeds)
+    while todo:
+        cmd = [sys.executable, "-m", "disco_jax.plan_check", model, "--size", size,
+               "--moves", str(moves), "--seeds", ",".join(map(str, todo))]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        done = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        results += done
+        todo = todo[len(done):]
+        if todo and proc.returncode != 0:
+            tail = "\n".join(line for line in proc.stderr.splitlines()
+                             if not line.startswith("    @"))[-600:]
+            results.append({"model": model, "seed": todo[0], "moves": moves,
+                            "status": "crashed", "error": tail})
+            todo = todo[1:]
+        elif todo:
+            raise RuntimeError(f"plan_check stopped early without an error: {proc.stderr}")
+    return results
+
+
+def _parse_seeds(text: str) -> list[int]:
+    if ":" in text:
+        start, stop = text.split(":")
+        return list(range(int(start), int(stop)))
+    return [int(s) for s in text.split(",") if s]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--seeds", default="0:10", help="A:B (range) or a,b,c")
+    parser.add_argument("--moves", type=int, default=200)
+    parser.add_argument("--size", default="tiny")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    for row in check_plans(args.model, _parse_seeds(args.seeds), args.moves, args.size):
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,466 @@
+"""The DisCo paper's four XLA baselines (section 6.1), and what XLA compiled for each.
+
+Each baseline is jax's normal compilation with some XLA passes disabled (the lists are
+``[cpu.baselines]`` / ``[gpu.baselines]`` of ``configs/xla_passes.toml``):
+
+* ``no_fusion``: fusion and AllReduce-combiner passes off; the same options as
+  ``jax_bridge.compile_hlo(..., exact=True)`` (XLA:CPU still wraps single ops in
+  ``wrapped_*`` fusions);
+* ``op_fusion``: combiner passes off, XLA's op fusion on;
+* ``allreduce_fusion``: fusion passes off, XLA's AllReduce combining on;
+* ``xla_default``: nothing off.
+
+Typical use::
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    for name in BASELINES:
+        run = compile_baseline(step, args, name)
+        outputs = run(*args)
+        print(name, summary(module_from_compiled(run)))
+
+AllReduce combine threshold. XLA:GPU's combiner takes its byte threshold from
+``xla_gpu_all_reduce_combine_threshold_bytes`` (default 30 MiB, the paper's baseline).
+XLA:CPU (jax/jaxlib 0.10.2) has **no** threshold option: its ``CpuAllReduceCombiner``
+runs with ``INT64_MAX`` bytes and at most 256 operands per combined all-reduce, so
+``threshold_bytes=None`` combines everything it can. On CPU, ``threshold_bytes=0``
+disables the combiner and any other finite threshold is *emulated*: the
+pre-optimization program is bucketed by XLA's own greedy rule (:func:`combiner_buckets`)
+and each bucket is written as one all-reduce over a flat buffer (``apply_plan``, the form
+DisCo's own plans take), then compiled with the combiner disabled. The flat buffer costs
+a copy in and out that XLA's tuple all-reduce does not.
+
+:func:`module_from_compiled` reads XLA's post-optimization HLO (``compiled.as_text()``)
+as an :class:`~hlo_tools.ir.HloModule` whose per-device graph is the program as XLA runs
+it: each fusion is one node and a combined (tuple) all-reduce is one collective node.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from hlo_tools import jax_bridge as jb
+from hlo_tools.graph import DeviceGraph, device_graph
+from hlo_tools.ir import HloComputation, HloInstruction, HloModule
+from hlo_tools.parser import parse
+from hlo_tools.plan import FusionSpace, Plan, can_combine, combine, initial_plan
+from hlo_tools.printer import to_text
+from hlo_tools.rewrite import apply_plan
+
+__all__ = [
+    "BASELINES",
+    "COMBINE_THRESHOLD_COUNT",
+    "CPU_COMBINE_THRESHOLD_BYTES",
+    "GPU_DEFAULT_THRESHOLD_BYTES",
+    "apply_buckets",
+    "baseline_options",
+    "combiner_buckets",
+    "compile_baseline",
+    "module_from_compiled",
+    "summary",
+]
+
+#: The baselines, in the paper's order.
+BASELINES: tuple[str, ...] = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default")
+
+#: Byte threshold of XLA:CPU's CpuAllReduceCombiner on 0.10.2 (``INT64_MAX``: unlimited).
+CPU_COMBINE_THRESHOLD_BYTES = 2**63 - 1
+#: Default of ``xla_gpu_all_reduce_combine_threshold_bytes`` (30 MiB).
+GPU_DEFAULT_THRESHOLD_BYTES = 30 * 2**20
+#: Most all-reduces XLA combines into one (both backends).
+COMBINE_THRESHOLD_COUNT = 256
+
+# baseline -> (XLA's op fusion on, XLA's AllReduce combining on)
+_FLAGS = {
+    "no_fusion": (False, False),
+    "op_fusion": (True, False),
+    "allreduce_fusion": (False, True),
+    "xla_default": (True, True),
+}
+_SECTIONS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu"}
+_DISABLE = "xla_disable_hlo_passes"
+_NOT_OPS = frozenset({"parameter", "tuple", "get-tuple-element"})
+
+
+# ------------------------------------------------------------------------------- options
+
+
+def _flags(name: str) -> tuple[bool, bool]:
+    """(op fusion, AllReduce combining) of a baseline; ValueError for unknown names."""
+    try:
+        return _FLAGS[name]
+    except KeyError:
+        raise ValueError(f"unknown baseline {name!r}; valid: {', '.join(BASELINES)}") from None
+
+
+def _config(platform: str, config: str | Path | None) -> dict[str, Any]:
+    """The ``[<backend>.baselines]`` table of the pass config for a jax platform name."""
+    try:
+        section = _SECTIONS[platform.lower()]
+    except KeyError:
+        raise ValueError(f"no baseline passes for platform {platform!r} (cpu, gpu)") from None
+    return jb.load_pass_config(config)[section]["baselines"]
+
+
+def _threshold_option(cfg: Mapping[str, Any], platform: str, threshold: int) -> dict[str, int]:
+    """``{option: threshold}``, or ValueError where XLA has no threshold option."""
+    option = cfg.get("threshold_option", "")
+    if not option:
+        raise ValueError(
+            f"XLA on {platform!r} has no AllReduce combine-threshold option (its combiner "
+            "combines without a byte limit); compile_baseline emulates a finite threshold"
+        )
+    return {option: int(threshold)}
+
+
+def baseline_options(
+    name: str,
+    platform: str = "cpu",
+    threshold_bytes: int | None = None,
+    *,
+    config: str | Path | None = None,
+) -> dict[str, Any]:
+    """XLA compiler options that make jax's compilation the baseline ``name``.
+
+    Args:
+        name: one of :data:`BASELINES`.
+        platform: jax platform name (``cpu``, ``cuda``, ``rocm`` or ``gpu``).
+        threshold_bytes: AllReduce combine threshold of the combining baselines. None:
+            XLA's default (unlimited on CPU, 30 MiB on GPU); 0: no combining. Ignored by
+            the baselines that do not combine.
+        config: pass config TOML (``configs/xla_passes.toml`` when None).
+
+    Returns:
+        Options for ``Lowered.compile(compiler_options=...)`` /
+        ``jax_bridge.compile_hlo(..., exact=False, compiler_options=...)``.
+
+    Raises:
+        ValueError: unknown name or platform, a negative threshold, or a positive finite
+            threshold on a backend without a threshold option (XLA:CPU);
+            :func:`compile_baseline` emulates that case.
+    """
+    fuses, combines = _flags(name)
+    if threshold_bytes is not None and threshold_bytes < 0:
+        raise ValueError(f"threshold_bytes must be >= 0, got {threshold_bytes}")
+    cfg = _config(platform, config)
+    disabled: list[str] = []
+    options: dict[str, Any] = {}
+    if not fuses:
+        disabled += cfg["fusion_disable"]
+        options.update(cfg.get("fusion_options", {}))
+    if not combines or threshold_bytes == 0:
+        disabled += cfg["combine_disable"]
+        options.update(cfg.get("combine_options", {}))
+    elif threshold_bytes is not None and not _unlimited(platform, threshold_bytes):
+        options.update(_threshold_option(cfg, platform, threshold_bytes))
+    if disabled:
+        options[_DISABLE] = ",".join(disabled)
+    return options
+
+
+def _unlimited(platform: str, threshold_bytes: int) -> bool:
+    """Whether a threshold equals XLA:CPU's built-in one (no option needed)."""
+    cpu = _SECTIONS.get(platform.lower()) == "cpu"
+    return cpu and threshold_bytes >= CPU_COMBINE_THRESHOLD_BYTES
+
+
+def _emulated(name: str, platform: str, threshold_bytes: int | None,
+              config: str | Path | None) -> bool:
+    """Whether the baseline needs a threshold the backend cannot be told."""
+    if not _flags(name)[1] or threshold_bytes in (None, 0) or _unlimited(platform, threshold_bytes):
+        return False
+    return not _config(platform, config).get("threshold_option")
+
+
+# ------------------------------------------------------------------------------ compiling
+
+
+def compile_baseline(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    name: str,
+    *,
+    threshold_bytes: int | None = None,
+    platform: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    config: str | Path | None = None,
+) -> jb.CompiledHlo:
+    """Compiles ``fn`` on ``args`` as the baseline ``name``.
+
+    Args:
+        fn: train step (plain or jit-wrapped), e.g. from :mod:`disco_jax.zoo`.
+        args: positional arguments to lower it on.
+        name: one of :data:`BASELINES`.
+        threshold_bytes: AllReduce combine threshold (see :func:`baseline_options`). A
+            positive finite value on XLA:CPU is emulated: the program is pre-bucketed with
+            :func:`combiner_buckets` and compiled with XLA's combiner off; this needs the
+            all-reduces explicit before partitioning (a ``shard_map`` step).
+        platform: jax platform (default ``jax.default_backend()``).
+        kwargs: keyword arguments to lower ``fn`` on.
+        config: pass config TOML (``configs/xla_passes.toml`` when None).
+
+    Returns:
+        The bridge's ``CompiledHlo``: call it like ``fn``; ``.as_text()`` is XLA's
+        post-optimization HLO, ``.hlo_text`` the bucketed input text when emulated.
+
+    Raises:
+        ValueError: unknown name or platform, or an emulated threshold for a program
+            without explicit all-reduces.
+        jax_bridge.HloCompileError: XLA rejected the program.
+    """
+    platform = platform or jax.default_backend()
+    step = _fresh(fn)
+    if not _emulated(name, platform, threshold_bytes, config):
+        options = baseline_options(name, platform, threshold_bytes, config=config)
+        return jb.compile_hlo(step, args, None, exact=False, kwargs=kwargs,
+                              compiler_options=options)
+    module = parse(jb.extract(step, *args, **(kwargs or {})))
+    if not any(i.opcode == "all-reduce" for i in device_graph(module).computation.instructions):
+        raise ValueError(
+            "cannot emulate a combine threshold: the program has no all-reduce before XLA's "
+            "partitioner (not a shard_map step?)"
+        )
+    text = to_text(apply_buckets(module, combiner_buckets(module, threshold_bytes)))
+    options = baseline_options(name, platform, 0, config=config)
+    return jb.compile_hlo(step, args, text, exact=False, kwargs=kwargs, compiler_options=options)
+
+
+def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A new function object that calls ``fn`` (a jit-wrapped ``fn`` is returned as is).
+
+    jax caches the lowering of a function per argument signature, and
+    ``jax_bridge.compile_hlo`` with a text writes that text into the cached lowering (on
+    jax 0.10.2): afterwards ``jax.jit(fn)``, ``extract(fn, ...)`` and ``compile_hlo(fn,
+    ..., None)`` all see the text instead of ``fn``'s own program. Lowering a fresh
+    wrapper keeps the baselines from reading, or leaving behind, such a text.
+    """
+    if hasattr(fn, "lower"):
+        return fn
+
+    @functools.wraps(fn)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return step
+
+
+# ---------------------------------------------------------------- threshold emulation
+
+
+class _CombinerSpace(FusionSpace):
+    """A :class:`FusionSpace` in which every single-operand array all-reduce may be
+    combined (XLA's rule), not only the gradient all-reduces."""
+
+    def __init__(self, graph: DeviceGraph):
+        super().__init__(graph)
+        self.allreduces = tuple(
+            i for i, op in enumerate(graph.opcodes)
+            if op == "all-reduce" and len(graph.operands[i]) == 1
+            and graph.instruction(i).shape.is_array
+        )
+        self.ar_key = {i: _combine_key(graph, i) for i in self.allreduces}
+        self.grad_producer = {i: graph.operands[i][0] for i in self.allreduces}
+
+
+def _combine_key(graph: DeviceGraph, node: int) -> tuple[Any, ...]:
+    """What two all-reduces must share to be combined (groups, reduction, type)."""
+    instr = graph.instruction(node)
+    attrs = instr.attrs
+    reducer = graph.module.computation(instr.called_computations[0])
+    return (attrs.get("replica_groups", ""), attrs.get("use_global_device_ids", ""),
+            "channel_id" in attrs, reducer.root.opcode, instr.shape.element_type)
+
+
+def _bucket_plan(space: _CombinerSpace, threshold: int, count: int) -> tuple[Plan, list[list[int]]]:
+    """XLA's ``CombineInstructionsByKey`` on the graph, in print order, as a plan.
+
+    Repeatedly: the first remaining all-reduce opens a bucket of its key; the following
+    ones of that key join it in order until one would exceed ``threshold`` bytes or
+    depends on the bucket (it then waits for a later round), or ``count`` is reached.
+    An all-reduce larger than ``threshold`` alone is never combined.
+    """
+    graph = space.graph
+    plan = initial_plan(graph)
+    remaining = [a for a in space.allreduces if graph.out_bytes[a] <= threshold]
+    buckets: list[list[int]] = []
+    while remaining:
+        bucket, size = [remaining[0]], graph.out_bytes[remaining[0]]
+        for ar in remaining[1:]:
+            if len(bucket) >= count:
+                break
+            if space.ar_key[ar] != space.ar_key[bucket[0]]:
+                continue
+            too_big = size + graph.out_bytes[ar] > threshold
+            if too_big or not can_combine(space, plan, bucket[0], ar):
+                break
+            plan = combine(space, plan, bucket[0], ar)
+            bucket.append(ar)
+            size += graph.out_bytes[ar]
+        remaining = [a for a in remaining if a not in bucket]
+        buckets.append(bucket)
+    return plan, [b for b in buckets if len(b) > 1]
+
+
+def combiner_buckets(
+    module: HloModule, threshold_bytes: int, count: int = COMBINE_THRESHOLD_COUNT
+) -> list[list[str]]:
+    """The all-reduces XLA's AllReduceCombiner would combine, by its greedy rule.
+
+    Emulates ``CombineInstructionsByKey`` on the per-device program of a
+    pre-optimization module. XLA walks its own post order of the partitioned module; this
+    walks print order (both topological), so buckets can differ where the orders do.
+
+    Args:
+        module: pre-optimization module (e.g. ``parse(jax_bridge.extract(...))``).
+        threshold_bytes: most bytes of one combined all-reduce.
+        count: most all-reduces in one combined all-reduce.
+
+    Returns:
+        Buckets of two or more all-reduce names, in program order.
+    """
+    space = _CombinerSpace(device_graph(module))
+    _, buckets = _bucket_plan(space, threshold_bytes, count)
+    return [[space.graph.names[a] for a in bucket] for bucket in buckets]
+
+
+def apply_buckets(module: HloModule, buckets: Sequence[Sequence[str]]) -> HloModule:
+    """A copy of ``module`` with each bucket written as one flat-buffer all-reduce.
+
+    Args:
+        module: pre-optimization module.
+        buckets: all-reduce names to combine (e.g. from :func:`combiner_buckets`).
+
+    Raises:
+        ValueError: a bucket is not legal (different keys, or one member depends on
+            another).
+    """
+    graph = device_graph(module)
+    space = _CombinerSpace(graph)
+    plan = initial_plan(graph)
+    for bucket in buckets:
+        first = graph.index[bucket[0]]
+        for other in bucket[1:]:
+            plan = combine(space, plan, first, graph.index[other])
+    return apply_plan(module, plan, graph)
+
+
+# ----------------------------------------------------------------- reading the result
+
+
+def module_from_compiled(compiled: jb.CompiledHlo | Any | str) -> HloModule:
+    """XLA's post-optimization HLO as a module, to simulate the program XLA runs.
+
+    Its per-device program is ENTRY (``device_graph`` picks it): every fusion XLA made
+    is one ``fusion`` node (NodeKind.FUSION), a combined all-reduce is one tuple-shaped
+    ``all-reduce`` node (NodeKind.COLLECTIVE) read through ``get-tuple-element``, and
+    instructions are in XLA's schedule order. Large constants are elided (``{...}``) in
+    this text, so the module is for analysis and simulation, not for recompiling.
+
+    Args:
+        compiled: a ``CompiledHlo``, a ``jax.stages.Compiled`` or its ``as_text()``.
+    """
+    text = compiled if isinstance(compiled, str) else compiled.as_text()
+    return parse(text, source="<compiled>")
+
+
+def _fused_ops(comps: Mapping[str, HloComputation], fusion: HloInstruction) -> int:
+    """Operations inside a fusion (nested fusions expanded), plumbing not counted."""
+    total = 0
+    for callee in fusion.called_computations:
+        for instr in comps[callee].instructions:
+            if instr.opcode == "fusion":
+                total += _fused_ops(comps, instr)
+            elif instr.opcode not in _NOT_OPS:
+                total += 1
+    return total
+
+
+def _fusion_bodies(module: HloModule) -> set[str]:
+    """Names of the computations that fusions call."""
+    return {c for _, i in module.instructions() if i.opcode == "fusion"
+            for c in i.called_computations}
+
+
+def _top_level_fusions(module: HloModule) -> list[HloInstruction]:
+    """Fusion instructions outside fused computations (in ENTRY, loop bodies, ...)."""
+    bodies = _fusion_bodies(module)
+    return [i for comp in module.computations if comp.name not in bodies
+            for i in comp.instructions if i.opcode == "fusion"]
+
+
+def _fusion_counts(module: HloModule) -> dict[str, int]:
+    """Counts of multi-op, single-op, ``wrapped_*`` and library (kCustom) fusions."""
+    comps = module.computations_by_name()
+    fusions = _top_level_fusions(module)
+    multi = [f for f in fusions if _fused_ops(comps, f) > 1]
+    return {
+        "fusions": len(fusions),
+        "multi_op_fusions": len(multi),
+        "single_op_fusions": len(fusions) - len(multi),
+        "wrapped_fusions": sum(f.name.startswith("wrapped_") for f in fusions),
+        "library_fusions": sum(f.attrs.get("kind") == "kCustom" for f in fusions),
+        "ops_in_multi_op_fusions": sum(_fused_ops(comps, f) for f in multi),
+    }
+
+
+def _pieces(comps: Mapping[str, HloComputation], producer: HloInstruction | None) -> int:
+    """Tensors in one all-reduce operand: the pieces of a flat buffer, else 1.
+
+    A bucket written by ``apply_plan`` (and :func:`apply_buckets`) reaches XLA as one
+    all-reduce of a ``concatenate``; after XLA's fusion the concatenate may be the root
+    of the fusion that produces the operand.
+    """
+    if producer is None:
+        return 1
+    if producer.opcode == "fusion":
+        producer = comps[producer.called_computations[0]].root
+    return len(producer.operands) if producer.opcode == "concatenate" else 1
+
+
+def _all_reduce_counts(module: HloModule) -> dict[str, Any]:
+    """All-reduce count, and operands, tensors and bytes of each, in print order."""
+    comps = module.computations_by_name()
+    ars, tensors = [], []
+    for comp in module.computations:
+        defs = comp.by_name()
+        for instr in comp.instructions:
+            if instr.opcode in ("all-reduce", "all-reduce-start"):
+                ars.append(instr)
+                tensors.append(sum(_pieces(comps, defs.get(o)) for o in instr.operands))
+    return {
+        "all_reduces": len(ars),
+        "all_reduce_operands": [len(i.operands) for i in ars],
+        "all_reduce_tensors": tensors,
+        "all_reduce_bytes": [i.shape.byte_size() for i in ars],
+        "combined_all_reduces": sum(n > 1 for n in tensors),
+        "all_reduced_tensors": sum(tensors),
+    }
+
+
+def summary(module: HloModule) -> dict[str, Any]:
+    """What a compiled program fused and combined.
+
+    Args:
+        module: usually :func:`module_from_compiled` of a compiled baseline; a
+            pre-optimization module works too (no fusions, one all-reduce per tensor).
+
+    Returns:
+        ``fusions`` (fusion instructions outside fused computations),
+        ``multi_op_fusions`` (holding two or more operations), ``single_op_fusions``,
+        ``wrapped_fusions`` (XLA:CPU's single-op ``wrapped_*``), ``library_fusions``
+        (``kind=kCustom``, e.g. YNNPACK's ``__ynn_fusion``), ``ops_in_multi_op_fusions``,
+        ``all_reduces`` (a combined tuple all-reduce counts once), per all-reduce in print
+        order ``all_reduce_operands``, ``all_reduce_tensors`` (operands, a flat-buffer
+        ``concatenate`` operand counting its pieces: how DisCo's buckets and the emulated
+        thresholds are written) and ``all_reduce_bytes``; ``combined_all_reduces``
+        (carrying two or more tensors), ``all_reduced_tensors`` (sum of tensors) and
+        ``nodes`` (instructions of the per-device program: what a simulator schedules).
+    """
+    counts: dict[str, Any] = _fusion_counts(module)
+    counts.update(_all_reduce_counts(module))
+    counts["nodes"] = device_graph(module).num_nodes
+    return counts
