@@ -5,6 +5,8 @@
   stored JSON profiles, and an analytic fallback for ops never measured.
 * :mod:`estimator.allreduce`: ``T(bytes) = C * bytes + D`` fitted on psum
   microbenchmarks, and the ``configs/hardware/*.toml`` files that hold it.
+* :mod:`estimator.op_bench`: every unique single op of a module timed standalone
+  (a tiny module per op), cached on disk per backend fingerprint.
 
 Importing this package does not import jax (workers set device flags before that).
 """
@@ -21,6 +23,13 @@ from estimator.allreduce import (
     measure_psum,
     run_setup,
     write_hardware,
+)
+from estimator.op_bench import (
+    OpTimeCache,
+    OpTiming,
+    backend_fingerprint,
+    bench_module,
+    bench_ops,
 )
 from estimator.profiler import (
     OP_CLASSES,
@@ -51,8 +60,13 @@ __all__ = [
     "OpInfo",
     "OpKey",
     "OpProfile",
+    "OpTimeCache",
+    "OpTiming",
     "ProgramProfile",
     "analyze_module",
+    "backend_fingerprint",
+    "bench_module",
+    "bench_ops",
     "build_op_profile",
     "describe_instruction",
     "fit_allreduce",

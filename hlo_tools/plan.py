@@ -96,7 +96,9 @@ class FusionSpace:
             constants; never parameters, collectives, control flow, custom-calls,
             side effects, tuples or the opcodes in :data:`UNFUSIBLE_OPCODES`).
         allreduces: the gradient all-reduces (the ones that may be combined), in print
-            order; other all-reduces (the loss, statistics) stay alone.
+            order; other all-reduces (the loss, statistics) stay alone, and so do
+            one-element gradients (XLA:CPU's simplifier breaks their flat-buffer pieces,
+            and they are too small to matter for bandwidth).
         ar_key: all-reduce node -> compatibility key (replica groups, reduction,
             element type, flags); only all-reduces with equal keys may share a bucket.
         grad_producer: all-reduce node -> node producing its operand.
@@ -118,15 +120,30 @@ class FusionSpace:
         self.operands = graph.operands
         self.users = graph.users
         self.fusible = tuple(
-            (k == NodeKind.COMPUTE and op not in unfusible) or k == NodeKind.CONSTANT
-            for k, op in zip(graph.kinds, graph.opcodes)
+            ((k == NodeKind.COMPUTE and op not in unfusible) or k == NodeKind.CONSTANT)
+            and not _reshape_in_disguise(graph, i)
+            for i, (k, op) in enumerate(zip(graph.kinds, graph.opcodes))
         )
-        self.allreduces = graph.gradient_allreduces
+        self.allreduces = tuple(i for i in graph.gradient_allreduces
+                                if graph.instruction(i).shape.num_elements > 1)
         self.ar_key = {i: _allreduce_key(graph, i) for i in self.allreduces}
         self.grad_producer = {i: graph.operands[i][0] for i in self.allreduces
                               if len(graph.operands[i]) == 1}
         self.compute_nodes = tuple(i for i in range(self.n) if self.fusible[i]
                                    and graph.kinds[i] == NodeKind.COMPUTE)
+
+
+def _reshape_in_disguise(graph: DeviceGraph, node: int) -> bool:
+    """A reduce over size-1 dimensions or a broadcast adding only size-1 dimensions.
+
+    XLA's simplifier turns these into reshapes, and inside a hand-written fusion (which
+    has no layouts yet) that leaves a fused computation whose shape no longer matches
+    its fusion: the compile fails. They are as unfusible as reshapes."""
+    if graph.opcodes[node] not in ("reduce", "broadcast") or not graph.operands[node]:
+        return False
+    result = graph.instruction(node).shape
+    operand = graph.instruction(graph.operands[node][0]).shape
+    return result.is_array and operand.is_array and result.num_elements == operand.num_elements
 
 
 def _allreduce_key(graph: DeviceGraph, node: int) -> tuple:
@@ -234,7 +251,7 @@ def dead_groups(space: FusionSpace, plan: Plan) -> set[int]:
                 readers.setdefault(group[node], set()).add(group[u])
     for p, g in plan.dups:
         for o in space.operands[p]:
-            if group[o] != g:
+            if group[o] != g and (o, g) not in plan.dups:
                 readers.setdefault(group[o], set()).add(g)
     root_group = group[graph.root]
     dead: set[int] = set()
@@ -354,7 +371,35 @@ def can_duplicate(space: FusionSpace, plan: Plan, producer: int, consumer: int) 
                if plan.group[u] != gc and (producer, plan.group[u]) not in plan.dups]
     if not outside:
         return Decision(False, "producer has no other users: use plain fusion")
+    if not space.multi_output and _exposes_member(space, plan, producer, gc):
+        return Decision(False, "the copy would read a value inside another fusion, giving "
+                        "that fusion a second output (multi-output fusion is disabled)")
     return LEGAL
+
+
+def _exposes_member(space: FusionSpace, plan: Plan, producer: int, gc: int) -> bool:
+    """Whether a copy of ``producer`` in group ``gc`` would read an operand that is not yet
+    an output of its (multi-node) group."""
+    for o in space.operands[producer]:
+        h = plan.group[o]
+        if h == gc or (o, gc) in plan.dups or len(members(plan, h)) == 1:
+            continue
+        if not _is_read_outside(space, plan, o):
+            return True
+    return False
+
+
+def _is_read_outside(space: FusionSpace, plan: Plan, node: int) -> bool:
+    """Whether ``node``'s value leaves its group (a user elsewhere, a copy elsewhere that
+    reads it, or the program root)."""
+    g = plan.group[node]
+    if node == space.graph.root:
+        return True
+    if any(plan.group[u] != g and (node, plan.group[u]) not in plan.dups
+           for u in space.users[node]):
+        return True
+    return any(hg != g and (node, hg) not in plan.dups and node in space.operands[p]
+               for p, hg in plan.dups)
 
 
 def can_combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Decision:
@@ -367,8 +412,9 @@ def can_combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Decision:
     ga, gb = plan.group[a], plan.group[b]
     if ga == gb:
         return Decision(False, "already in the same bucket")
-    if a not in space.ar_key or b not in space.ar_key:
-        return Decision(False, "only all-reduces are combined")
+    if a not in space.allreduces or b not in space.allreduces:
+        return Decision(False, "only gradient all-reduces of more than one element are "
+                        "combined")
     if space.ar_key[a] != space.ar_key[b]:
         return Decision(False, "all-reduces differ in replica groups, reduction or type")
     first, second = (ga, gb) if plan.pos[ga] < plan.pos[gb] else (gb, ga)
@@ -392,11 +438,13 @@ def _successor_groups(space: FusionSpace, plan: Plan, gid: int,
 
 
 def _copy_readers(space: FusionSpace, plan: Plan) -> dict[int, list[int]]:
-    """Node -> groups holding a copy of one of its users (they read the node too)."""
+    """Node -> groups holding a copy of one of its users: they read the node too, unless
+    they hold a copy of the node as well (then the copies read each other)."""
     readers: dict[int, list[int]] = {}
     for p, g in plan.dups:
         for o in space.operands[p]:
-            readers.setdefault(o, []).append(g)
+            if (o, g) not in plan.dups:
+                readers.setdefault(o, []).append(g)
     return readers
 
 

@@ -111,7 +111,8 @@ def _outside_readers(graph: DeviceGraph, plan: Plan) -> set[int]:
         if any(group[u] != group[m] and (m, group[u]) not in dups for u in graph.users[m])
     }
     # A copy of a duplicated producer reads the producer's operands from its own group.
-    readers |= {o for p, g in dups for o in graph.operands[p] if group[o] != g}
+    readers |= {o for p, g in dups for o in graph.operands[p]
+                if group[o] != g and (o, g) not in dups}
     return readers
 
 

@@ -14,7 +14,8 @@ from hlo_tools.rewrite import apply_plan
 from hlo_tools.verify import find_problems
 
 # p0 -> exp -> neg -> add <- mul <- p1 ; exp also feeds mul (a producer with two users)
-# grads: g0 = reduce(add), g1 = reduce(mul); ar0/ar1 their all-reduces; ar2 of a parameter.
+# ar0/ar1 all-reduce add and mul (gradients), armax reduces with max, arloss is a scalar;
+# ar2 reduces a parameter and ar3 reduces ar2 (a bucket of both would be a cycle).
 MODULE = """HloModule m
 
 sum {
@@ -50,16 +51,17 @@ ENTRY main {
   zero = f32[] constant(0)
   g0 = f32[] reduce(add, zero), dimensions={0}, to_apply=sum
   g1 = f32[] reduce(mul, zero), dimensions={0}, to_apply=sum
-  ar0 = f32[] all-reduce(g0), replica_groups={{0,1}}, to_apply=sum
-  ar1 = f32[] all-reduce(g1), replica_groups={{0,1}}, to_apply=sum
-  armax = f32[] all-reduce(g1), replica_groups={{0,1}}, to_apply=max
+  ar0 = f32[4]{0} all-reduce(add), replica_groups={{0,1}}, to_apply=sum
+  ar1 = f32[4]{0} all-reduce(mul), replica_groups={{0,1}}, to_apply=sum
+  armax = f32[4]{0} all-reduce(mul), replica_groups={{0,1}}, to_apply=max
+  arloss = f32[] all-reduce(g1), replica_groups={{0,1}}, to_apply=sum
   ar2 = f32[4]{0} all-reduce(p1), replica_groups={{0,1}}, to_apply=sum
   ar3 = f32[4]{0} all-reduce(ar2), replica_groups={{0,1}}, to_apply=sum
   t = (f32[4]{0}) tuple(p0)
   w = (f32[4]{0}) while(t), condition=cond, body=body
   w0 = f32[4]{0} get-tuple-element(w), index=0
   sc = f32[] constant(1)
-  ROOT out = (f32[], f32[], f32[], f32[4]{0}, f32[4]{0}, f32[]) tuple(ar0, ar1, armax, ar3, w0, sc)
+  ROOT out = (f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[], f32[], f32[]) tuple(ar0, ar1, armax, ar3, w0, sc, g0, arloss)
 }
 """
 
@@ -70,7 +72,7 @@ def env():
     graph = device_graph(module)
     # Treat every all-reduce here as a gradient all-reduce for the combination rules.
     graph = graph._replace(gradient_allreduces=tuple(
-        i for i, op in enumerate(graph.opcodes) if op == "all-reduce"))
+        i for i, op in enumerate(graph.opcodes) if op == "all-reduce" and graph.names[i] != "arloss"))
     return module, graph, P.FusionSpace(graph)
 
 
@@ -177,17 +179,18 @@ def test_allreduce_combination(env):
     out = apply_plan(module, plan, graph)
     assert find_problems(out) == [], to_text(out)
     ops = collections.Counter(i.opcode for i in out.entry.instructions)
-    assert ops["all-reduce"] == 4 and ops["concatenate"] == 1, to_text(out)
+    assert ops["all-reduce"] == 5 and ops["concatenate"] == 1, to_text(out)
     assert out.entry.instruction("ar0").opcode == "reshape"
     bucket = [i for i in out.entry.instructions if i.name.endswith(".bucket")]
-    assert len(bucket) == 1 and bucket[0].shape.dims == (2,)
+    assert len(bucket) == 1 and bucket[0].shape.dims == (8,)
 
 
 @pytest.mark.parametrize("a,b,reason", [
     ("ar0", "armax", "differ"),
     ("ar2", "ar3", "depends on the other"),
     ("ar0", "ar0", "same bucket"),
-    ("ar0", "g0", "only all-reduces"),
+    ("ar0", "g0", "only gradient all-reduces"),
+    ("ar0", "arloss", "only gradient all-reduces"),
 ])
 def test_illegal_combinations_carry_reasons(env, a, b, reason):
     _, graph, space = env

@@ -1,0 +1,726 @@
+"""Per-op times from standalone runs: one tiny module per unique single op, cached on disk.
+
+Every unique single op of a module (same :class:`~estimator.profiler.OpKey`: opcode,
+operand shapes, result shape, dtype and a hash of the attributes that change what it
+computes) is materialized as a small module of its own -- one parameter per operand,
+the op as ROOT, plus the computations it calls (reduce regions, sort comparators,
+scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_standalone`
+(``exact=True``: XLA's fusion passes off, the op runs as its own kernel) and timed:
+
+* Inputs are random values of realistic magnitude: floats uniform in [0.5, 2) (valid
+  for log, sqrt, rsqrt, divide, power; no denormals), booleans at random, and integer
+  index operands (gather/scatter indices, dynamic-slice/-update-slice starts) drawn
+  inside the bounds of the indexed operand, so the op does the work it does in the
+  real program (an out-of-bounds scatter update is skipped). Small constant operands
+  stay constants, as in the program.
+* Times come from a ``jax.profiler`` trace, like :mod:`estimator.profiler`'s
+  whole-program profiles: each executed thunk is one event, and an op's time in one
+  run is the sum of its module's events (host dispatch is not included). After
+  ``warmup`` untraced runs, ``repeats`` runs are traced; the median is kept. All ops of
+  a batch share one trace session.
+* ``replicas > 1`` runs the op on that many local devices at once, like a
+  data-parallel program does (``inproc4``: 4 devices share the host's cores); the
+  time is the median over replicas and runs. It is part of the cache fingerprint.
+
+Ops that cannot run on their own are not timed (:func:`op_status` says why):
+collectives, control flow (its bodies' ops are timed instead), custom-calls, random
+number generators and other side effects, and ``fusion`` (a fusion's time is always
+predicted from its members, never measured). Ops that run no kernel (parameters,
+constants, tuples, ``get-tuple-element``, ``bitcast``, and ``reshape``, which XLA:CPU
+turns into a bitcast under its default layouts) cost zero. Both fall back to the
+analytic model of :mod:`estimator.profiler` (see :mod:`disco_jax.costs`).
+
+The cache is one JSON file per backend fingerprint (jax/jaxlib version, platform,
+device kind, host CPU count, replicas) under ``$DISCO_CACHE_DIR/ops`` (default
+``~/.cache/disco_jax/ops``), written atomically (temporary file + ``os.replace``) under
+an advisory file lock, merged with what other processes wrote meanwhile.
+
+Times are seconds and sizes bytes throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from estimator import profiler as pr
+from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
+from hlo_tools.printer import to_text
+
+__all__ = [
+    "OP_BENCH_VERSION",
+    "OP_CACHE_SCHEMA",
+    "FREE_OPCODES",
+    "InputSpec",
+    "OpStatus",
+    "OpTiming",
+    "OpTimeCache",
+    "StandaloneOp",
+    "backend_fingerprint",
+    "bench_module",
+    "bench_ops",
+    "cache_dir",
+    "kernel_instructions",
+    "module_view",
+    "op_key",
+    "op_status",
+    "random_inputs",
+    "standalone_op",
+    "time_standalone",
+]
+
+OP_CACHE_SCHEMA = 1
+#: Version of how standalone ops are built and timed; part of the cache fingerprint, so
+#: bumping it re-times everything (failed ops included).
+OP_BENCH_VERSION = 1
+
+#: Ops that run no kernel of their own on XLA:CPU (zero time).
+FREE_OPCODES = frozenset({
+    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "reshape",
+    "after-all", "add-dependency", "opt-barrier", "domain",
+})
+_COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                        "collective-", "ragged-all-to-all")
+_CONTROL_FLOW = frozenset({"while", "conditional", "call", "async-start", "async-update",
+                           "async-done"})
+_SIDE_EFFECT = frozenset({"infeed", "outfeed", "send", "send-done", "recv", "recv-done",
+                          "rng", "rng-get-and-update-state", "rng-bit-generator",
+                          "partition-id", "replica-id", "copy-start", "copy-done",
+                          "custom-call", "get-dimension-size", "set-dimension-size"})
+#: Attributes left out of a standalone op (they do not change what it computes).
+_DROP_ATTRS = frozenset({"metadata", "sharding", "frontend_attributes", "backend_config",
+                         "control-predecessors", "statistics", "origin", "schedule_id"})
+#: Constant operands up to this many bytes stay constants in the standalone module.
+_CONSTANT_BYTES = 1024
+_NUMPY_DTYPES: dict[str, Any] = {
+    "pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
+    "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+    "f16": np.float16, "f32": np.float32, "f64": np.float64,
+    "c64": np.complex64, "c128": np.complex128,
+}
+try:  # jax's own extension types (a jax dependency)
+    import ml_dtypes
+
+    _NUMPY_DTYPES.update({"bf16": ml_dtypes.bfloat16, "f8e4m3fn": ml_dtypes.float8_e4m3fn,
+                          "f8e5m2": ml_dtypes.float8_e5m2})
+except ImportError:  # pragma: no cover
+    pass
+
+OpStatus = Literal["bench", "free", "skip"]
+
+
+# --------------------------------------------------------------------------- op keys
+
+
+def module_view(module: HloModule) -> Any:
+    """The lookup tables :func:`op_key` needs; build once per module and reuse."""
+    return pr._ModuleView(module)
+
+
+def op_key(view: Any, instr: HloInstruction) -> pr.OpKey:
+    """The :class:`~estimator.profiler.OpKey` of one instruction (name- and layout-free).
+
+    Args:
+        view: :func:`module_view` of the module holding ``instr``.
+        instr: the instruction.
+
+    Returns:
+        The key shared by every op that computes the same thing on the same shapes.
+    """
+    return pr.describe_instruction(view, instr).key
+
+
+def op_status(instr: HloInstruction) -> tuple[OpStatus, str]:
+    """Whether an op is timed standalone (``"bench"``), free, or skipped, with the reason.
+
+    Returns:
+        ``("bench", "")``, ``("free", reason)`` or ``("skip", reason)``.
+    """
+    op = instr.opcode
+    if op in FREE_OPCODES:
+        return "free", f"{op} runs no kernel"
+    if _is_bitcast(instr):
+        return "free", f"this {op} only adds or moves size-1 dimensions (a bitcast)"
+    if op == "fusion":
+        return "skip", "fusions are predicted from their members, never timed"
+    if op.startswith(_COLLECTIVE_PREFIXES):
+        return "skip", f"{op} is a collective (AllReduce model)"
+    if op in _CONTROL_FLOW:
+        return "skip", f"{op} is control flow (its bodies' ops are timed)"
+    if op in _SIDE_EFFECT:
+        return "skip", f"{op} cannot run standalone"
+    leaves = list(instr.shape.leaves())
+    if any(leaf.element_type not in _NUMPY_DTYPES for leaf in leaves):
+        return "skip", f"result type {instr.shape} is not supported"
+    return "bench", ""
+
+
+def _is_bitcast(instr: HloInstruction) -> bool:
+    """A broadcast or transpose that keeps every element in place (XLA emits a bitcast):
+    it only adds size-1 dimensions, or only moves them."""
+    shape = instr.shape
+    if instr.opcode not in ("broadcast", "transpose") or not shape.is_array:
+        return False
+    dims = _dims(instr.attrs.get("dimensions"))
+    if instr.opcode == "broadcast":
+        kept = [shape.dims[d] for d in dims if d < len(shape.dims)]
+        return dims == sorted(dims) and math.prod(kept) == shape.num_elements
+    moved = [d for d in dims if d < len(shape.dims) and shape.dims[dims.index(d)] != 1]
+    return moved == sorted(moved)
+
+
+# --------------------------------------------------------------------------- standalone op
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One parameter of a standalone module: its shape and how to fill it.
+
+    Attributes:
+        shape: the parameter's shape (no layout).
+        index_high: for integer index operands, values are drawn in ``[0, index_high)``;
+            0 for ordinary data.
+    """
+
+    shape: Shape
+    index_high: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StandaloneOp:
+    """A single op as a module of its own.
+
+    Attributes:
+        key: the op's key.
+        hlo_text: the module text (``HloModule disco_op_<hash>``).
+        module_name: the module's name.
+        inputs: what to feed each parameter, in order.
+        info: the op's class, bytes and flops (for the analytic fallback).
+    """
+
+    key: pr.OpKey
+    hlo_text: str
+    module_name: str
+    inputs: tuple[InputSpec, ...]
+    info: pr.OpInfo
+
+
+def _dims(text: str | None) -> list[int]:
+    inner = (text or "").strip().strip("{}").strip()
+    return [int(x) for x in inner.split(",") if x.strip()]
+
+
+def _index_bounds(module_instr: Mapping[str, HloInstruction],
+                  instr: HloInstruction) -> dict[int, int]:
+    """Operand position -> exclusive upper bound for integer index operands."""
+    ops = [module_instr[o] for o in instr.operands]
+    op = instr.opcode
+    if op == "dynamic-slice":
+        sizes = _dims(instr.attrs.get("dynamic_slice_sizes"))
+        dims = ops[0].shape.dims
+        return {k: max(1, dims[k - 1] - sizes[k - 1] + 1) if k - 1 < len(sizes) else 1
+                for k in range(1, len(ops))}
+    if op == "dynamic-update-slice":
+        dims, upd = ops[0].shape.dims, ops[1].shape.dims
+        return {k: max(1, dims[k - 2] - upd[k - 2] + 1) for k in range(2, len(ops))}
+    if op == "gather":
+        dims = ops[0].shape.dims
+        sizes = _dims(instr.attrs.get("slice_sizes"))
+        mapped = _dims(instr.attrs.get("start_index_map")) or list(range(len(dims)))
+        high = min((dims[d] - (sizes[d] if d < len(sizes) else 1) + 1 for d in mapped),
+                   default=1)
+        return {1: max(1, high)}
+    if op == "scatter":
+        n_inputs = (len(ops) - 1) // 2
+        dims = ops[0].shape.dims
+        mapped = _dims(instr.attrs.get("scatter_dims_to_operand_dims")) or list(range(len(dims)))
+        return {n_inputs: max(1, min((dims[d] for d in mapped), default=1))}
+    return {}
+
+
+def _kept_attrs(instr: HloInstruction) -> dict[str, str]:
+    """Attributes without metadata (its stack frame ids point into the source module)."""
+    return {k: v for k, v in instr.attrs.items() if k not in _DROP_ATTRS}
+
+
+def _unbitcast(instr: HloInstruction, comp: HloComputation) -> HloInstruction:
+    """A post-layout ``bitcast`` inside a called computation as the op it stands for
+    (XLA rejects bitcasts before layout assignment): ``bitcast-convert`` when the element
+    type changes, else ``reshape``."""
+    if instr.opcode != "bitcast" or not instr.operands:
+        return instr
+    src = comp.instruction(instr.operands[0]).shape
+    same_type = src.element_type == instr.shape.element_type
+    return instr.copy(opcode="reshape" if same_type else "bitcast-convert")
+
+
+def _called_closure(module: HloModule, instr: HloInstruction) -> list[HloComputation]:
+    """The computations ``instr`` calls, transitively, callees before callers."""
+    comps = module.computations_by_name()
+    out: list[HloComputation] = []
+    seen: set[str] = set()
+
+    def visit(names: Iterable[str]) -> None:
+        for name in names:
+            if name in seen or name not in comps:
+                continue
+            seen.add(name)
+            comp = comps[name]
+            visit(n for i in comp.instructions for n in i.called_computations)
+            out.append(dataclasses.replace(comp, is_entry=False, instructions=[
+                _unbitcast(i, comp).copy(attrs=_kept_attrs(i)) for i in comp.instructions]))
+
+    visit(instr.called_computations)
+    return out
+
+
+def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = None,
+                  module_instr: Mapping[str, HloInstruction] | None = None) -> StandaloneOp:
+    """Builds the standalone module of one op (see the module docstring).
+
+    Args:
+        module: the module holding ``instr``.
+        instr: an op whose :func:`op_status` is ``"bench"``.
+        view: :func:`module_view` of ``module`` (built if None).
+        module_instr: name -> instruction over the whole module (built if None).
+
+    Returns:
+        The :class:`StandaloneOp`.
+    """
+    view = view if view is not None else module_view(module)
+    module_instr = module_instr if module_instr is not None else view.instr
+    info = pr.describe_instruction(view, instr)
+    bounds = _index_bounds(module_instr, instr)
+    body: list[HloInstruction] = []
+    inputs: list[InputSpec] = []
+    names: list[str] = []
+    for k, name in enumerate(instr.operands):
+        src = module_instr[name]
+        shape = src.shape.without_layout()
+        if not shape.is_array or shape.element_type not in _NUMPY_DTYPES:
+            raise ValueError(f"operand {k} of type {shape} is not supported")
+        if (src.opcode == "constant" and shape.is_array
+                and shape.byte_size() <= _CONSTANT_BYTES and k not in bounds):
+            body.append(HloInstruction(f"c{k}", "constant", shape, payload=src.payload))
+        else:
+            body.append(HloInstruction(f"p{k}", "parameter", shape, payload=str(len(inputs))))
+            inputs.append(InputSpec(shape, bounds.get(k, 0)))
+        names.append(body[-1].name)
+    body.append(HloInstruction("op", instr.opcode, instr.shape.without_layout(), names,
+                               _kept_attrs(instr), instr.payload))
+    digest = hashlib.sha1(info.key.encode().encode()).hexdigest()[:16]
+    name = f"disco_op_{digest}"
+    comps = [*_called_closure(module, instr),
+             HloComputation("main", body, "op", is_entry=True)]
+    text = to_text(HloModule(name, {}, comps, percent_names=module.percent_names))
+    return StandaloneOp(info.key, text, name, tuple(inputs), info)
+
+
+def random_inputs(op: StandaloneOp | Sequence[InputSpec], seed: int = 0) -> list[np.ndarray]:
+    """Random host arrays for a standalone module's parameters (see the module docstring).
+
+    Args:
+        op: a :class:`StandaloneOp`, or the :class:`InputSpec` of each parameter (e.g. of
+            a fused-op sample module).
+        seed: RNG seed.
+    """
+    rng = np.random.default_rng(seed)
+    specs = op.inputs if isinstance(op, StandaloneOp) else op
+    out = []
+    for spec in specs:
+        dims, etype = spec.shape.dims, spec.shape.element_type
+        dtype = np.dtype(_NUMPY_DTYPES[etype])
+        if spec.index_high:
+            out.append(rng.integers(0, spec.index_high, size=dims).astype(dtype))
+        elif dtype == np.bool_:
+            out.append(rng.random(dims) < 0.5)
+        elif np.issubdtype(dtype, np.integer):
+            out.append(rng.integers(1, 8, size=dims).astype(dtype))
+        elif np.issubdtype(dtype, np.complexfloating):
+            out.append((rng.uniform(0.5, 2.0, dims) + 1j * rng.uniform(0.5, 2.0, dims))
+                       .astype(dtype))
+        else:
+            out.append(rng.uniform(0.5, 2.0, dims).astype(dtype))
+    return out
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclasses.dataclass(frozen=True)
+class OpTiming:
+    """Measured time of one op key (or why it could not be measured).
+
+    Attributes:
+        time_s: median seconds of one execution (NaN when ``error`` is set).
+        p25_s: 25th percentile, seconds.
+        p75_s: 75th percentile, seconds.
+        samples: timed executions (over runs and replicas).
+        cls: opcode class of the analytic model.
+        bytes: operand + result bytes.
+        flops: estimated flops.
+        error: why the op could not be timed ("" when it was).
+    """
+
+    time_s: float
+    p25_s: float
+    p75_s: float
+    samples: int
+    cls: str
+    bytes: int
+    flops: float
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and math.isfinite(self.time_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (NaN times as null, so the file is strict JSON)."""
+        data = dataclasses.asdict(self)
+        for k in ("time_s", "p25_s", "p75_s"):
+            if not math.isfinite(data[k]):
+                data[k] = None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OpTiming:
+        """Inverse of :meth:`to_json`."""
+        def num(k: str) -> float:
+            return math.nan if data[k] is None else float(data[k])
+
+        return cls(num("time_s"), num("p25_s"), num("p75_s"), int(data["samples"]),
+                   str(data["cls"]), int(data["bytes"]), float(data["flops"]),
+                   str(data.get("error", "")))
+
+
+def _failed(info: pr.OpInfo, error: str) -> OpTiming:
+    return OpTiming(math.nan, math.nan, math.nan, 0, info.cls, info.bytes, info.flops,
+                    error[:300])
+
+
+def _summarize(info: pr.OpInfo, samples: list[float]) -> OpTiming:
+    if not samples:
+        return OpTiming(0.0, 0.0, 0.0, 0, info.cls, info.bytes, info.flops)
+    q25, q50, q75 = np.percentile(samples, [25, 50, 75])
+    return OpTiming(float(q50), float(q25), float(q75), len(samples), info.cls, info.bytes,
+                    info.flops)
+
+
+def _trace_samples(trace_root: str, names: set[str]) -> dict[str, list[float]]:
+    """Per module, one time per (device, run): the sum of its thunk events."""
+    events = pr.op_events(pr.read_trace_events(pr.find_trace_file(trace_root)))
+    totals: dict[tuple[str, int, str], float] = defaultdict(float)
+    for ev in events:
+        if ev.module in names:
+            totals[(ev.module, ev.device, ev.run_id)] += ev.dur_s
+    out: dict[str, list[float]] = defaultdict(list)
+    for (module, _, _), t in totals.items():
+        out[module].append(t)
+    return out
+
+
+def time_standalone(items: Sequence[tuple[Any, Sequence[Any]]], *, repeats: int = 15,
+                    warmup: int = 3) -> dict[str, list[float]]:
+    """Times compiled standalone modules in one profiler session.
+
+    Args:
+        items: ``(StandaloneHlo, placed inputs)`` pairs (inputs from ``put``).
+        repeats: traced runs of each module.
+        warmup: untraced runs first.
+
+    Returns:
+        module name -> per-(run, replica) seconds (empty list for a module that ran no
+        kernel, e.g. one XLA folded away).
+    """
+    import jax
+
+    for exe, placed in items:
+        for _ in range(warmup):
+            exe.run(placed)
+    root = tempfile.mkdtemp(prefix="disco_opbench_")
+    try:
+        jax.profiler.start_trace(root)
+        try:
+            for exe, placed in items:
+                for _ in range(repeats):
+                    exe.run(placed)
+        finally:
+            jax.profiler.stop_trace()
+        samples = _trace_samples(root, {exe.module_name for exe, _ in items})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {exe.module_name: samples.get(exe.module_name, []) for exe, _ in items}
+
+
+class _Progress:
+    """A one-line ``done/total`` counter on stderr (only when it is a terminal or asked)."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.label, self.done = total, label, 0
+        self.enabled = enabled and total > 0
+        self.t0 = time.perf_counter()
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if self.enabled:
+            dt = time.perf_counter() - self.t0
+            sys.stderr.write(f"\r{self.label}: {self.done}/{self.total} ops ({dt:.0f} s)")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _measure_chunk(chunk: Sequence[StandaloneOp], replicas: int, repeats: int, warmup: int,
+                   progress: _Progress) -> dict[str, OpTiming]:
+    """Compiles and times one batch of ops (compile errors become failed timings)."""
+    from hlo_tools import jax_bridge
+
+    out: dict[str, OpTiming] = {}
+    items = []
+    for op in chunk:
+        try:
+            exe = jax_bridge.compile_standalone(op.hlo_text, exact=True, replicas=replicas)
+            seed = int(op.module_name.rsplit("_", 1)[-1][:8], 16)
+            items.append((op, exe, exe.put(*random_inputs(op, seed=seed))))
+        except Exception as err:  # an op XLA rejects standalone: analytic fallback
+            out[op.key.encode()] = _failed(op.info, f"{type(err).__name__}: {err}")
+        progress.step()
+    try:
+        samples = time_standalone([(exe, placed) for _, exe, placed in items],
+                                  repeats=repeats, warmup=warmup)
+    except Exception as err:
+        samples = {}
+        for op, _, _ in items:
+            out[op.key.encode()] = _failed(op.info, f"timing failed: {err}")
+        items = []
+    for op, exe, _ in items:
+        out[op.key.encode()] = _summarize(op.info, samples.get(exe.module_name, []))
+    return out
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_dir() -> Path:
+    """``$DISCO_CACHE_DIR/ops``, else ``$XDG_CACHE_HOME/disco_jax/ops`` (``~/.cache``)."""
+    if os.environ.get("DISCO_CACHE_DIR"):
+        return Path(os.environ["DISCO_CACHE_DIR"]) / "ops"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "disco_jax" / "ops"
+
+
+def backend_fingerprint(replicas: int = 1, platform: str | None = None) -> dict[str, Any]:
+    """What measured op times depend on (part of the cache file name and content)."""
+    from hlo_tools import jax_bridge
+
+    info = jax_bridge.backend_info(platform)
+    return {"schema": OP_CACHE_SCHEMA, "version": OP_BENCH_VERSION,
+            "jax": info["jax"], "jaxlib": info["jaxlib"],
+            "platform": info["platform"], "device_kind": info["device_kind"],
+            "cpu_count": info["cpu_count"], "replicas": int(replicas)}
+
+
+class OpTimeCache:
+    """Measured op times of one backend fingerprint, stored as one JSON file.
+
+    File: ``<directory>/<sha256(fingerprint)[:16]>.json`` holding
+    ``{"schema", "fingerprint", "ops": {OpKey.encode(): OpTiming}}``.
+    """
+
+    def __init__(self, fingerprint: Mapping[str, Any], directory: str | os.PathLike | None = None):
+        self.fingerprint = dict(fingerprint)
+        self.directory = Path(directory) if directory is not None else cache_dir()
+        tag = json.dumps(self.fingerprint, sort_keys=True).encode()
+        self.path = self.directory / f"{hashlib.sha256(tag).hexdigest()[:16]}.json"
+        self.entries: dict[str, OpTiming] = self._read()
+
+    @classmethod
+    def for_backend(cls, replicas: int = 1, directory: str | os.PathLike | None = None
+                    ) -> OpTimeCache:
+        """The cache of the current jax backend."""
+        return cls(backend_fingerprint(replicas), directory)
+
+    def _read(self) -> dict[str, OpTiming]:
+        """Entries on disk; a missing, corrupt or foreign file reads as empty."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+            if data.get("schema") != OP_CACHE_SCHEMA or data.get("fingerprint") != \
+                    self.fingerprint:
+                return {}
+            return {k: OpTiming.from_json(v) for k, v in data["ops"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def get(self, key: str) -> OpTiming | None:
+        return self.entries.get(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def update(self, timings: Mapping[str, OpTiming]) -> None:
+        """Adds timings in memory (call :meth:`save` to store them)."""
+        self.entries.update(timings)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a+") as lock:
+            try:
+                import fcntl
+
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except (ImportError, OSError):  # no advisory locks: atomic rename still holds
+                pass
+            yield
+
+    def save(self) -> Path:
+        """Merges with the file's current content (ours win) and writes it atomically."""
+        with self._locked():
+            merged = {**self._read(), **self.entries}
+            data = {"schema": OP_CACHE_SCHEMA, "fingerprint": self.fingerprint,
+                    "ops": {k: merged[k].to_json() for k in sorted(merged)}}
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                       dir=self.directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(data, f, indent=0, allow_nan=False)
+                os.chmod(tmp, 0o644)  # mkstemp creates 0600
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self.entries = merged
+        return self.path
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _unique_ops(module: HloModule, instrs: Iterable[HloInstruction],
+                view: Any) -> dict[str, HloInstruction]:
+    """Key -> first instruction with that key, for the benchable ops among ``instrs``."""
+    out: dict[str, HloInstruction] = {}
+    for instr in instrs:
+        if op_status(instr)[0] != "bench":
+            continue
+        key = op_key(view, instr).encode()
+        out.setdefault(key, instr)
+    return out
+
+
+def _standalone_ops(module: HloModule, wanted: Mapping[str, HloInstruction],
+                    known: Mapping[str, Any], view: Any
+                    ) -> tuple[list[StandaloneOp], dict[str, OpTiming]]:
+    """Standalone modules of the ops still to time, and failures to build one."""
+    todo, failed = [], {}
+    for key, instr in wanted.items():
+        if key in known:
+            continue
+        try:
+            todo.append(standalone_op(module, instr, view))
+        except (KeyError, ValueError, IndexError) as err:
+            failed[key] = _failed(pr.describe_instruction(view, instr),
+                                  f"no standalone module: {err}")
+    return todo, failed
+
+
+def kernel_instructions(module: HloModule) -> list[HloInstruction]:
+    """Instructions that run as kernels or inside one: those of ENTRY, of the bodies of
+    control flow, and of fused computations -- not of reducers and comparators, which
+    only describe how their op combines elements."""
+    comps = module.computations_by_name()
+    out: list[HloInstruction] = []
+    seen = {module.entry.name}
+    stack = [module.entry]
+    while stack:
+        comp = stack.pop()
+        out.extend(comp.instructions)
+        for instr in comp.instructions:
+            if instr.opcode != "fusion" and instr.opcode not in _CONTROL_FLOW:
+                continue
+            for name in instr.called_computations:
+                if name in comps and name not in seen:
+                    seen.add(name)
+                    stack.append(comps[name])
+    return out
+
+
+def bench_ops(
+    module: HloModule,
+    instructions: Iterable[HloInstruction] | None = None,
+    *,
+    cache: OpTimeCache | None = None,
+    use_cache: bool = True,
+    replicas: int = 1,
+    repeats: int = 15,
+    warmup: int = 3,
+    chunk: int = 48,
+    progress: bool | None = None,
+) -> dict[str, OpTiming]:
+    """Times every unique benchable single op of ``module`` (cached ops are not re-run).
+
+    Args:
+        module: the parsed module.
+        instructions: the ops to time (default: :func:`kernel_instructions`; fused
+            computations are included, a fusion's members are single ops).
+        cache: the cache to read and extend (default: this backend's, for ``replicas``).
+        use_cache: False times everything again and stores nothing.
+        replicas: devices that run each op at once (see the module docstring).
+        repeats: traced runs per op.
+        warmup: untraced runs per op first.
+        chunk: ops per trace session.
+        progress: print a counter on stderr (default: when stderr is a terminal).
+
+    Returns:
+        ``OpKey.encode()`` -> :class:`OpTiming` for every benchable op (failed ones carry
+        their ``error``; their time is NaN).
+    """
+    view = module_view(module)
+    instrs = instructions if instructions is not None else kernel_instructions(module)
+    wanted = _unique_ops(module, instrs, view)
+    if use_cache and cache is None:
+        cache = OpTimeCache.for_backend(replicas)
+    known = {k: cache.get(k) for k in wanted if cache is not None and k in cache} \
+        if use_cache else {}
+    todo, measured = _standalone_ops(module, wanted, known, view)
+    shown = sys.stderr.isatty() if progress is None else progress
+    counter = _Progress(len(todo), "timing single ops", shown)
+    try:
+        for start in range(0, len(todo), chunk):
+            measured.update(_measure_chunk(todo[start:start + chunk], replicas, repeats,
+                                           warmup, counter))
+            if use_cache and cache is not None:
+                cache.update(measured)
+                cache.save()
+    finally:
+        counter.close()
+    return {**known, **measured}
+
+
+def bench_module(hlo_text: str, **kwargs: Any) -> dict[str, OpTiming]:
+    """:func:`bench_ops` over every op of a module given as HLO text."""
+    import hlo_tools
+
+    return bench_ops(hlo_tools.parse(hlo_text), **kwargs)

@@ -1,0 +1,457 @@
+"""Tests of disco_jax.costs, estimator.op_bench and jax_bridge.compile_standalone."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hlo_tools
+from disco_jax import costs as C
+from disco_jax.simulator import check_graph, simulate
+from estimator import op_bench as ob
+from hlo_tools import plan as P
+from hlo_tools.graph import device_graph
+from hlo_tools.rewrite import apply_plan
+
+FIXTURES = Path(__file__).parent / "fixtures"
+L, B = 1e-6, 1e-9  # launch seconds, seconds per byte used in the hand computations
+EXACT = C.BackendConstants(overlap=1.0, kernel_launch_s=L, mem_s_per_byte=B, source="test")
+
+# f32[256] is 1024 bytes.
+CHAIN = """HloModule chain
+
+ENTRY e {
+  p0 = f32[256] parameter(0)
+  p1 = f32[256] parameter(1)
+  a = f32[256] add(p0, p1)
+  b = f32[256] multiply(a, a)
+  c = f32[256] exponential(b)
+  ROOT d = f32[256] subtract(c, a)
+}
+"""
+
+DUP = """HloModule dup
+
+ENTRY e {
+  p0 = f32[256] parameter(0)
+  x = f32[256] exponential(p0)
+  y = f32[256] add(x, p0)
+  z = f32[256] multiply(x, x)
+  ROOT t = (f32[256], f32[256]) tuple(y, z)
+}
+"""
+
+GRADS = """HloModule grads
+
+sum {
+  l = f32[] parameter(0)
+  r = f32[] parameter(1)
+  ROOT s = f32[] add(l, r)
+}
+
+ENTRY e {
+  w1 = f32[256] parameter(0)
+  w2 = f32[64] parameter(1)
+  g1 = f32[256] negate(w1)
+  g2 = f32[64] negate(w2)
+  r1 = f32[256] all-reduce(g1), replica_groups={{0,1}}, to_apply=sum
+  r2 = f32[64] all-reduce(g2), replica_groups={{0,1}}, to_apply=sum
+  u1 = f32[256] subtract(w1, r1)
+  u2 = f32[64] subtract(w2, r2)
+  ROOT t = (f32[256], f32[64]) tuple(u1, u2)
+}
+"""
+
+
+def _model(text: str, times: dict[str, float], constants: C.BackendConstants = EXACT
+           ) -> tuple[C.CostModel, hlo_tools.HloModule]:
+    """A cost model whose op times are ``times`` (instruction name -> seconds)."""
+    module = hlo_tools.parse(text)
+    view = ob.module_view(module)
+    op_times = C.OpTimes()
+    for _, instr in module.instructions():
+        if instr.name in times:
+            assert op_times.add(ob.op_key(view, instr).encode(), times[instr.name], "test")
+    return C.CostModel("inproc4", op_times=op_times, constants=constants), module
+
+
+def _node(graph, name: str) -> int:
+    return graph.index[name]
+
+
+# --------------------------------------------------------------------------- fallback rule
+
+
+def test_fallback_rule_on_hand_numbers() -> None:
+    costs, module = _model(CHAIN, {"a": 5e-6, "b": 4e-6, "c": 6e-6, "d": 3e-6})
+    graph = device_graph(module)
+    est = C.FallbackFusedEstimator(costs)
+    a, b = _node(graph, "a"), _node(graph, "b")
+    # a: l=1, traffic 3072 B -> m=3.072, c=0.928; b: l=1, traffic 2048 B -> m=2.048, c=0.952
+    # io: reads p0, p1 (2048 B) + writes a and b (both read outside, 2048 B) = 4096 of 5120
+    want = L + (3.072e-6 + 2.048e-6) * 4096 / 5120 + 0.928e-6 + 0.952e-6
+    assert est.predict(graph, [a, b], []) == pytest.approx(want, rel=1e-12)
+    # the same number read as "sum - launches saved - traffic saved"
+    assert want == pytest.approx(9e-6 - L - (3.072e-6 + 2.048e-6) * (1 - 4096 / 5120))
+    for node, t in ((a, 5e-6), (b, 4e-6)):  # a single op is predicted as its own time
+        assert est.predict(graph, [node], []) == pytest.approx(t, rel=1e-12)
+
+
+def test_fallback_rule_clamps_fast_ops() -> None:
+    """An op faster than launch + b * traffic: its memory part is capped, nothing < 0."""
+    costs, module = _model(CHAIN, {"a": 0.5e-6, "b": 2e-6, "c": 6e-6, "d": 3e-6})
+    graph = device_graph(module)
+    gc = costs.graph_costs(graph)
+    a, b = _node(graph, "a"), _node(graph, "b")
+    assert (gc.launch_s[a], gc.mem_s[a], gc.compute_s[a]) == (0.5e-6, 0.0, 0.0)
+    assert gc.mem_s[b] == pytest.approx(1e-6) and gc.compute_s[b] == 0.0  # capped at t - L
+    want = L + 1e-6 * 4096 / 5120
+    assert costs.fused.predict(graph, [a, b], []) == pytest.approx(want, rel=1e-12)
+    assert want >= max(gc.launch_s[[a, b]])
+
+
+def test_duplicate_adds_the_copy_cost() -> None:
+    costs, module = _model(DUP, {"x": 6e-6, "y": 4e-6, "z": 2e-6})
+    graph = device_graph(module)
+    space = P.FusionSpace(graph)
+    x, y = _node(graph, "x"), _node(graph, "y")
+    plan = P.duplicate(space, P.initial_plan(graph), x, y)
+    sim = C.sim_graph(graph, plan, costs)
+    check_graph(sim)
+    # y's group holds a copy of x: x (l=1, m=2.048, c=2.952) + y (l=1, m=3, c=0);
+    # io = p0 once (1024) + y (1024) of 5120 traffic
+    want = L + (2.048e-6 + 3e-6) * 2048 / 5120 + 2.952e-6
+    fused = sim.names.index("fusion(y)")
+    assert sim.duration_s[fused] == pytest.approx(want, rel=1e-12)
+    assert want - 4e-6 == pytest.approx(1.9712e-6)  # what the copy adds to y alone
+    # x still runs for z, and y's group no longer waits for it
+    assert sim.duration_s[sim.names.index("x")] == 6e-6
+    preds = sim.pred_idx[sim.pred_ptr[fused]:sim.pred_ptr[fused + 1]]
+    assert [sim.names[p] for p in preds] == ["p0"]
+    base = C.sim_graph(graph, P.initial_plan(graph), costs)
+    assert sim.duration_s.sum() - base.duration_s.sum() == pytest.approx(want - 4e-6)
+
+
+def test_producer_left_without_readers_costs_nothing() -> None:
+    """x is copied into y's group, then z (x's other reader) joins that group: nobody
+    reads the original x any more, XLA deletes it, and the SimGraph does not charge it."""
+    text = DUP.replace("z = f32[256] multiply(x, x)", "z = f32[256] multiply(y, x)").replace(
+        "ROOT t = (f32[256], f32[256]) tuple(y, z)", "ROOT t = (f32[256]) tuple(z)")
+    costs, module = _model(text, {"x": 6e-6, "y": 4e-6, "z": 2e-6})
+    graph = device_graph(module)
+    space = P.FusionSpace(graph)
+    x, y, z = (_node(graph, n) for n in "xyz")
+    plan = P.duplicate(space, P.initial_plan(graph), x, y)
+    plan = P.fuse(space, plan, y, z)
+    assert P.dead_groups(space, plan) == {x}
+    sim = C.sim_graph(graph, plan, costs)
+    check_graph(sim)
+    k = sim.names.index("x")
+    assert sim.duration_s[k] == 0.0 and sim.out_bytes[k] == 0
+    assert k not in sim.pred_idx and sim.pred_ptr[k + 1] == sim.pred_ptr[k]
+    busy = sorted(t for t in sim.duration_s if t > 0)
+    rewritten = C.sim_graph_from_module(apply_plan(module, plan, graph), costs)
+    assert busy == pytest.approx(sorted(t for t in rewritten.duration_s if t > 0))
+    assert "x" not in rewritten.names
+
+
+# --------------------------------------------------------------------------- sim graphs
+
+
+def test_identity_plan_equals_module_as_written() -> None:
+    module = hlo_tools.parse((FIXTURES / "shard_map_mlp.pre.hlo").read_text())
+    costs = C.CostModel("inproc4")  # no measurements: every op from the analytic model
+    graph = device_graph(module)
+    from_plan = C.sim_graph(graph, P.initial_plan(graph), costs)
+    as_written = C.sim_graph_from_module(module, costs)
+    for field in from_plan._fields:
+        a, b = getattr(from_plan, field), getattr(as_written, field)
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, field
+    assert simulate(from_plan, costs.overlap) .iteration_s > 0
+    assert from_plan.is_comm.sum() == sum(op == "all-reduce" for op in graph.opcodes)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_plan_and_its_rewritten_module_cost_the_same(seed: int) -> None:
+    """Op and duplicate fusion: a plan's SimGraph and that of the module apply_plan writes
+    for it (fusions predicted from their fused computations) agree."""
+    import random
+
+    module = hlo_tools.parse((FIXTURES / "shard_map_mlp.pre.hlo").read_text())
+    graph = device_graph(module)
+    space = P.FusionSpace(graph)
+    plan = P.random_moves(space, P.initial_plan(graph), random.Random(seed), 60,
+                          weights=(0.6, 0.4, 0.0))
+    assert any(len(ms) > 1 for ms in plan.groups().values())
+    costs = C.CostModel("inproc4")
+    planned = C.sim_graph(graph, plan, costs)
+    rewritten = apply_plan(module, plan, graph)
+    written = C.sim_graph_from_module(rewritten, costs)
+    busy = sorted(t for t in written.duration_s if t > 0)  # apply_plan adds free gtes
+    assert busy == pytest.approx(sorted(t for t in planned.duration_s if t > 0), rel=1e-9)
+    a, b = simulate(written, 1.0), simulate(planned, 1.0)
+    assert a.iteration_s == pytest.approx(b.iteration_s, rel=1e-9)
+    assert a.peak_bytes == b.peak_bytes
+
+
+def test_bucket_is_one_comm_node_with_the_model_time() -> None:
+    costs, module = _model(GRADS, {"g1": 3e-6, "g2": 2e-6, "u1": 3e-6, "u2": 2e-6})
+    graph = device_graph(module)
+    space = P.FusionSpace(graph)
+    r1, r2 = _node(graph, "r1"), _node(graph, "r2")
+    assert set(space.allreduces) == {r1, r2}
+    before = C.sim_graph(graph, P.initial_plan(graph), costs)
+    plan = P.combine(space, P.initial_plan(graph), r1, r2)
+    sim = C.sim_graph(graph, plan, costs)
+    check_graph(sim)
+    assert before.is_comm.sum() == 2 and sim.is_comm.sum() == 1
+    comm = int(np.flatnonzero(sim.is_comm)[0])
+    assert sim.duration_s[comm] == costs.allreduce_time(1024 + 256)
+    assert costs.allreduce_time(1280) == pytest.approx(
+        costs.hardware.allreduce.c_s_per_byte * 1280 + costs.hardware.allreduce.d_s)
+    buffer, slices = comm - 1, [sim.names.index("r1.slice"), sim.names.index("r2.slice")]
+    assert sim.duration_s[buffer] == pytest.approx(L + 2 * B * 1280)
+    assert list(sim.duration_s[slices]) == pytest.approx([L + 2 * B * 1024, L + 2 * B * 256])
+    # users of each gradient wait for its slice, the slices for the one all-reduce
+    u1 = sim.names.index("u1")
+    assert slices[0] in sim.pred_idx[sim.pred_ptr[u1]:sim.pred_ptr[u1 + 1]]
+    assert len(sim.names) == len(before.names) + 2  # 2 all-reduces -> buffer, bucket, 2 slices
+
+
+def test_module_as_written_handles_combined_and_async_all_reduces() -> None:
+    post = hlo_tools.parse((FIXTURES / "shard_map_mlp.post.hlo").read_text())
+    costs = C.CostModel("inproc4")
+    sim = C.sim_graph_from_module(post, costs)
+    graph = device_graph(post)
+    tuple_ar = graph.instruction(_node(graph, "all-reduce"))
+    assert tuple_ar.shape.is_tuple
+    k = sim.names.index("all-reduce")
+    assert sim.is_comm[k] and sim.duration_s[k] == costs.allreduce_time(
+        tuple_ar.shape.byte_size())
+    assert sim.is_comm.sum() == 4
+    fusion = sim.names.index("add_tanh_fusion")
+    assert 0 < sim.duration_s[fusion] and costs.graph_costs(graph).source[
+        _node(graph, "add_tanh_fusion")] == "fusion"
+    text = """HloModule a
+
+sum {
+  l = f32[] parameter(0)
+  r = f32[] parameter(1)
+  ROOT s = f32[] add(l, r)
+}
+
+ENTRY e {
+  p = f32[64] parameter(0)
+  g = f32[64] negate(p)
+  st = f32[64] all-reduce-start(g), replica_groups={{0,1}}, to_apply=sum
+  d = f32[64] all-reduce-done(st)
+  ROOT o = f32[64] add(d, p)
+}
+"""
+    sim = C.sim_graph_from_module(hlo_tools.parse(text), costs)
+    assert list(sim.is_comm) == [False, False, True, False, False]
+    assert sim.duration_s[2] == costs.allreduce_time(256) and sim.duration_s[3] == 0.0
+
+
+def test_compute_scale_and_overlap_from_hardware() -> None:
+    from estimator.allreduce import load_hardware
+
+    inproc = C.BackendConstants.from_hardware(load_hardware("inproc4"))
+    assert inproc.compute_scale == 2.0 and inproc.overlap == 0.0  # 4 devices, 2 cores
+    assert C.BackendConstants.from_hardware(load_hardware("gloo2")).compute_scale == 1.0
+    gpu = C.BackendConstants.from_hardware(load_hardware("gpu_cluster_example"))
+    assert gpu.overlap == 1.0 and gpu.compute_scale == 1.0
+    costs, module = _model(CHAIN, {"a": 5e-6, "b": 4e-6, "c": 6e-6, "d": 3e-6}, inproc)
+    sim = C.sim_graph_from_module(module, costs)
+    assert sim.duration_s[sim.names.index("a")] == pytest.approx(10e-6)
+
+
+def test_sim_graph_speed_smoke() -> None:
+    """Re-costing a plan stays cheap (the real number is in the report)."""
+    import random
+    import time
+
+    module = hlo_tools.parse((FIXTURES / "shard_map_mlp.pre.hlo").read_text())
+    graph = device_graph(module)
+    costs = C.CostModel("inproc4")
+    plan = P.random_moves(P.FusionSpace(graph), P.initial_plan(graph), random.Random(0), 30)
+    check_graph(C.sim_graph(graph, plan, costs))
+    t0 = time.perf_counter()
+    for _ in range(50):
+        C.sim_graph(graph, plan, costs)
+    assert (time.perf_counter() - t0) / 50 < 0.01
+
+
+# --------------------------------------------------------------------------- op keys
+
+
+def test_op_keys_ignore_names_layouts_and_metadata() -> None:
+    a = hlo_tools.parse(CHAIN)
+    b = hlo_tools.parse(CHAIN.replace("a = f32[256] add(p0, p1)",
+                                      'q = f32[256]{0} add(p0, p1), metadata={op_name="x"}')
+                        .replace("(a, a)", "(q, q)").replace("(c, a)", "(c, q)"))
+    ka = ob.op_key(ob.module_view(a), a.entry.instruction("a"))
+    kb = ob.op_key(ob.module_view(b), b.entry.instruction("q"))
+    assert ka == kb and ka.encode() == "add|f32[256];f32[256]|f32[256]|f32|"
+    assert ob.op_status(a.entry.instruction("p0"))[0] == "free"
+    assert ob.op_status(a.entry.instruction("c"))[0] == "bench"
+    grads = hlo_tools.parse(GRADS)
+    assert ob.op_status(grads.entry.instruction("r1"))[0] == "skip"
+
+
+def test_standalone_op_has_valid_index_operands() -> None:
+    gather = ("rows = f32[6,8] gather(table, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+              "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}")
+    text = f"""HloModule g
+
+ENTRY e {{
+  table = f32[50,8] parameter(0)
+  ids = s32[6,1] parameter(1)
+  i = s32[] parameter(2)
+  {gather}
+  zero = s32[] constant(0)
+  ROOT part = f32[4,8] dynamic-slice(table, i, zero), dynamic_slice_sizes={{4,8}}
+}}
+"""
+    module = hlo_tools.parse(text)
+    gather = ob.standalone_op(module, module.entry.instruction("rows"))
+    assert [s.index_high for s in gather.inputs] == [0, 50]
+    (ids,) = [x for x in ob.random_inputs(gather) if x.dtype == np.int32]
+    assert ids.min() >= 0 and ids.max() < 50
+    part = ob.standalone_op(module, module.entry.instruction("part"))
+    assert [s.index_high for s in part.inputs] == [0, 47, 1]  # the constant start stays a param
+    assert part.key == ob.op_key(ob.module_view(module), module.entry.instruction("part"))
+    hlo_tools.parse(part.hlo_text)  # our own parser accepts it
+
+
+# --------------------------------------------------------------------------- needs jax
+
+
+def test_compile_standalone_matches_numpy() -> None:
+    from hlo_tools import jax_bridge
+
+    text = """HloModule s
+
+sum {
+  l = f32[] parameter(0)
+  r = f32[] parameter(1)
+  ROOT s = f32[] add(l, r)
+}
+
+ENTRY e {
+  x = f32[4,8] parameter(0)
+  y = f32[4,8] parameter(1)
+  t = f32[4,8] tanh(x)
+  m = f32[4,8] multiply(t, y)
+  zero = f32[] constant(0)
+  ROOT r = f32[4] reduce(m, zero), dimensions={1}, to_apply=sum
+}
+"""
+    run = jax_bridge.compile_standalone(text)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2, 4, 8)).astype(np.float32)
+    (out,) = run(x, y)
+    np.testing.assert_allclose(out, (np.tanh(x) * y).sum(axis=1), rtol=1e-5, atol=1e-6)
+    assert run.module_name == "s" and "fusion" in run.as_text()  # wrapped single ops
+    assert "tanh_multiply" not in run.as_text()  # exact: nothing fused
+    with pytest.raises(ValueError, match="expected"):
+        run(x.astype(np.float64), y)
+    with pytest.raises(jax_bridge.HloCompileError):
+        jax_bridge.compile_standalone("HloModule broken\n\nENTRY e {\n  ROOT x = f32[] foo()\n}\n")
+
+
+def test_wrapped_key_matches_xla_fusion_wrapper() -> None:
+    """A profiled ``wrapped_<op>`` fusion is found by the key of the op it wraps."""
+    from hlo_tools import jax_bridge
+
+    module = hlo_tools.parse(CHAIN)
+    compiled = hlo_tools.parse(jax_bridge.compile_standalone(CHAIN).as_text())
+    view = ob.module_view(compiled)
+    wrapped = {ob.op_key(view, i).encode() for i in compiled.entry.instructions
+               if i.opcode == "fusion"}
+    mine = ob.module_view(module)
+    for name in ("a", "b", "c", "d"):
+        assert C._wrapped_key(mine, module.entry.instruction(name)) in wrapped, name
+
+
+def test_op_bench_times_and_caches(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
+    module = hlo_tools.parse(GRADS)
+    timings = ob.bench_ops(module, repeats=5, warmup=1, progress=False)
+    view = ob.module_view(module)
+    want = {ob.op_key(view, view.instr[n]).encode() for n in ("g1", "g2", "u1", "u2")}
+    assert set(timings) == want
+    assert all(t.ok and t.time_s > 0 and t.samples == 5 for t in timings.values())
+    files = list((tmp_path / "ops").glob("*.json"))
+    assert len(files) == 1 and not list((tmp_path / "ops").glob("*.tmp"))
+    data = json.loads(files[0].read_text())
+    assert data["fingerprint"] == ob.backend_fingerprint(1) and set(data["ops"]) == want
+
+    def boom(*args, **kwargs):
+        raise AssertionError("cached ops must not be timed again")
+
+    monkeypatch.setattr(ob, "_measure_chunk", boom)
+    assert ob.bench_ops(module, progress=False) == timings
+    cache = ob.OpTimeCache.for_backend(1)
+    assert {k: cache.get(k) for k in want} == timings
+    other = ob.OpTimeCache({**ob.backend_fingerprint(1), "cpu_count": -1})
+    assert len(other) == 0 and other.path != cache.path  # another machine, another file
+    files[0].write_text("{not json")
+    assert len(ob.OpTimeCache.for_backend(1)) == 0  # corrupt file reads as empty
+    failed = ob.OpTiming(math.nan, math.nan, math.nan, 0, "other", 4, 0.0, "boom")
+    cache.update({"k": failed})
+    cache.save()
+    assert ob.OpTimeCache.for_backend(1).get("k") == ob.OpTiming.from_json(failed.to_json())
+
+
+def test_cost_model_for_module_uses_measured_times(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
+    module = hlo_tools.parse(CHAIN)
+    costs = C.CostModel.for_module(module, "inproc4", progress=False)
+    gc = costs.graph_costs(device_graph(module))
+    assert gc.summary()["sources"] == {"free": 2, "op_bench": 4}
+    assert not gc.estimated.any() and (gc.time_s[2:] > 0).all()
+
+
+def test_profiles_give_in_context_times() -> None:
+    """A whole-program profile of the no-fusion program times the ops of its source;
+    a stored OpProfile matches ops through XLA's single-op wrapper fusions."""
+    import jax
+    import jax.numpy as jnp
+
+    from estimator import profiler as pr
+    from hlo_tools import jax_bridge
+
+    def f(x, w, b):
+        y = jnp.tanh(x @ w + b)
+        return jnp.sum(y * y, axis=1)
+
+    args = (np.ones((64, 32), np.float32), np.ones((32, 48), np.float32),
+            np.ones((48,), np.float32))
+    text = jax_bridge.extract(jax.jit(f), *args)
+    module = hlo_tools.parse(text)
+    compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True)
+    prof = pr.profile_program(compiled, *args, iterations=3, warmup=1)
+    view = ob.module_view(module)
+    ops = [i for i in module.entry.instructions if ob.op_status(i)[0] == "bench"]
+    assert {i.opcode for i in ops} >= {"dot", "tanh", "multiply", "reduce", "add"}
+    by_name = C.OpTimes()
+    assert by_name.add_program_profile(prof, original=module) > 0
+    stored = C.OpTimes()
+    stored.add_op_profile(pr.build_op_profile(prof))
+    for instr in ops:
+        est = by_name.estimate(view, instr)
+        assert not est.estimated and est.source == "profile" and est.time_s > 0, instr
+        # XLA:CPU runs this reduce as a reduce-window plus a reduce: no key can match it
+        if instr.opcode != "reduce":
+            est = stored.estimate(view, instr)
+            assert not est.estimated and est.source == "profile" and est.time_s > 0, instr
+    reduce = next(i for i in ops if i.opcode == "reduce")
+    split = [n for n in prof.times_s if "reduce" in n]
+    assert len(split) == 2  # both kernels of the split reduce count for it
+    assert by_name.estimate(view, reduce).time_s == pytest.approx(
+        sum(prof.times_s[n] / prof.counts.get(n, 1.0) for n in split))
