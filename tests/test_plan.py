@@ -61,7 +61,8 @@ ENTRY main {
   w = (f32[4]{0}) while(t), condition=cond, body=body
   w0 = f32[4]{0} get-tuple-element(w), index=0
   sc = f32[] constant(1)
-  ROOT out = (f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[], f32[], f32[]) tuple(ar0, ar1, armax, ar3, w0, sc, g0, arloss)
+  ROOT out = (f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[], f32[], f32[]) \
+tuple(ar0, ar1, armax, ar3, w0, sc, g0, arloss)
 }
 """
 
@@ -72,7 +73,8 @@ def env():
     graph = device_graph(module)
     # Treat every all-reduce here as a gradient all-reduce for the combination rules.
     graph = graph._replace(gradient_allreduces=tuple(
-        i for i, op in enumerate(graph.opcodes) if op == "all-reduce" and graph.names[i] != "arloss"))
+        i for i, op in enumerate(graph.opcodes)
+        if op == "all-reduce" and graph.names[i] != "arloss"))
     return module, graph, P.FusionSpace(graph)
 
 
