@@ -60,7 +60,8 @@ CALLED_COMPUTATION_ATTRS = (
 )
 
 _COMPUTATION_REF = re.compile(r"%?([A-Za-z_][\w.\-]*)")
-_CALL_KEYS = re.compile(r"(?:^|[ ,])(?:" + "|".join(CALLED_COMPUTATION_ATTRS) + ")=")
+_CALL_VALUES = re.compile(r"(?:^|, )(?:" + "|".join(CALLED_COMPUTATION_ATTRS)
+                          + r")=(\{[^}]*\}|%?[A-Za-z_][\w.\-]*)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,11 +196,10 @@ class HloInstruction:
     def called_computations(self) -> list[str]:
         """Names of the computations this instruction calls (fusion bodies, reducers, ...)."""
         attrs = self._attrs
-        if attrs is None:
-            if not _CALL_KEYS.search(self.attr_text):
-                return []
-            attrs = self.attrs
-        elif not attrs:
+        if attrs is None:  # not split yet: read the callees straight from the text
+            return [ref for value in _CALL_VALUES.findall(self.attr_text)
+                    for ref in _COMPUTATION_REF.findall(value)]
+        if not attrs:
             return []
         names: list[str] = []
         for key in CALLED_COMPUTATION_ATTRS:

@@ -239,44 +239,48 @@ class _Parser:
         if not m:
             raise self.error("expected a computation", 1, "'[ENTRY] name {'")
         suffix = _signature_suffix(m.group(3))
-        self.i += 1
-        instructions, root_name = [], None
-        while True:
-            if self.i >= len(self.lines):
-                raise self.error("unexpected end of input inside computation", 1, "'}'")
-            line = self.lines[self.i]
-            stripped = line.strip()
-            if stripped == "}":
-                self.i += 1
-                break
-            if stripped:
-                instr, is_root = self._instruction(line)
-                if instr.name in self.line_of:
-                    raise self.error(f"duplicate instruction name {instr.name!r}", 1,
-                                     "unique names")
-                if instr.opcode not in HLO_OPCODES:
-                    col = line.find(f" {instr.opcode}(") + 2
-                    raise self.error(f"unknown opcode {instr.opcode!r}", col, "an HLO opcode")
-                self.line_of[instr.name] = self.i + 1
-                instructions.append(instr)
-                if is_root:
-                    if root_name is not None:
-                        raise self.error("second ROOT in computation", 1, "one ROOT")
-                    root_name = instr.name
-            self.i += 1
+        instructions, root_name = self._body()
         if not instructions:
             raise self.error(f"computation {m.group(2)!r} is empty", 1, "instructions")
         if root_name is None:
             root_name = instructions[-1].name
         return HloComputation(m.group(2), instructions, root_name, bool(m.group(1)), suffix)
 
-    def _instruction(self, line: str) -> tuple[HloInstruction, bool]:
-        if "/*" in line:
-            line = _INDEX_COMMENT.sub("", line)
-        try:
-            return _parse_instruction(line, self.i + 1)
-        except HloParseError as e:
-            raise self._with_source(e) from None
+    def _body(self) -> tuple[list[HloInstruction], str | None]:
+        """Instructions up to the closing ``}`` (the hot loop: kept tight)."""
+        lines, line_of, opcodes = self.lines, self.line_of, HLO_OPCODES
+        instructions: list[HloInstruction] = []
+        append = instructions.append
+        root_name = None
+        parse_one = _parse_instruction
+        for k in range(self.i + 1, len(lines)):
+            line = lines[k]
+            if not line or line.isspace():
+                continue
+            if line.lstrip() in ("}", "}\n") or line.strip() == "}":
+                self.i = k + 1
+                return instructions, root_name
+            self.i = k
+            if "/*" in line:
+                line = _INDEX_COMMENT.sub("", line)
+            try:
+                instr, is_root = parse_one(line, k + 1)
+            except HloParseError as e:
+                raise self._with_source(e) from None
+            name = instr.name
+            if name in line_of:
+                raise self.error(f"duplicate instruction name {name!r}", 1, "unique names")
+            if instr.opcode not in opcodes:
+                col = line.find(f" {instr.opcode}(") + 2
+                raise self.error(f"unknown opcode {instr.opcode!r}", col, "an HLO opcode")
+            line_of[name] = k + 1
+            append(instr)
+            if is_root:
+                if root_name is not None:
+                    raise self.error("second ROOT in computation", 1, "one ROOT")
+                root_name = name
+        self.i = len(lines)
+        raise self.error("unexpected end of input inside computation", 1, "'}'")
 
     def _with_source(self, e: HloParseError) -> HloParseError:
         if self.source is None:
@@ -328,26 +332,35 @@ def _signature_suffix(signature: str) -> str:
 _FAST_INSTR = re.compile(
     rf"\s*(ROOT\s+)?%?({_NAME})\s*=\s*([a-z][a-z0-9]*)\[([^\]]*)\](\{{[^}}]*\}})?"
     r"\s+([a-z][a-z0-9\-]*)\(([^(){}\[\]\"]*)\)(.*)$")
+_OPERAND_LIST = re.compile(r"[A-Za-z_][\w.\-]*(?:,[A-Za-z_][\w.\-]*)*")
 _ATTR_BOUNDARY = re.compile(r",\s*(?=[A-Za-z_][\w\-]*=)")
 _SHAPE_CACHE: dict[tuple[str, str, str], Shape] = {}
 
 
 def _parse_instruction(line: str, lineno: int) -> tuple[HloInstruction, bool]:
     m = _FAST_INSTR.match(line)
-    if m is None or m.group(6) in _NO_OPERAND_OPCODES:
+    if m is None:
         return _parse_instruction_slow(line, lineno)
     is_root, name, etype, dims, layout, opcode, inner, rest = m.groups()
-    key = (etype, dims, layout or "")
+    if opcode in _NO_OPERAND_OPCODES:
+        return _parse_instruction_slow(line, lineno)
+    key = (etype, dims, layout)
     shape = _SHAPE_CACHE.get(key)
     if shape is None:
         if len(_SHAPE_CACHE) > 100_000:
             _SHAPE_CACHE.clear()
         shape, _ = _parse_shape(line, m.start(3), lineno)
         _SHAPE_CACHE[key] = shape
-    operands = [o.strip().lstrip("%") for o in inner.split(",")] if inner.strip() else []
-    for o in operands:
-        if not o or " " in o:
-            return _parse_instruction_slow(line, lineno)
+    if inner:
+        compact = inner.replace(" ", "").replace("%", "")
+        if not _OPERAND_LIST.fullmatch(compact):
+            if compact:
+                return _parse_instruction_slow(line, lineno)
+            operands = []
+        else:
+            operands = compact.split(",")
+    else:
+        operands = []
     text = _attr_text(rest, lineno, line, m.end(7) + 1) if rest else ""
     return HloInstruction(name, opcode, shape, operands, None, "", attr_text=text), bool(is_root)
 
