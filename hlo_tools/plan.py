@@ -17,13 +17,28 @@ Plans are immutable values (``array`` copies cost well under a microsecond per t
 nodes), so the search can keep thousands of them and derive neighbours cheaply. All
 plan functions take a :class:`FusionSpace`, the static facts about the graph that every
 plan of it shares.
+
+Speed (a search applies tens of thousands of moves): everything static is precomputed
+in the :class:`FusionSpace` (distinct and fusible operand lists, forbidden operand
+positions, all-reduce rank tables, descendants); each plan carries private facts its
+moves keep up to date instead of recomputing (an index of its copies, the gradient
+producers in schedule order); a group's members are read off the contiguous run of
+``order`` around it; the usual reasons to refuse a move are checked first; a merge
+rewrites only its window (slices of the three arrays, positions renumbered with numpy
+when the window is long; adjacent groups keep the arrays); and the groups a bucket reaches
+come from the graph's static descendants. The moves decide exactly what the original,
+straightforward implementation decided, down to the random draws and the iteration order
+of ``dups`` (``tests/test_plan.py`` checks this against fingerprints recorded from it).
 """
 
 from __future__ import annotations
 
 import random
 from array import array
+from bisect import bisect_left
 from typing import NamedTuple
+
+import numpy as np
 
 from hlo_tools.graph import DeviceGraph, NodeKind
 
@@ -85,6 +100,19 @@ class Decision(NamedTuple):
 
 
 LEGAL = Decision(True, "legal")
+_LAYOUT_UNSAFE = Decision(False, "the consumer reads the producer at an operand position this "
+                          "backend cannot fuse (e.g. a select's on-true/on-false value)")
+
+# Where the work of a merge moves from Python loops to numpy (the results are the same).
+_I32 = np.dtype(np.int32)
+#: Windows longer than this are renumbered with numpy.
+_NUMPY_WINDOW = 24
+#: With more reached groups than this, a merge partitions its window node by node, with
+#: numpy when the window is longer than _PYTHON_PARTITION.
+_NUMPY_GROUPS = 12
+_PYTHON_PARTITION = 160
+#: Above this many descendants to look up, :func:`_descendant_groups` uses numpy.
+_NUMPY_DESCENDANTS = 256
 
 
 class FusionSpace:
@@ -107,6 +135,10 @@ class FusionSpace:
             on jax/jaxlib 0.10.2 a tuple-shaped fusion written as HLO text aborts
             XLA:CPU's emitter (``Check failed: has_layout()``) and fails Shardy's sharding
             validation inside a shard_map body, so such producers are duplicated instead.
+
+    The attributes are read-only once built, except that ``allreduces``, ``ar_key`` and
+    ``grad_producer`` may be reassigned (a subclass widening the combinable all-reduces
+    does); the tables derived from them are then rebuilt on next use.
     """
 
     def __init__(self, graph: DeviceGraph, unfusible: frozenset[str] = UNFUSIBLE_OPCODES,
@@ -131,6 +163,86 @@ class FusionSpace:
                               if len(graph.operands[i]) == 1}
         self.compute_nodes = tuple(i for i in range(self.n) if self.fusible[i]
                                    and graph.kinds[i] == NodeKind.COMPUTE)
+        self.root = graph.root
+        fusible = self.fusible
+        #: distinct operands of each node, in operand order
+        self._dops = tuple(tuple(dict.fromkeys(ops)) for ops in graph.operands)
+        #: distinct fusible operands of each node, in operand order
+        self._fops = tuple(tuple(o for o in ops if fusible[o]) for ops in self._dops)
+        #: operands each node may not read from inside its own fusion (or None)
+        bad: list[frozenset[int] | None] = [None] * self.n
+        for c, op in enumerate(graph.opcodes):
+            allowed = self.fused_operand_positions.get(op)
+            if allowed is not None:
+                nodes = frozenset(o for k, o in enumerate(graph.operands[c]) if k not in allowed)
+                bad[c] = nodes or None
+        self._bad = tuple(bad)
+        self._any_bad = any(b is not None for b in bad)
+        self._arange = np.arange(self.n, dtype=np.int32)
+        self._descendants: dict[int, tuple[tuple[int, ...], bool]] = {}
+        self._descendant_arrays: dict[int, np.ndarray] = {}
+
+    @property
+    def allreduces(self) -> tuple[int, ...]:
+        return self._allreduces
+
+    @allreduces.setter
+    def allreduces(self, value: tuple[int, ...]) -> None:
+        self._allreduces = value
+        self._ar_tables = None
+
+    @property
+    def ar_key(self) -> dict[int, tuple]:
+        return self._ar_key
+
+    @ar_key.setter
+    def ar_key(self, value: dict[int, tuple]) -> None:
+        self._ar_key = value
+        self._ar_tables = None
+
+    @property
+    def grad_producer(self) -> dict[int, int]:
+        return self._grad_producer
+
+    @grad_producer.setter
+    def grad_producer(self, value: dict[int, int]) -> None:
+        self._grad_producer = value
+        self._ar_tables = None
+
+
+class _ArTables(NamedTuple):
+    """Static all-reduce facts for combination moves (see :func:`allreduce_neighbours`)."""
+
+    members: frozenset[int]  # the combinable all-reduces
+    index: dict[int, int]  # all-reduce -> its index in space.allreduces
+    rank: dict[int, int]  # all-reduce -> node whose position ranks it (its producer)
+    by_rank: list  # [N] all-reduces ranked by a node, in space.allreduces order, or None
+    rank_nodes: tuple[int, ...]
+    is_allreduce: bytes  # [N] whether a node is an all-reduce
+    key: dict[int, int]  # all-reduce -> id of its compatibility key
+    skip_buckets: bool  # no rank node is an all-reduce: buckets hold none
+    in_order: bool  # space.allreduces is ascending
+
+
+def _ar(space: FusionSpace) -> _ArTables:
+    tables = space._ar_tables
+    if tables is None:
+        ars = space.allreduces
+        rank = {b: space.grad_producer.get(b, b) for b in ars}
+        by_rank: list = [None] * space.n
+        for b in ars:
+            r = rank[b]
+            by_rank[r] = (by_rank[r] or ()) + (b,)
+        ids: dict[tuple, int] = {}
+        opcodes = space.graph.opcodes
+        tables = space._ar_tables = _ArTables(
+            frozenset(ars), {b: k for k, b in enumerate(ars)}, rank, by_rank,
+            tuple(dict.fromkeys(rank.values())),
+            bytes(op == "all-reduce" for op in opcodes),
+            {b: ids.setdefault(space.ar_key[b], len(ids)) for b in ars},
+            all(opcodes[r] != "all-reduce" for r in rank.values()),
+            list(ars) == sorted(ars))
+    return tables
 
 
 def _reshape_in_disguise(graph: DeviceGraph, node: int) -> bool:
@@ -160,7 +272,14 @@ def _allreduce_key(graph: DeviceGraph, node: int) -> tuple:
     )
 
 
-class Plan(NamedTuple):
+class _PlanFields(NamedTuple):
+    order: array
+    pos: array
+    group: array
+    dups: frozenset[tuple[int, int]] = frozenset()
+
+
+class Plan(_PlanFields):
     """One candidate strategy: groups, duplicated producers and the schedule.
 
     Attributes:
@@ -169,12 +288,16 @@ class Plan(NamedTuple):
         pos: ``[N]`` inverse of ``order`` (``order[pos[i]] == i``).
         group: ``[N]`` group id of each node: the smallest node index in its group.
         dups: ``(producer, group id)`` pairs: the group holds a copy of the producer.
+
+    A plan is an immutable 4-tuple of these fields. Plans made by this module also carry
+    private derived facts that moves keep up to date instead of recomputing (an index of
+    ``dups``, see :func:`_index`; the producers of the gradients in schedule order; flags);
+    they are not part of its value: a plan made otherwise, copied or unpickled works the
+    same, the facts being rebuilt on first use.
     """
 
-    order: array
-    pos: array
-    group: array
-    dups: frozenset[tuple[int, int]] = frozenset()
+    def __reduce__(self):
+        return Plan, tuple(self)
 
     def key(self) -> tuple[bytes, frozenset]:
         """A hashable identity: the partition and the duplicates (not the schedule)."""
@@ -194,38 +317,150 @@ class Plan(NamedTuple):
         return sum(1 for i, g in enumerate(self.group) if i == g)
 
 
+_new_tuple = tuple.__new__
+#: The index of a plan without duplicates; its dicts are never modified.
+_NO_COPIES: tuple[dict, dict] = ({}, {})
+
+
+def _plan(order: array, pos: array, group: array, dups: frozenset,
+          index: tuple[dict, dict], single: bool, ranks: tuple | None,
+          stable: bool = False) -> Plan:
+    """A new plan with its private attributes: the copy index (see :func:`_index`), the
+    single-output flag (:func:`_single_output`), the rank index (:func:`_rank_index`) and
+    whether ``dups`` is stable (:func:`_merged_dups`)."""
+    plan = _new_tuple(Plan, (order, pos, group, dups))
+    plan._ix = index
+    plan._single = single
+    plan._stable = stable
+    if ranks is not None:
+        plan._ranks = ranks
+    return plan
+
+
+def _single_output(plan: Plan) -> bool:
+    """Whether every fusion group of ``plan`` was built by this module's moves under the
+    single-output rules (``multi_output=False``): each group then has at most one member
+    whose value leaves it, and every member reaches that one. Group-level reachability is
+    then node-level reachability, which :func:`_combine_plan` uses. False for plans made
+    in another way (or with multi-output fusions)."""
+    return getattr(plan, "_single", False)
+
+
+def _index(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+    """The plan's copy index: (group -> producers it holds copies of, producer -> groups
+    holding a copy of it). The tuples are in no particular order."""
+    try:
+        return plan._ix
+    except AttributeError:
+        pass
+    held: dict[int, tuple[int, ...]] = {}
+    holders: dict[int, tuple[int, ...]] = {}
+    for p, g in plan.dups:
+        held[g] = held.get(g, ()) + (p,)
+        holders[p] = holders.get(p, ()) + (g,)
+    index = (held, holders) if held else _NO_COPIES
+    try:
+        plan._ix = index
+    except AttributeError:  # not a Plan instance
+        pass
+    return index
+
+
 def initial_plan(graph: DeviceGraph) -> Plan:
     """The plan that changes nothing: every node its own group, print order."""
     n = graph.num_nodes
     order = array("i", range(n))
-    return Plan(order, array("i", order), array("i", order), frozenset())
+    return _plan(order, array("i", order), array("i", order), frozenset(), _NO_COPIES, True, None)
+
+
+def _span(plan: Plan, gid: int) -> tuple[int, int]:
+    """Positions ``[start, end)`` of group ``gid``'s run in ``plan.order``."""
+    order, group = plan.order, plan.group
+    s = e = plan.pos[gid]
+    while s and group[order[s - 1]] == gid:
+        s -= 1
+    e += 1
+    n = len(order)
+    while e < n and group[order[e]] == gid:
+        e += 1
+    return s, e
+
+
+def _alone(plan: Plan, node: int) -> bool:
+    """Whether ``node`` is the only member of its group."""
+    order, group = plan.order, plan.group
+    g, p = group[node], plan.pos[node]
+    return ((not p or group[order[p - 1]] != g)
+            and (p + 1 == len(order) or group[order[p + 1]] != g))
 
 
 def members(plan: Plan, gid: int) -> list[int]:
     """Members of group ``gid`` in schedule order (a contiguous run of ``plan.order``)."""
-    order, group = plan.order, plan.group
-    start = end = plan.pos[gid]
-    while start > 0 and group[order[start - 1]] == gid:
-        start -= 1
-    while end + 1 < len(order) and group[order[end + 1]] == gid:
-        end += 1
-    return list(order[start:end + 1])
+    s, e = _span(plan, gid)
+    return plan.order[s:e].tolist()
 
 
-def _dup_nodes(plan: Plan, gid: int) -> set[int]:
+def _copies(plan: Plan, index: tuple[dict, dict], gid: int):
+    """Producers copied into group ``gid``, iterated in the order of the set
+    ``{p for p, g in plan.dups if g == gid}`` (candidate lists follow it, and so does
+    the random pick among them)."""
+    held = index[0].get(gid)
+    if held is None or len(held) == 1:
+        return held or ()
+    if len(held) <= 4 and len({p & 7 for p in held}) == len(held):
+        return set(held)  # no collisions in a set's first table: insertion order is moot
     return {p for p, g in plan.dups if g == gid}
+
+
+def _outside_operands(space: FusionSpace, plan: Plan, index: tuple[dict, dict], gid: int,
+                      s: int, e: int, table: tuple[tuple[int, ...], ...]):
+    """Distinct nodes outside group ``gid`` (span ``s:e``) that it reads, among those listed
+    by ``table`` (distinct operands, or fusible ones), in the order members and copies read
+    them; copies count as inside."""
+    order, group = plan.order, plan.group
+    copies = _copies(plan, index, gid)
+    if e - s == 1 and not copies:
+        return table[order[s]]
+    seen: set[int] = set()
+    out: list[int] = []
+    for m in (*order[s:e], *copies):
+        for o in table[m]:
+            if o not in seen and group[o] != gid and o not in copies:
+                seen.add(o)
+                out.append(o)
+    return out
 
 
 def group_operands(space: FusionSpace, plan: Plan, gid: int) -> list[int]:
     """Nodes outside group ``gid`` whose values the group reads (copies count as inside)."""
-    group = plan.group
-    copies = _dup_nodes(plan, gid)
-    seen, out = set(), []
-    for m in [*members(plan, gid), *copies]:
-        for o in space.operands[m]:
-            if group[o] != gid and o not in copies and o not in seen:
-                seen.add(o)
-                out.append(o)
+    s, e = _span(plan, gid)
+    return list(_outside_operands(space, plan, _index(plan), gid, s, e, space._dops))
+
+
+def _successors(space: FusionSpace, plan: Plan, index: tuple[dict, dict], gid: int,
+                s: int, e: int) -> set[int]:
+    """Groups that read a value of group ``gid`` (span ``s:e``): through its members'
+    users (except groups holding their own copy of the member) and through copies that
+    read a member."""
+    order, group, users = plan.order, plan.group, space.users
+    holders = index[1]
+    out: set[int] = set()
+    if not holders:
+        for m in order[s:e]:
+            for u in users[m]:
+                gu = group[u]
+                if gu != gid:
+                    out.add(gu)
+        return out
+    for m in order[s:e]:
+        own = holders.get(m, ())
+        for u in users[m]:
+            gu = group[u]
+            if gu != gid and gu not in own:
+                out.add(gu)
+            for g in holders.get(u, ()):
+                if g != gid and g not in own:
+                    out.add(g)
     return out
 
 
@@ -233,8 +468,8 @@ def group_users(space: FusionSpace, plan: Plan, gid: int) -> set[int]:
     """Group ids that read a value of group ``gid``: through its members' users (except
     groups that hold their own copy of the member) and through copies of duplicated
     producers that read a member."""
-    readers = _copy_readers(space, plan) if plan.dups else {}
-    return _successor_groups(space, plan, gid, readers)
+    s, e = _span(plan, gid)
+    return _successors(space, plan, _index(plan), gid, s, e)
 
 
 def dead_groups(space: FusionSpace, plan: Plan) -> set[int]:
@@ -284,46 +519,42 @@ def can_fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> De
     for node, role in ((producer, "producer"), (consumer, "consumer")):
         if not space.fusible[node]:
             return _unfusible(space, node, role)
-    users = group_users(space, plan, gp)
+    index = _index(plan)
+    sp, ep = _span(plan, gp)
+    users = _successors(space, plan, index, gp, sp, ep)
     if gc not in users:
         return Decision(False, "producer group does not feed the consumer group")
-    if not _layout_safe(space, _fused_nodes(plan, gp, gc)):
-        return Decision(False, "the consumer reads the producer at an operand position this "
-                        "backend cannot fuse (e.g. a select's on-true/on-false value)")
+    sc, ec = _span(plan, gc)
+    if not _layout_safe(space, plan, index, gp, sp, ep, gc, sc, ec):
+        return _LAYOUT_UNSAFE
     if not space.multi_output:
-        if len(users) > 1 or _is_output(space, plan, gp):
+        if len(users) > 1 or plan.group[space.root] == gp:
             return Decision(False, "producer has users outside the consumer group: that "
                             "needs a multi-output fusion (disabled on this backend; "
                             "duplicate the producer instead)")
         return LEGAL
-    if _reaches_through_window(space, plan, gp, gc):
+    if _window_reach(space, plan, index, gp, users, gc, sc) is None:
         return Decision(False, "fusing would create a cycle (another path joins them)")
     return LEGAL
 
 
-def _layout_safe(space: FusionSpace, nodes: set[int]) -> bool:
-    """Whether no node of a would-be fusion (members and copies) reads another one at an
-    operand position XLA:CPU cannot fuse (:data:`FUSED_OPERAND_POSITIONS`)."""
-    opcodes, operands = space.graph.opcodes, space.operands
-    for c in nodes:
-        allowed = space.fused_operand_positions.get(opcodes[c])
-        if allowed is not None and any(o in nodes and k not in allowed
-                                       for k, o in enumerate(operands[c])):
-            return False
-    return True
-
-
-def _fused_nodes(plan: Plan, *gids: int) -> set[int]:
-    """Members and copies of the given groups."""
-    nodes = {p for p, g in plan.dups if g in gids}
-    for gid in gids:
-        nodes.update(members(plan, gid))
-    return nodes
-
-
-def _is_output(space: FusionSpace, plan: Plan, gid: int) -> bool:
-    """Whether the group holds the computation's root (its value leaves the program)."""
-    return plan.group[space.graph.root] == gid
+def _layout_safe(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ga: int, sa: int,
+                 ea: int, gb: int, sb: int, eb: int, extra: int | None = None) -> bool:
+    """Whether no node of a would-be fusion of groups ``ga`` (span ``sa:ea``) and ``gb``
+    (members, copies and ``extra``) reads another one at an operand position XLA:CPU
+    cannot fuse (:data:`FUSED_OPERAND_POSITIONS`)."""
+    if not space._any_bad:
+        return True
+    bad, order, held = space._bad, plan.order, index[0]
+    nodes = [*order[sa:ea], *held.get(ga, ()), *order[sb:eb]]
+    if gb != ga:
+        nodes += held.get(gb, ())
+    if extra is not None:
+        nodes.append(extra)
+    if all(bad[c] is None for c in nodes):
+        return True
+    inside = set(nodes)
+    return all(bad[c] is None or bad[c].isdisjoint(inside) for c in inside)
 
 
 def _unfusible(space: FusionSpace, node: int, role: str) -> Decision:
@@ -358,48 +589,72 @@ def can_duplicate(space: FusionSpace, plan: Plan, producer: int, consumer: int) 
         return _unfusible(space, consumer, "consumer")
     if plan.group[producer] == gc:
         return Decision(False, "producer is already in the consumer group")
-    if len(members(plan, plan.group[producer])) != 1:
+    if not _alone(plan, producer):
         return Decision(False, "only unfused producers are duplicated")
     if (producer, gc) in plan.dups:
         return Decision(False, "the consumer group already holds a copy of the producer")
-    if producer not in group_operands(space, plan, gc):
+    index = _index(plan)
+    sc, ec = _span(plan, gc)
+    if producer not in _outside_operands(space, plan, index, gc, sc, ec, space._dops):
         return Decision(False, "the consumer group does not read the producer")
-    if not _layout_safe(space, _fused_nodes(plan, gc) | {producer}):
-        return Decision(False, "the consumer reads the producer at an operand position this "
-                        "backend cannot fuse (e.g. a select's on-true/on-false value)")
-    outside = [u for u in space.users[producer]
-               if plan.group[u] != gc and (producer, plan.group[u]) not in plan.dups]
-    if not outside:
+    return _duplicate_rest(space, plan, index, producer, gc, sc, ec)
+
+
+def _duplicate_rest(space: FusionSpace, plan: Plan, index: tuple[dict, dict], producer: int,
+                    gc: int, sc: int, ec: int) -> Decision:
+    """The last checks of :func:`can_duplicate` (layout, other users, exposed values)."""
+    if not space._any_bad:
+        pass
+    elif ec - sc == 1 and gc not in index[0]:  # _layout_safe of two single nodes
+        bad = space._bad[plan.order[sc]]
+        if bad is not None and producer in bad:
+            return _LAYOUT_UNSAFE
+    elif not _layout_safe(space, plan, index, gc, sc, ec, gc, sc, sc, producer):
+        return _LAYOUT_UNSAFE
+    group, holders = plan.group, index[1]
+    own = holders.get(producer, ())
+    for u in space.users[producer]:
+        gu = group[u]
+        if gu != gc and gu not in own:
+            break
+    else:
         return Decision(False, "producer has no other users: use plain fusion")
-    if not space.multi_output and _exposes_member(space, plan, producer, gc):
+    if not space.multi_output and _exposes_member(space, plan, index, producer, gc):
         return Decision(False, "the copy would read a value inside another fusion, giving "
                         "that fusion a second output (multi-output fusion is disabled)")
     return LEGAL
 
 
-def _exposes_member(space: FusionSpace, plan: Plan, producer: int, gc: int) -> bool:
+def _exposes_member(space: FusionSpace, plan: Plan, index: tuple[dict, dict], producer: int,
+                    gc: int) -> bool:
     """Whether a copy of ``producer`` in group ``gc`` would read an operand that is not yet
     an output of its (multi-node) group."""
-    for o in space.operands[producer]:
-        h = plan.group[o]
-        if h == gc or (o, gc) in plan.dups or len(members(plan, h)) == 1:
+    group, holders = plan.group, index[1]
+    for o in space._dops[producer]:
+        if group[o] == gc or gc in holders.get(o, ()) or _alone(plan, o):
             continue
-        if not _is_read_outside(space, plan, o):
+        if not _is_read_outside(space, plan, index, o):
             return True
     return False
 
 
-def _is_read_outside(space: FusionSpace, plan: Plan, node: int) -> bool:
+def _is_read_outside(space: FusionSpace, plan: Plan, index: tuple[dict, dict],
+                     node: int) -> bool:
     """Whether ``node``'s value leaves its group (a user elsewhere, a copy elsewhere that
     reads it, or the program root)."""
-    g = plan.group[node]
-    if node == space.graph.root:
+    if node == space.root:
         return True
-    if any(plan.group[u] != g and (node, plan.group[u]) not in plan.dups
-           for u in space.users[node]):
-        return True
-    return any(hg != g and (node, hg) not in plan.dups and node in space.operands[p]
-               for p, hg in plan.dups)
+    group, holders = plan.group, index[1]
+    g = group[node]
+    own = holders.get(node, ())
+    for u in space.users[node]:
+        gu = group[u]
+        if gu != g and gu not in own:
+            return True
+        for h in holders.get(u, ()):
+            if h != g and h not in own:
+                return True
+    return False
 
 
 def can_combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Decision:
@@ -412,110 +667,281 @@ def can_combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Decision:
     ga, gb = plan.group[a], plan.group[b]
     if ga == gb:
         return Decision(False, "already in the same bucket")
-    if a not in space.allreduces or b not in space.allreduces:
+    tables = _ar(space)
+    if a not in tables.members or b not in tables.members:
         return Decision(False, "only gradient all-reduces of more than one element are "
                         "combined")
-    if space.ar_key[a] != space.ar_key[b]:
+    if tables.key[a] != tables.key[b]:
         return Decision(False, "all-reduces differ in replica groups, reduction or type")
-    first, second = (ga, gb) if plan.pos[ga] < plan.pos[gb] else (gb, ga)
-    if _reaches_through_window(space, plan, first, second, direct_counts=True):
+    if _combine_plan(space, plan, _index(plan), ga, gb) is None:
         return Decision(False, "one bucket depends on the other (would create a cycle)")
     return LEGAL
 
 
-def _successor_groups(space: FusionSpace, plan: Plan, gid: int,
-                      copy_readers: dict[int, list[int]]) -> set[int]:
-    """Groups that read a value of group ``gid``, including through duplicated copies."""
-    group, dups = plan.group, plan.dups
-    out = set()
-    for m in members(plan, gid):
-        for u in space.users[m]:
-            gu = group[u]
-            if gu != gid and (m, gu) not in dups:
-                out.add(gu)
-        out.update(g for g in copy_readers.get(m, ()) if g != gid)
-    return out
+def _combine_plan(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ga: int,
+                  gb: int) -> Plan | None:
+    """The plan with buckets ``ga`` and ``gb`` merged, or None if one depends on the other.
+
+    The groups between them that the earlier bucket reaches are found from the static
+    node-level descendants of its members when that is exact (see
+    :func:`_descendant_groups`), else by a walk of the window."""
+    first, second = (ga, gb) if plan.pos[ga] < plan.pos[gb] else (gb, ga)
+    s1, e1 = _span(plan, first)
+    s2, e2 = _span(plan, second)
+    single = _single_output(plan)
+    reached = _descendant_groups(space, plan, first, s1, e1, s2, e2) if single else _WALK
+    if reached is _WALK:
+        succ = _successors(space, plan, index, first, s1, e1)
+        reached = None if second in succ else _window_reach(space, plan, index, first, succ,
+                                                            second, s2)
+    if reached is None:
+        return None
+    return _merge_runs(space, plan, index, first, s1, e1, second, s2, e2, reached, single)
 
 
-def _copy_readers(space: FusionSpace, plan: Plan) -> dict[int, list[int]]:
-    """Node -> groups holding a copy of one of its users: they read the node too, unless
-    they hold a copy of the node as well (then the copies read each other)."""
-    readers: dict[int, list[int]] = {}
-    for p, g in plan.dups:
-        for o in space.operands[p]:
-            if (o, g) not in plan.dups:
-                readers.setdefault(o, []).append(g)
-    return readers
+#: :func:`_descendant_groups` cannot answer: walk the window instead.
+_WALK = object()
 
 
-def _reaches_through_window(space: FusionSpace, plan: Plan, src: int, dst: int,
-                            direct_counts: bool = False) -> bool:
-    """Whether group ``dst`` is reachable from group ``src`` other than by a direct edge
-    (or by any path, with ``direct_counts``). Only groups scheduled before ``dst`` are
-    visited: in a topological order a path from ``src`` cannot leave that window."""
+def _descendants(space: FusionSpace, node: int) -> tuple[tuple[int, ...], bool]:
+    """Every node reachable from ``node`` in the graph, and whether an all-reduce is among
+    them (cached on the space)."""
+    found = space._descendants.get(node)
+    if found is None:
+        users, seen, stack = space.users, set(), [node]
+        while stack:
+            for u in users[stack.pop()]:
+                if u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+        opcodes = space.graph.opcodes
+        found = space._descendants[node] = (
+            tuple(sorted(seen)), any(opcodes[u] == "all-reduce" for u in seen))
+    return found
+
+
+def _descendant_groups(space: FusionSpace, plan: Plan, first: int, s1: int, e1: int, s2: int,
+                       e2: int):
+    """For a single-output plan (:func:`_single_output`), the groups scheduled between group
+    ``first`` (span ``s1:e1``) and position ``s2`` that ``first`` reaches (a set, or an
+    array of group ids with repeats), or None if it reaches the group at ``s2:e2``.
+
+    A path between groups enters a fusion group anywhere and leaves it by its one output,
+    which every member reaches; so a group reaches another exactly when one of its members
+    reaches one of the other's in the graph, copies notwithstanding (a copy reads what its
+    producer reads). Only buckets have several outputs, so when a member of ``first``
+    reaches an all-reduce this answers :data:`_WALK`."""
+    order, pos, group = plan.order, plan.pos, plan.group
+    found = [_descendants(space, m) for m in order[s1:e1]]
+    total = 0
+    for nodes, through_bucket in found:
+        if through_bucket:
+            return _WALK
+        total += len(nodes)
+    if total <= _NUMPY_DESCENDANTS or pos.itemsize != 4 or group.itemsize != 4:
+        reached = set()
+        for nodes, _ in found:
+            for x in nodes:
+                q = pos[x]
+                if q < s2:
+                    if q >= e1:
+                        reached.add(group[x])
+                elif q < e2:
+                    return None
+        return reached
+    arrays = space._descendant_arrays
+    for m in order[s1:e1]:
+        if m not in arrays:
+            arrays[m] = np.array(_descendants(space, m)[0], np.int32)
+    nodes = np.concatenate([arrays[m] for m in order[s1:e1]])
+    at = np.frombuffer(pos, _I32)[nodes]
+    if ((at >= s2) & (at < e2)).any():
+        return None
+    return np.frombuffer(group, _I32)[nodes[(at >= e1) & (at < s2)]]
+
+
+def _window_reach(space: FusionSpace, plan: Plan, index: tuple[dict, dict], src: int,
+                  succ: set[int], dst: int, limit: int) -> dict[int, tuple[int, int]] | None:
+    """The groups reachable from group ``src`` (whose successors are ``succ``) that are
+    scheduled before position ``limit`` (the start of group ``dst``), with their spans;
+    None if one of them reaches ``dst``. Only that window is visited: in a topological
+    order a path from ``src`` to ``dst`` cannot leave it."""
     pos = plan.pos
-    limit = pos[members(plan, dst)[0]]
-    readers = _copy_readers(space, plan) if plan.dups else {}
-    first = _successor_groups(space, plan, src, readers)
-    if direct_counts and dst in first:
-        return True
-    stack = [g for g in first if g != dst and pos[g] < limit]
-    seen = set(stack) | {src}
+    stack = [g for g in succ if g != dst and pos[g] < limit]
+    seen = set(stack)
+    seen.add(src)
+    reached: dict[int, tuple[int, int]] = {}
     while stack:
-        for g in _successor_groups(space, plan, stack.pop(), readers):
-            if g == dst:
-                return True
-            if g not in seen and pos[g] < limit:
-                seen.add(g)
-                stack.append(g)
-    return False
+        g = stack.pop()
+        s, e = reached[g] = _span(plan, g)
+        for h in _successors(space, plan, index, g, s, e):
+            if h == dst:
+                return None
+            if h not in seen and pos[h] < limit:
+                seen.add(h)
+                stack.append(h)
+    return reached
 
 
 # --------------------------------------------------------------------------- rewrites
 
 
-def _merge(space: FusionSpace, plan: Plan, first: int, second: int) -> Plan:
+def _merge(space: FusionSpace, plan: Plan, first: int, second: int, single: bool) -> Plan:
     """Merges group ``first`` (scheduled earlier) with group ``second``.
 
     The window between them is re-ordered as [not reachable from ``first``] +
     [merged group] + [reachable from ``first``], which keeps a topological order.
     """
+    index = _index(plan)
+    s1, e1 = _span(plan, first)
+    s2, e2 = _span(plan, second)
+    succ = _successors(space, plan, index, first, s1, e1)
+    succ.discard(second)
+    reached = _window_reach(space, plan, index, first, succ, -1, s2)
+    return _merge_runs(space, plan, index, first, s1, e1, second, s2, e2, reached, single)
+
+
+def _merge_runs(space: FusionSpace, plan: Plan, index: tuple[dict, dict], first: int, s1: int,
+                e1: int, second: int, s2: int, e2: int, reached, single: bool) -> Plan:
+    """:func:`_merge` given the spans ``s1:e1`` and ``s2:e2`` of the two groups and the
+    groups between them reachable from ``first``: a dict group -> span, a set of groups,
+    or an array of group ids (possibly repeated); empty or None when there are none."""
     order, pos, group = plan.order, plan.pos, plan.group
-    a_members, b_members = members(plan, first), members(plan, second)
-    lo, hi = pos[a_members[0]], pos[b_members[-1]]
-    window = order[lo:hi + 1]
-    reached = _reachable_in_window(space, plan, first, hi)
-    in_a, in_b = set(a_members), set(b_members)
-    before = [n for n in window if n not in in_a and n not in in_b and group[n] not in reached]
-    after = [n for n in window if n not in in_a and n not in in_b and group[n] in reached]
-    new_order, new_pos, new_group = array("i", order), array("i", pos), array("i", group)
-    new_window = before + a_members + b_members + after
-    new_order[lo:hi + 1] = array("i", new_window)
-    for k, n in enumerate(new_window, lo):
-        new_pos[n] = k
-    gid = min(first, second)
-    for n in a_members + b_members:
-        new_group[n] = gid
+    if order.itemsize != 4 or pos.itemsize != 4 or group.itemsize != 4:
+        order, pos, group = array("i", order), array("i", pos), array("i", group)
+    na = e1 - s1
+    new_order = order[:] if e1 < s2 else order
+    if e1 == s2:  # adjacent groups: the schedule stays as it is
+        lo = hi = s1
+    elif reached is None or not len(reached):  # [between] + first + second
+        new_order[s1:s2 - na] = order[e1:s2]
+        new_order[s2 - na:s2] = order[s1:e1]
+        lo, hi = s1, s2
+    elif isinstance(reached, np.ndarray) or (len(reached) > _NUMPY_GROUPS
+                                            and s2 - e1 > _PYTHON_PARTITION):
+        ordv = np.frombuffer(order, _I32)
+        between = ordv[e1:s2]
+        mark = np.zeros(len(order), np.bool_)
+        mark[reached if isinstance(reached, np.ndarray) else list(reached)] = True
+        late = mark[np.frombuffer(group, _I32)[between]]
+        np.frombuffer(new_order, _I32)[s1:e2] = np.concatenate(
+            (between[~late], ordv[s1:e1], ordv[s2:e2], between[late]))
+        lo, hi = s1, e2
+    elif len(reached) > _NUMPY_GROUPS:  # a short window: node by node
+        before, after = [], []
+        for x in order[e1:s2]:
+            (after if group[x] in reached else before).append(x)
+        new_order[s1:e2] = array("i", before + order[s1:e1].tolist() + order[s2:e2].tolist()
+                                 + after)
+        lo, hi = s1, e2
+    else:  # a few groups: move their runs
+        spans = reached.values() if isinstance(reached, dict) else map(
+            lambda g: _span(plan, g), reached)
+        runs = sorted(spans)
+        w, q = s1, e1
+        for s, e in runs:  # the unreached nodes between, in order
+            new_order[w:w + s - q] = order[q:s]
+            w, q = w + s - q, e
+        new_order[w:w + s2 - q] = order[q:s2]
+        w += s2 - q
+        new_order[w:w + na] = order[s1:e1]
+        w += na
+        new_order[w:w + e2 - s2] = order[s2:e2]
+        w += e2 - s2
+        for s, e in runs:  # then the reached ones, in order
+            new_order[w:w + e - s] = order[s:e]
+            w += e - s
+        lo, hi = s1, e2
+    new_pos = pos[:] if hi > lo else pos
+    if hi - lo <= _NUMPY_WINDOW:
+        for k in range(lo, hi):
+            new_pos[new_order[k]] = k
+    else:
+        np.frombuffer(new_pos, _I32)[np.frombuffer(new_order, _I32)[lo:hi]] = \
+            space._arange[lo:hi]
+    gid, other = (first, second) if first < second else (second, first)
+    s, e = (s1, e1) if other == first else (s2, e2)
+    new_group = group[:]
+    if e - s <= _NUMPY_WINDOW:
+        for k in range(s, e):
+            new_group[order[k]] = gid
+    else:
+        np.frombuffer(new_group, _I32)[np.frombuffer(order, _I32)[s:e]] = gid
+    dups, new_index, stable = _merged_dups(plan, index, first, second, gid, other)
+    ranks = getattr(plan, "_ranks", None)
+    if ranks is not None and hi > lo:  # only rank nodes inside the window may move
+        ranked = ranks[1]
+        i = bisect_left(ranked, lo, key=pos.__getitem__)
+        j = bisect_left(ranked, hi, lo=i, key=pos.__getitem__)
+        if j - i > 1:
+            moved = sorted(ranked[i:j], key=new_pos.__getitem__)
+            if moved != ranked[i:j]:
+                ranks = (ranks[0], ranked[:i] + moved + ranked[j:])
+    return _plan(new_order, new_pos, new_group, dups, new_index, single, ranks, stable)
+
+
+def _merged_dups(plan: Plan, index: tuple[dict, dict], first: int, second: int, gid: int,
+                 other: int) -> tuple[frozenset, tuple[dict, dict], bool]:
+    """``dups``, the copy index and the stable flag after merging ``first`` and ``second``
+    into ``gid``: copies held by ``other`` move to ``gid``, copies of the merged members
+    are dropped.
+
+    The frozenset is rebuilt exactly as the original implementation rebuilt it: renamed,
+    then filtered, each a new set inserting the previous one's items in its iteration order.
+    Its iteration order (which :func:`_copies` can depend on) and its table (which later
+    unions start from) are thus unchanged. A set's table after such a rebuild depends only
+    on the iteration order of the set rebuilt; so when two rebuilds give back a set that
+    iterates like the one they started from, rebuilding that set twice gives back its own
+    table: it is *stable*, and merges that change no copies then keep it as it is."""
     dups = plan.dups
-    if first != gid or second != gid:
-        old = {first, second} - {gid}
-        dups = frozenset((p, gid if g in old else g) for p, g in dups)
-    merged = set(a_members) | set(b_members)
-    dups = frozenset((p, g) for p, g in dups if not (g == gid and p in merged))
-    return Plan(new_order, new_pos, new_group, dups)
+    if not dups:
+        return frozenset(), _NO_COPIES, False
+    held, holders = index
+    moved = held.get(other, ())
+    kept = held.get(gid, ())
+    group = plan.group
+    dropped = {p for p in moved + kept if group[p] == first or group[p] == second}
+    if not moved and not dropped:
+        if getattr(plan, "_stable", False):
+            return dups, index, True
+        again = frozenset(iter(frozenset(iter(dups))))
+        return again, index, list(again) == list(dups)
+    if moved:
+        dups = frozenset([(p, gid if g == other else g) for p, g in dups])
+    else:
+        dups = frozenset(iter(dups))
+    if dropped:
+        dups = frozenset([(p, g) for p, g in dups if not (g == gid and p in dropped)])
+    else:
+        dups = frozenset(iter(dups))
+    held, holders = dict(held), dict(holders)
+    held.pop(other, None)
+    now = tuple(p for p in dict.fromkeys(kept + moved) if p not in dropped)
+    if now:
+        held[gid] = now
+    else:
+        held.pop(gid, None)
+    for p in set(kept + moved):
+        gs = tuple(g for g in holders[p] if g != other and g != gid)
+        if p not in dropped:
+            gs += (gid,)
+        if gs:
+            holders[p] = gs
+        else:
+            del holders[p]
+    return dups, ((held, holders) if held else _NO_COPIES), False
 
 
-def _reachable_in_window(space: FusionSpace, plan: Plan, src: int, hi: int) -> set[int]:
-    """Groups reachable from group ``src`` that are scheduled at or before ``hi``."""
-    pos = plan.pos
-    readers = _copy_readers(space, plan) if plan.dups else {}
-    seen, stack = set(), [src]
-    while stack:
-        for g in _successor_groups(space, plan, stack.pop(), readers):
-            if g not in seen and pos[g] <= hi:
-                seen.add(g)
-                stack.append(g)
-    return seen
+def _with_copy(space: FusionSpace, plan: Plan, index: tuple[dict, dict], producer: int,
+               gid: int) -> Plan:
+    """``plan`` with a copy of ``producer`` in group ``gid``."""
+    held, holders = index
+    held, holders = dict(held), dict(holders)
+    held[gid] = held.get(gid, ()) + (producer,)
+    holders[producer] = holders.get(producer, ()) + (gid,)
+    return _plan(plan.order, plan.pos, plan.group, plan.dups | {(producer, gid)},
+                 (held, holders), _single_output(plan) and not space.multi_output,
+                 getattr(plan, "_ranks", None))
 
 
 def fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> Plan:
@@ -527,7 +953,8 @@ def fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> Plan:
     decision = can_fuse(space, plan, producer, consumer)
     if not decision:
         raise ValueError(f"cannot fuse {producer} into {consumer}: {decision.reason}")
-    return _merge(space, plan, plan.group[producer], plan.group[consumer])
+    return _merge(space, plan, plan.group[producer], plan.group[consumer],
+                  _single_output(plan) and not space.multi_output)
 
 
 def duplicate(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> Plan:
@@ -535,7 +962,7 @@ def duplicate(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> P
     decision = can_duplicate(space, plan, producer, consumer)
     if not decision:
         raise ValueError(f"cannot duplicate {producer} into {consumer}: {decision.reason}")
-    return plan._replace(dups=plan.dups | {(producer, plan.group[consumer])})
+    return _with_copy(space, plan, _index(plan), producer, plan.group[consumer])
 
 
 def combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Plan:
@@ -543,9 +970,7 @@ def combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Plan:
     decision = can_combine(space, plan, a, b)
     if not decision:
         raise ValueError(f"cannot combine {a} and {b}: {decision.reason}")
-    ga, gb = plan.group[a], plan.group[b]
-    first, second = (ga, gb) if plan.pos[ga] < plan.pos[gb] else (gb, ga)
-    return _merge(space, plan, first, second)
+    return _combine_plan(space, plan, _index(plan), plan.group[a], plan.group[b])
 
 
 # --------------------------------------------------------------------------- moves
@@ -555,33 +980,111 @@ def op_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
                    tries: int = 8) -> Plan:
     """Fuses a random compute op's group with one of its producers' groups (or returns
     ``plan`` unchanged if ``tries`` random picks found no legal pair)."""
+    if not space.compute_nodes:
+        return plan
+    index = _index(plan)
+    held, holders = index
+    order, pos, group = plan.order, plan.pos, plan.group
+    root_group, multi = group[space.root], space.multi_output
     for _ in range(tries):
-        pair = _random_edge(space, plan, rng)
-        if pair and can_fuse(space, plan, *pair):
-            return _merge(space, plan, plan.group[pair[0]], plan.group[pair[1]])
+        edge = _random_edge(space, plan, index, rng)
+        if edge is None:
+            continue
+        producer, gc, sc, ec = edge
+        gp = group[producer]
+        # the checks of can_fuse that can fail here, cheapest first
+        if multi:
+            sp, ep = _span(plan, gp)
+            succ = _successors(space, plan, index, gp, sp, ep)
+        else:
+            if gp == root_group:
+                continue
+            at = pos[producer]  # its own readers first: most refusals are found there
+            if not _feeds_only(space, plan, holders, gp, at, at + 1, gc):
+                continue
+            sp, ep = _span(plan, gp)
+            if ep - sp > 1 and not _feeds_only(space, plan, holders, gp, sp, ep, gc):
+                continue
+        if space._any_bad:
+            if ep - sp == 1 and ec - sc == 1 and gp not in held and gc not in held:
+                bad = space._bad[order[sc]]  # _layout_safe of two single nodes
+                if bad is not None and producer in bad:
+                    continue
+            elif not _layout_safe(space, plan, index, gp, sp, ep, gc, sc, ec):
+                continue
+        if not multi:  # the consumer's group is the producer's only successor
+            return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, None,
+                               _single_output(plan))
+        succ.discard(gc)
+        reached = _window_reach(space, plan, index, gp, succ, gc, sc)
+        if reached is not None:
+            return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, reached, False)
     return plan
+
+
+def _feeds_only(space: FusionSpace, plan: Plan, holders: dict[int, tuple[int, ...]], gp: int,
+                sp: int, ep: int, gc: int) -> bool:
+    """Whether group ``gc`` is the only group reading a value of group ``gp`` (span
+    ``sp:ep``): :func:`_successors` with an early exit."""
+    order, group, users = plan.order, plan.group, space.users
+    if not holders:
+        for m in order[sp:ep]:
+            for u in users[m]:
+                gu = group[u]
+                if gu != gp and gu != gc:
+                    return False
+        return True
+    for m in order[sp:ep]:
+        own = holders.get(m, ())
+        for u in users[m]:
+            gu = group[u]
+            if gu != gp and gu != gc and gu not in own:
+                return False
+            for g in holders.get(u, ()):
+                if g != gp and g != gc and g not in own:
+                    return False
+    return True
 
 
 def duplicate_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
                           tries: int = 8) -> Plan:
     """Fuses a random producer into a consumer group, keeping a copy for its other users."""
+    if not space.compute_nodes:
+        return plan
+    index = _index(plan)
     for _ in range(tries):
-        pair = _random_edge(space, plan, rng)
-        if pair and can_duplicate(space, plan, *pair):
-            return plan._replace(dups=plan.dups | {(pair[0], plan.group[pair[1]])})
+        edge = _random_edge(space, plan, index, rng)
+        if edge is None:
+            continue
+        producer, gc, sc, ec = edge
+        # fusible, outside the consumer group, read by it and not yet copied into it
+        if _alone(plan, producer) and _duplicate_rest(space, plan, index, producer, gc, sc,
+                                                      ec):
+            return _with_copy(space, plan, index, producer, gc)
     return plan
 
 
-def _random_edge(space: FusionSpace, plan: Plan, rng: random.Random) -> tuple[int, int] | None:
-    """A random (producer, consumer) pair of fusible nodes in different groups."""
-    if not space.compute_nodes:
-        return None
+def _random_edge(space: FusionSpace, plan: Plan, index: tuple[dict, dict],
+                 rng: random.Random) -> tuple[int, int, int, int] | None:
+    """A random (producer, consumer) pair of fusible nodes in different groups, as
+    (producer, consumer group, span of the consumer group)."""
     consumer = rng.choice(space.compute_nodes)
-    gid = plan.group[consumer]
-    candidates = [o for o in group_operands(space, plan, gid) if space.fusible[o]]
+    order, group = plan.order, plan.group
+    gid = group[consumer]
+    s = e = plan.pos[consumer]
+    while s and group[order[s - 1]] == gid:
+        s -= 1
+    e += 1
+    n = len(order)
+    while e < n and group[order[e]] == gid:
+        e += 1
+    if e - s == 1 and gid not in index[0]:
+        candidates = space._fops[consumer]
+    else:
+        candidates = _outside_operands(space, plan, index, gid, s, e, space._fops)
     if not candidates:
         return None
-    return rng.choice(candidates), consumer
+    return rng.choice(candidates), gid, s, e
 
 
 def allreduce_neighbours(space: FusionSpace, plan: Plan, ar: int) -> list[int]:
@@ -594,34 +1097,128 @@ def allreduce_neighbours(space: FusionSpace, plan: Plan, ar: int) -> list[int]:
     pass sibling gradients (a weight's and its bias's, say) are often produced by ops
     that share an input rather than feed each other.
     """
-    group = plan.group
-    mine = group[space.grad_producer.get(ar, ar)]
-    near = {mine} | group_users(space, plan, mine)
-    near |= {group[o] for o in group_operands(space, plan, mine)}
-    out = [b for b in space.allreduces
-           if b != ar and group[space.grad_producer.get(b, b)] in near]
-    ranked = sorted(space.allreduces, key=lambda b: plan.pos[space.grad_producer.get(b, b)])
-    k = ranked.index(ar)
-    out += [ranked[j] for j in (k - 1, k + 1) if 0 <= j < len(ranked)]
+    return _neighbours(space, plan, _index(plan), _ar(space), ar)
+
+
+def _neighbours(space: FusionSpace, plan: Plan, index: tuple[dict, dict], tables: _ArTables,
+                ar: int) -> list[int]:
+    """:func:`allreduce_neighbours`, given the plan's copy index and the space's tables."""
+    order, pos, group = plan.order, plan.pos, plan.group
+    by_rank = tables.by_rank
+    r = tables.rank[ar]
+    mine = group[r]
+    n = len(order)
+    # mine, the groups it reads from and the groups reading it
+    q = pos[r]
+    held, holders = index
+    if (mine not in held and (not q or group[order[q - 1]] != mine)
+            and (q + 1 == n or group[order[q + 1]] != mine)):  # r alone, without copies
+        if holders:
+            near = {mine}
+            own = holders.get(r, ())
+            for u in space.users[r]:
+                gu = group[u]
+                if gu not in own:
+                    near.add(gu)
+                for g in holders.get(u, ()):
+                    if g not in own:
+                        near.add(g)
+        else:
+            near = {group[u] for u in space.users[r]}
+            near.add(mine)
+        for o in space._dops[r]:
+            near.add(group[o])
+    else:
+        s, e = _span(plan, mine)
+        near = _successors(space, plan, index, mine, s, e)
+        near.add(mine)
+        copies = held.get(mine, ())
+        for m in (*order[s:e], *copies):
+            for o in space._dops[m]:
+                if o not in copies:
+                    near.add(group[o])
+    # all-reduces ranked by a node of a near group, in space.allreduces order
+    out: list[int] = []
+    skip, is_ar = tables.skip_buckets, tables.is_allreduce
+    for h in near:
+        if skip and is_ar[h]:
+            continue  # buckets hold no rank nodes
+        q = pos[h]
+        if (not q or group[order[q - 1]] != h) and (q + 1 == n or group[order[q + 1]] != h):
+            if by_rank[h] is not None:
+                out += by_rank[h]
+            continue
+        s, e = _span(plan, h)
+        if e - s > len(tables.rank_nodes):  # look the rank nodes up instead
+            out = [b for m in tables.rank_nodes if group[m] in near for b in by_rank[m]]
+            break
+        for m in order[s:e]:
+            if by_rank[m] is not None:
+                out += by_rank[m]
+    if len(out) > 1:
+        if tables.in_order:
+            out.sort()
+        else:
+            out.sort(key=tables.index.__getitem__)
+    out.remove(ar)
+    # the all-reduces just before and after ar in order of production (a stable sort of
+    # space.allreduces by the position of their producers)
+    tie = by_rank[r]
+    k = tie.index(ar)
+    if k == 0 or k + 1 == len(tie):
+        ranked = _rank_index(plan, tables)
+        i = bisect_left(ranked, pos[r], key=pos.__getitem__)  # ranked[i] == r
+    if k:
+        out.append(tie[k - 1])
+    elif i:
+        out.append(by_rank[ranked[i - 1]][-1])
+    if k + 1 < len(tie):
+        out.append(tie[k + 1])
+    elif i + 1 < len(ranked):
+        out.append(by_rank[ranked[i + 1]][0])
     return out
+
+
+def _rank_index(plan: Plan, tables: _ArTables) -> list[int]:
+    """The rank nodes of ``tables`` in schedule order. Merges keep it up to date (see
+    :func:`_merge_runs`); it is built on first use otherwise."""
+    ranks = getattr(plan, "_ranks", None)
+    if ranks is not None and ranks[0] is tables:
+        return ranks[1]
+    ranked = sorted(tables.rank_nodes, key=plan.pos.__getitem__)
+    try:
+        plan._ranks = (tables, ranked)
+    except AttributeError:  # not a Plan instance
+        pass
+    return ranked
 
 
 def allreduce_move(space: FusionSpace, plan: Plan, rng: random.Random,
                    tries: int = 8) -> Plan:
     """Combines a random all-reduce's bucket with a random neighbouring bucket."""
-    if len(space.allreduces) < 2:
+    ars = space.allreduces
+    if len(ars) < 2:
         return plan
+    group = plan.group
+    if group[ars[0]] == group[ars[-1]] and len(set(map(group.__getitem__, ars))) == 1:
+        for _ in range(tries):  # one bucket: no try finds a neighbour
+            rng.choice(ars)
+        return plan
+    tables = _ar(space)
+    index = _index(plan)
+    key = tables.key
     for _ in range(tries):
-        a = rng.choice(space.allreduces)
-        neighbours = [b for b in allreduce_neighbours(space, plan, a)
-                      if plan.group[b] != plan.group[a]]
+        a = rng.choice(ars)
+        ga = group[a]
+        neighbours = [b for b in _neighbours(space, plan, index, tables, a) if group[b] != ga]
         if not neighbours:
             continue
         b = rng.choice(neighbours)
-        if can_combine(space, plan, a, b):
-            ga, gb = plan.group[a], plan.group[b]
-            first, second = (ga, gb) if plan.pos[ga] < plan.pos[gb] else (gb, ga)
-            return _merge(space, plan, first, second)
+        if key[a] != key[b]:
+            continue
+        merged = _combine_plan(space, plan, index, ga, group[b])
+        if merged is not None:
+            return merged
     return plan
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import collections
+import hashlib
+import pathlib
+import pickle
 import random
+from array import array
 
 import pytest
 
@@ -229,3 +233,160 @@ def test_random_moves_keep_a_valid_schedule(env):
 def test_random_plan_is_deterministic(env):
     module, _, _ = env
     assert P.random_plan(module, 3, 10).key() == P.random_plan(module, 3, 10).key()
+
+
+# --------------------------------------- the optimized moves decide as the original did
+#
+# hlo_tools/plan.py was optimized (precomputed operand lists, a per-plan index of the
+# copies, merges that rewrite only their window, node-level reachability for buckets)
+# without changing what it decides. GOLDEN holds fingerprints recorded from the original
+# implementation (commit 9ea87e3): sha256 over random walks from many seeds (order, pos,
+# group and dups after every move, and the rng's state at the end) and over the answers
+# of the public functions on plans along the walks (legality of every pair of nodes with
+# the reason, the plans fuse/duplicate/combine make of the legal ones, members, operands,
+# users, dead groups, neighbours). Identical plans also mean identical random draws.
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+
+#: (configuration, seeds, moves, seeds whose plans are queried, every how many moves)
+GOLDEN = {
+    ("inline", 100, 30, 30, 5):
+        "15c81e57f5730c59b3c5689bd8551db43877c36617586b617dd52d7407189cbd",
+    ("inline-multi", 60, 30, 20, 5):
+        "e85a8d94b7d36ff151514676af914ef85bd67ec3cf372aad45f7eb77fdf52415",
+    ("shard_map", 100, 80, 6, 20):
+        "72a66b49d15ee2cdb00137f76a255952b6d9c54ec482feef017e8e8efe891d9f",
+    ("shard_map-multi", 40, 80, 3, 20):
+        "ba33a6dfdb762b6699c47f3c3d9f66518eb32946f92907b99761d06b0b9a94cb",
+    ("shard_map", 20, 300, 0, 1):
+        "2e05fc3abdc06aaac2917c3a197fc6deed3e9b6a230237d6a12dfd06f93ad68a",
+}
+GOLDEN_PATHS = {
+    ("inline", 30, 30, 10, 5):
+        "4f0d84332de2f4b21ed96f1178ec1bf63c062ff4fba1a3c8c6cc3626835e8d01",
+    ("shard_map", 30, 80, 3, 20):
+        "c1bb0464be733dc55059fc510b049d6b332844c19591b61eac1871d938675c78",
+}
+
+
+def _setup(name: str, P=P):
+    """(module, graph, space) of a test configuration: the inline MODULE (all-reduces as
+    in ``env``) or the shard_map fixture, with multi-output fusion if ``-multi``."""
+    if name.startswith("inline"):
+        module = parse(MODULE)
+        graph = device_graph(module)
+        graph = graph._replace(gradient_allreduces=tuple(
+            i for i, op in enumerate(graph.opcodes)
+            if op == "all-reduce" and graph.names[i] != "arloss"))
+    else:
+        module = parse((FIXTURES / "shard_map_mlp.pre.hlo").read_text())
+        graph = device_graph(module)
+    return module, graph, P.FusionSpace(graph, multi_output=name.endswith("-multi"))
+
+
+def _plan_bytes(plan) -> bytes:
+    return (plan.order.tobytes() + plan.pos.tobytes() + plan.group.tobytes()
+            + repr(sorted(plan.dups)).encode())
+
+
+def _answers(P, space, plan) -> bytes:
+    """What the public functions say about ``plan``, for all groups and pairs of nodes."""
+    out = [repr(plan.key()[0]), repr(sorted(plan.key()[1])), repr(plan.num_groups),
+           repr(sorted(plan.groups().items())), repr(sorted(P.dead_groups(space, plan)))]
+    for g in sorted({plan.group[i] for i in range(space.n)}):
+        out.append(repr((P.members(plan, g), P.group_operands(space, plan, g),
+                         sorted(P.group_users(space, plan, g)))))
+    out += [repr(P.allreduce_neighbours(space, plan, a)) for a in space.allreduces]
+    moves = ((P.can_fuse, P.fuse), (P.can_duplicate, P.duplicate),
+             (P.can_combine, P.combine))
+    for x in range(space.n):
+        for y in range(space.n):
+            for check, move in moves:
+                decision = check(space, plan, x, y)
+                out.append(f"{int(bool(decision))}{decision.reason}")
+                if decision:
+                    out.append(_plan_bytes(move(space, plan, x, y)).hex())
+    return "\n".join(out).encode()
+
+
+def fingerprint(P, name: str, seeds: int, moves: int, answer_seeds: int = 0,
+                answer_every: int = 1) -> str:
+    """sha256 over walks of ``moves`` moves from each of ``seeds`` seeds (mixed moves and
+    each kind alone) and, every ``answer_every`` mixed moves of the first ``answer_seeds``
+    seeds, over the answers of the public functions (see GOLDEN)."""
+    _, graph, space = _setup(name, P)
+    h = hashlib.sha256()
+    kinds = [lambda s, p, r: P.random_moves(s, p, r, 1), *P.MOVES]
+    for seed in range(seeds):
+        for k, move in enumerate(kinds):
+            rng = random.Random(seed * 10 + k)
+            plan = P.initial_plan(graph)
+            for step in range(moves):
+                plan = move(space, plan, rng)
+                h.update(_plan_bytes(plan))
+                if k == 0 and seed < answer_seeds and step % answer_every == answer_every - 1:
+                    h.update(_answers(P, space, plan))
+            h.update(repr(rng.random()).encode())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("config", sorted(GOLDEN))
+def test_moves_decide_as_before(config):
+    assert fingerprint(P, *config) == GOLDEN[config]
+
+
+@pytest.mark.parametrize("config", sorted(GOLDEN_PATHS))
+@pytest.mark.parametrize("path", ["numpy", "walk"])
+def test_every_path_of_a_merge_decides_as_before(config, path, monkeypatch):
+    """The numpy paths of merges (forced on even for tiny windows) and the walk of the
+    window that finds the groups a bucket reaches (instead of the graph's descendants)
+    make the same plans."""
+    if path == "numpy":
+        for name in ("_NUMPY_WINDOW", "_NUMPY_GROUPS", "_PYTHON_PARTITION",
+                     "_NUMPY_DESCENDANTS"):
+            monkeypatch.setattr(P, name, 0)
+    else:
+        monkeypatch.setattr(P, "_single_output", lambda plan: False)
+    assert fingerprint(P, *config) == GOLDEN_PATHS[config]
+
+
+@pytest.mark.parametrize("name", ["inline", "inline-multi", "shard_map", "shard_map-multi"])
+def test_random_plans_apply_cleanly(name):
+    """Every plan of random walks (and of each kind of move alone) is a valid schedule
+    that apply_plan writes as a valid module."""
+    module, graph, space = _setup(name)
+    n = graph.num_nodes
+    for seed in range(25):
+        rng = random.Random(seed)
+        plan = P.initial_plan(graph)
+        for moves in (3, 10, 30, 100):
+            plan = P.random_moves(space, plan, rng, moves)
+            assert sorted(plan.order) == list(range(n))
+            assert all(plan.order[plan.pos[i]] == i for i in range(n))
+            out = apply_plan(module, plan, graph)
+            assert find_problems(out) == [], (name, seed, moves)
+    for move in P.MOVES:
+        plan = P.initial_plan(graph)
+        rng = random.Random(1)
+        for _ in range(60):
+            plan = move(space, plan, rng)
+        assert find_problems(apply_plan(module, plan, graph)) == [], (name, move.__name__)
+
+
+def test_plan_private_facts_are_not_part_of_its_value(env):
+    """A plan rebuilt from its four fields (also with 64-bit arrays), pickled or replaced
+    moves exactly like the original."""
+    _, graph, space = env
+
+    def values(plan):
+        return [list(plan.order), list(plan.pos), list(plan.group), sorted(plan.dups)]
+
+    plan = P.random_moves(space, P.initial_plan(graph), random.Random(4), 15)
+    for other in (P.Plan(*(array("i", x) for x in plan[:3]), plan.dups),
+                  P.Plan(*(array("q", x) for x in plan[:3]), plan.dups),
+                  pickle.loads(pickle.dumps(plan)), plan._replace()):
+        assert values(other) == values(plan) and other.key()[1] == plan.key()[1]
+        for seed in range(5):
+            a = P.random_moves(space, plan, random.Random(seed), 20)
+            b = P.random_moves(space, other, random.Random(seed), 20)
+            assert values(a) == values(b)
