@@ -87,6 +87,8 @@ UNFUSIBLE_OPCODES = frozenset({
 #: fusion aborts the emitter (the fused value has no layout; see UNFUSIBLE_OPCODES),
 #: while a fused predicate is fine.
 FUSED_OPERAND_POSITIONS = {"select": frozenset({0})}
+#: Likewise a fused ``reduce`` may not read a value computed in its fusion if that value
+#: has other users too (see ``FusionSpace.shared_reduce_operands``).
 
 
 class Decision(NamedTuple):
@@ -135,6 +137,8 @@ class FusionSpace:
             on jax/jaxlib 0.10.2 a tuple-shaped fusion written as HLO text aborts
             XLA:CPU's emitter (``Check failed: has_layout()``) and fails Shardy's sharding
             validation inside a shard_map body, so such producers are duplicated instead.
+        shared_reduce_operands: whether a fused ``reduce`` may read a value computed in its
+            fusion that has other users too. Off by default: XLA:CPU aborts on it.
 
     The attributes are read-only once built, except that ``allreduces``, ``ar_key`` and
     ``grad_producer`` may be reassigned (a subclass widening the combinable all-reduces
@@ -143,9 +147,13 @@ class FusionSpace:
 
     def __init__(self, graph: DeviceGraph, unfusible: frozenset[str] = UNFUSIBLE_OPCODES,
                  multi_output: bool = False,
-                 fused_operand_positions: dict[str, frozenset[int]] | None = None):
+                 fused_operand_positions: dict[str, frozenset[int]] | None = None,
+                 shared_reduce_operands: bool = False):
         self.graph = graph
         self.multi_output = multi_output
+        #: whether a fused reduce may read a fused value that has other users: on XLA:CPU
+        #: such a shared, layout-less value aborts the emitter (vgg, plan_check seed 0)
+        self.shared_reduce_operands = shared_reduce_operands
         self.fused_operand_positions = (FUSED_OPERAND_POSITIONS if fused_operand_positions
                                         is None else fused_operand_positions)
         self.n = graph.num_nodes
@@ -176,6 +184,11 @@ class FusionSpace:
             if allowed is not None:
                 nodes = frozenset(o for k, o in enumerate(graph.operands[c]) if k not in allowed)
                 bad[c] = nodes or None
+            if op == "reduce" and not shared_reduce_operands:
+                shared = frozenset(o for o in graph.operands[c] if len(graph.users[o]) > 1
+                                   and graph.kinds[o] != NodeKind.CONSTANT)
+                if shared:
+                    bad[c] = (bad[c] or frozenset()) | shared
         self._bad = tuple(bad)
         self._any_bad = any(b is not None for b in bad)
         self._arange = np.arange(self.n, dtype=np.int32)
