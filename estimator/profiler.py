@@ -54,6 +54,7 @@ __all__ = [
     "read_trace_events",
     "op_events",
     "iteration_order",
+    "measured_chrome_trace",
     "per_device_samples",
     "execution_counts",
     "profile_program",
@@ -210,6 +211,117 @@ def _iteration_spans(events: Sequence[OpEvent]) -> list[float]:
         lo[ev.run_id] = min(lo.get(ev.run_id, math.inf), ev.start_s)
         hi[ev.run_id] = max(hi.get(ev.run_id, -math.inf), ev.start_s + ev.dur_s)
     return [hi[r] - lo[r] for r in iteration_order(events)]
+
+
+#: Opcode prefixes of collectives: their events go on the communication thread.
+_COMM_OP_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                     "collective-permute", "collective-broadcast", "ragged-all-to-all")
+
+
+def measured_chrome_trace(events: Sequence[OpEvent], *, run_id: str | None = None,
+                          comm: Iterable[str] | None = None, label: str | None = None,
+                          pid_offset: int = 0) -> dict[str, Any]:
+    """One measured iteration as a Chrome trace in :mod:`disco_jax.trace`'s format.
+
+    The result has the layout of a simulated trace (``disco_jax.trace.to_chrome_trace``),
+    so that both can be opened side by side: one trace process per device (``pid`` =
+    ``pid_offset`` + device ordinal), ``tid`` 0 for compute kernels and ``tid`` 1 for
+    collectives, times in microseconds from the start of the iteration, and the same
+    ``otherData`` keys (``iteration_us``, ``compute_us``, ``comm_us``, ``overlap_us``).
+    XLA:CPU may run independent kernels at the same time; a kernel that starts before
+    the previous one on its device has ended goes on ``tid`` 2, 3, ... ("compute
+    (concurrent)"), so that no thread holds partially overlapping events.
+
+    Args:
+        events: instruction events of one program (:func:`op_events`, one module).
+        run_id: the iteration to keep (default: the first in start order).
+        comm: names of the compiled instructions that are collectives (default: names
+            starting with a collective opcode, e.g. ``all-reduce.3``).
+        label: process name shown in the viewer (default ``"device N (measured)"``).
+        pid_offset: added to the device ordinal to form the trace ``pid``.
+
+    Returns:
+        ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
+
+    Raises:
+        ValueError: no event of the requested iteration.
+    """
+    from disco_jax.trace import COMM_TID, COMPUTE_TID
+
+    order = iteration_order(events)
+    rid = run_id if run_id is not None else (order[0] if order else None)
+    evs = sorted((e for e in events if e.run_id == rid), key=lambda e: e.start_s)
+    if not evs:
+        raise ValueError(f"no events of iteration {rid!r}")
+    names = frozenset(comm) if comm is not None else None
+    is_comm = [e.name in names if names is not None else e.name.startswith(_COMM_OP_PREFIXES)
+               for e in evs]
+    t0 = evs[0].start_s
+    out: list[dict[str, Any]] = []
+    lanes: dict[int, list[float]] = {}
+    for e, c in zip(evs, is_comm):
+        ends = lanes.setdefault(e.device, [])
+        tid = COMM_TID if c else _lane(ends, e.start_s, e.start_s + e.dur_s, COMPUTE_TID)
+        out.append({"name": e.name, "cat": "comm" if c else "compute", "ph": "X",
+                    "ts": (e.start_s - t0) * 1e6, "dur": e.dur_s * 1e6,
+                    "pid": pid_offset + e.device, "tid": tid,
+                    "args": {"run_id": e.run_id, "module": e.module}})
+    meta = _trace_metadata(evs, lanes, pid_offset, label, COMPUTE_TID, COMM_TID)
+    return {"traceEvents": meta + out, "displayTimeUnit": "ms",
+            "otherData": _trace_totals(evs, is_comm)}
+
+
+def _lane(ends: list[float], start: float, end: float, compute_tid: int) -> int:
+    """The first compute lane free at ``start`` (lane 0 is ``compute_tid``, then 2, 3, ...);
+    ``ends[k]`` is when lane ``k`` becomes free (extended in place)."""
+    for k, free_at in enumerate(ends):
+        if free_at <= start + 1e-9:
+            ends[k] = end
+            return compute_tid if k == 0 else k + 1
+    ends.append(end)
+    return compute_tid if len(ends) == 1 else len(ends)
+
+
+def _trace_metadata(evs: Sequence[OpEvent], lanes: Mapping[int, list[float]], pid_offset: int,
+                    label: str | None, compute_tid: int, comm_tid: int) -> list[dict[str, Any]]:
+    """"M" events naming each device's process and threads (as disco_jax.trace does)."""
+    meta: list[dict[str, Any]] = []
+    for dev in sorted({e.device for e in evs}):
+        pid = pid_offset + dev
+        name = label if label is not None else f"device {dev} (measured)"
+        threads = [(compute_tid, "compute"), (comm_tid, "communication")]
+        threads += [(k + 1, "compute (concurrent)") for k in range(1, len(lanes.get(dev, [])))]
+        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                     "args": {"name": name}})
+        meta += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                  "args": {"name": tname}} for tid, tname in threads]
+    return meta
+
+
+def _busy_intervals(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of ``[start, end)`` intervals as sorted disjoint intervals."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _trace_totals(evs: Sequence[OpEvent], is_comm: Sequence[bool]) -> dict[str, float]:
+    """Iteration span, busy compute, busy communication and their overlap, microseconds."""
+    comp = _busy_intervals((e.start_s, e.start_s + e.dur_s) for e, c in zip(evs, is_comm)
+                           if not c)
+    comm = _busy_intervals((e.start_s, e.start_s + e.dur_s) for e, c in zip(evs, is_comm) if c)
+    both = 0.0
+    for a, b in comp:
+        for x, y in comm:
+            both += max(0.0, min(b, y) - max(a, x))
+    span = max(e.start_s + e.dur_s for e in evs) - evs[0].start_s
+    return {"iteration_us": span * 1e6, "compute_us": sum(b - a for a, b in comp) * 1e6,
+            "comm_us": sum(b - a for a, b in comm) * 1e6, "overlap_us": both * 1e6,
+            "kernels": sum(1 for c in is_comm if not c), "source": "measured"}
 
 
 # --------------------------------------------------------------------------- running

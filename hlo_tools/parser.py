@@ -97,11 +97,17 @@ def _parse_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
         raise HloParseError("bad shape", lineno, pos + 1, "a shape like f32[8,16]{1,0}",
                             text_line=line)
     etype, dims_text, layout = m.group(1), m.group(2), m.group(3) or ""
+    cached = _SHAPE_CACHE.get((etype, dims_text, m.group(3)))
+    if cached is not None:
+        return cached, m.end()
     if etype not in ELEMENT_BYTES:
         raise HloParseError(f"unknown element type {etype!r}", lineno, pos + 1,
                             "a primitive type", text_line=line)
     dims, dynamic = _parse_dims(dims_text, lineno, m.start(2) + 1, line)
-    return Shape(etype, dims, layout, (), dynamic), m.end()
+    shape = Shape(etype, dims, layout, (), dynamic)
+    if len(_SHAPE_CACHE) < 100_000:
+        _SHAPE_CACHE[(etype, dims_text, m.group(3))] = shape
+    return shape, m.end()
 
 
 def _parse_dims(text: str, lineno: int, col: int, line: str) -> tuple[tuple[int, ...], tuple]:
@@ -342,8 +348,12 @@ def _parse_instruction(line: str, lineno: int) -> tuple[HloInstruction, bool]:
     if m is None:
         return _parse_instruction_slow(line, lineno)
     is_root, name, etype, dims, layout, opcode, inner, rest = m.groups()
+    payload = ""
     if opcode in _NO_OPERAND_OPCODES:
-        return _parse_instruction_slow(line, lineno)
+        payload = inner.strip()
+        if opcode == "parameter" and not payload.isdigit():
+            return _parse_instruction_slow(line, lineno)
+        inner = ""
     key = (etype, dims, layout)
     shape = _SHAPE_CACHE.get(key)
     if shape is None:
@@ -362,7 +372,8 @@ def _parse_instruction(line: str, lineno: int) -> tuple[HloInstruction, bool]:
     else:
         operands = []
     text = _attr_text(rest, lineno, line, m.end(7) + 1) if rest else ""
-    return HloInstruction(name, opcode, shape, operands, None, "", attr_text=text), bool(is_root)
+    return (HloInstruction(name, opcode, shape, operands, None, payload, attr_text=text),
+            bool(is_root))
 
 
 def _attr_text(rest: str, lineno: int, line: str, col: int) -> str:
