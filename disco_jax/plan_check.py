@@ -60,16 +60,25 @@ def distinct_fusions(module) -> int:
             continue
         body = comps[instr.called_computations[0]]
         if sum(i.opcode != "parameter" for i in body.instructions) > 1:
-            keys.add((tuple(instr.operands), _body_key(body)))
+            keys.add((tuple(instr.operands), _body_key(body, comps)))
     return len(keys)
 
 
-def _body_key(body) -> tuple:
-    """A fused computation with its instruction names replaced by their positions."""
+def _body_key(body, comps) -> tuple:
+    """A computation with its instruction names replaced by their positions and called
+    computations (reducers) by their own keys: XLA's CSE compares them by structure."""
+    from hlo_tools.ir import CALLED_COMPUTATION_ATTRS
+
     position = {i.name: k for k, i in enumerate(body.instructions)}
-    return tuple((i.opcode, str(i.shape), i.payload, tuple(position[o] for o in i.operands),
-                  tuple((k, v) for k, v in i.attrs.items() if k != "metadata"))
-                 for i in body.instructions)
+    key = []
+    for i in body.instructions:
+        attrs = tuple(
+            (k, _body_key(comps[i.called_computations[0]], comps)
+             if k in CALLED_COMPUTATION_ATTRS and i.called_computations else v)
+            for k, v in i.attrs.items() if k != "metadata")
+        key.append((i.opcode, str(i.shape.without_layout()), i.payload,
+                    tuple(position[o] for o in i.operands), attrs))
+    return tuple(key)
 
 
 def count_opcode(module, opcode: str) -> int:
