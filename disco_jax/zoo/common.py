@@ -94,6 +94,16 @@ def global_batch(num_devices: int, per_device: int) -> int:
     return num_devices * per_device
 
 
+def image_batch(tag: int, n: int, image: int, classes: int) -> dict[str, np.ndarray]:
+    """A synthetic classification batch: ``images`` [n, image, image, 3] float32 and
+    ``labels`` [n] int32 in ``[0, classes)``, drawn from ``rng(tag)``."""
+    gen = rng(tag)
+    return {
+        "images": gen.standard_normal((n, image, image, 3), dtype="float32"),
+        "labels": gen.integers(0, classes, (n,), dtype="int32"),
+    }
+
+
 def _init_leaf(gen: np.random.Generator, name: str, collection: str, shape, dtype):
     """Draws one variable: lecun-normal kernels/embeddings, zero biases/means, unit scales."""
     if name.endswith("bias") or name == "mean":

@@ -63,11 +63,7 @@ def make(num_devices: int, size: str = "tiny"):
     cfg = common.select(SIZES, size)
     model = VGG(cfg["channels"], cfg["convs_per_block"], cfg["dense"], cfg["classes"])
     n = common.global_batch(num_devices, cfg["batch"])
-    gen = common.rng(1)
-    batch = {
-        "images": gen.standard_normal((n, cfg["image"], cfg["image"], 3), dtype="float32"),
-        "labels": gen.integers(0, cfg["classes"], (n,), dtype="int32"),
-    }
+    batch = common.image_batch(1, n, cfg["image"], cfg["classes"])
     variables = common.init_variables(model, batch["images"][:1])
 
     def loss_fn(v, b):

@@ -1,0 +1,246 @@
+"""Tests of the simulator-accuracy tools: measured Chrome traces, the benchmark's statistics
+and crash bookkeeping, per-operand all-reduce latency, calibration, hardware-file writing."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hlo_tools
+from disco_jax import _accuracy_worker as W
+from disco_jax.costs import BackendConstants, OpTimes
+from disco_jax.simulator import SimGraph, simulate
+from disco_jax.trace import to_chrome_trace
+from estimator import op_bench as ob
+from estimator.allreduce import HARDWARE_DIR, load_hardware
+from estimator.profiler import OpEvent, measured_chrome_trace
+from hlo_tools import plan as P
+
+_BENCH = Path(__file__).parents[1] / "benchmarks" / "simulator_accuracy.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("simulator_accuracy", _BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["simulator_accuracy"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SA = _load_bench()
+
+GRADS = """HloModule grads
+
+sum {
+  l = f32[] parameter(0)
+  r = f32[] parameter(1)
+  ROOT s = f32[] add(l, r)
+}
+
+ENTRY e {
+  w1 = f32[256] parameter(0)
+  w2 = f32[64] parameter(1)
+  g1 = f32[256] negate(w1)
+  g2 = f32[64] negate(w2)
+  r1 = f32[256] all-reduce(g1), replica_groups={{0,1}}, to_apply=sum
+  r2 = f32[64] all-reduce(g2), replica_groups={{0,1}}, to_apply=sum
+  u1 = f32[256] subtract(w1, r1)
+  u2 = f32[64] subtract(w2, r2)
+  ROOT t = (f32[256], f32[64]) tuple(u1, u2)
+}
+"""
+
+# XLA's plan of GRADS: one combined (tuple) all-reduce of both gradients.
+COMBINED = """HloModule combined
+
+sum {
+  l = f32[] parameter(0)
+  r = f32[] parameter(1)
+  ROOT s = f32[] add(l, r)
+}
+
+ENTRY e {
+  w1 = f32[256] parameter(0)
+  w2 = f32[64] parameter(1)
+  g1 = f32[256] negate(w1)
+  g2 = f32[64] negate(w2)
+  ar = (f32[256], f32[64]) all-reduce(g1, g2), replica_groups={{0,1}}, to_apply=sum
+  r1 = f32[256] get-tuple-element(ar), index=0
+  r2 = f32[64] get-tuple-element(ar), index=1
+  u1 = f32[256] subtract(w1, r1)
+  u2 = f32[64] subtract(w2, r2)
+  ROOT t = (f32[256], f32[64]) tuple(u1, u2)
+}
+"""
+
+TIMES = {"g1": 20e-6, "g2": 10e-6, "u1": 20e-6, "u2": 10e-6}
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def _ev(name: str, start_us: float, dur_us: float, device: int = 0, run: str = "1") -> OpEvent:
+    return OpEvent(name, "jit_step", device, run, 7, start_us * 1e-6, dur_us * 1e-6)
+
+
+def test_measured_trace_has_the_simulated_layout() -> None:
+    events = [_ev("fusion.1", 100, 10), _ev("all-reduce", 110, 30), _ev("add.2", 112, 8),
+              _ev("mul.3", 115, 3), _ev("fusion.1", 500, 10, run="2")]
+    trace = measured_chrome_trace(events, label="m")
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["tid"], e["ts"]) for e in xs] == [
+        ("fusion.1", 0, 0.0), ("all-reduce", 1, pytest.approx(10.0)),
+        ("add.2", 0, pytest.approx(12.0)), ("mul.3", 2, pytest.approx(15.0))]
+    other = trace["otherData"]
+    assert other["iteration_us"] == pytest.approx(40.0)
+    assert other["comm_us"] == pytest.approx(30.0)
+    assert other["compute_us"] == pytest.approx(18.0)  # [0, 10) and [12, 20)
+    assert other["overlap_us"] == pytest.approx(8.0)
+    threads = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+               if e["name"] == "thread_name"}
+    assert threads == {0: "compute", 1: "communication", 2: "compute (concurrent)"}
+    graph = SimGraph(("a", "b"), np.array([False, True]), np.array([1e-6, 2e-6]),
+                     np.array([4, 4]), np.array([0, 0, 1], dtype=np.int32),
+                     np.array([0], dtype=np.int32))
+    sim = to_chrome_trace(simulate(graph, 1.0), graph)
+    assert set(sim) == set(trace)
+    assert {k for k in sim["otherData"]} - set(other) == {"peak_bytes", "overlap_param"}
+    assert set(sim["traceEvents"][-1]) == set(xs[0])
+    second = measured_chrome_trace(events, run_id="2", pid_offset=3)
+    assert [e["pid"] for e in second["traceEvents"] if e["ph"] == "X"] == [3]
+    with pytest.raises(ValueError):
+        measured_chrome_trace(events, run_id="nope")
+
+
+def test_iteration_stats_from_events() -> None:
+    events = [_ev("k1", 0, 10), _ev("all-reduce.1", 10, 30), _ev("k2", 12, 8),
+              _ev("k1", 100, 12, run="2")]
+    stats = W.iteration_stats(events, frozenset())
+    assert len(stats) == 2
+    first = stats[0]
+    assert first["span_s"] == pytest.approx(40e-6)
+    assert first["compute_busy_s"] == pytest.approx(18e-6)
+    assert first["compute_sum_s"] == pytest.approx(18e-6)
+    assert first["comm_sum_s"] == pytest.approx(30e-6)
+    assert (first["kernels"], first["comm_events"]) == (2, 1)
+    assert stats[1]["span_s"] == pytest.approx(12e-6)
+    assert W._union_s([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+def test_statistics_and_spearman() -> None:
+    assert SA.merge_samples([[3.0, 1.0, 5.0], [2.0, 4.0, 6.0]]) == [2.0, 1.0, 5.0]
+    s = SA.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s["median_s"], s["p25_s"], s["p75_s"], s["n"]) == (3.0, 2.0, 4.0, 5)
+    assert SA.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert SA.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert SA.spearman([1, 2], [1, 2]) is None and SA.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_unfinished_compiles(tmp_path: Path) -> None:
+    (tmp_path / "p0.log").write_text("start a\ndone a\nstart b\n")
+    (tmp_path / "p1.log").write_text("start c\ndone c\nstart b\ndone b\nstart d\n")
+    assert SA._unfinished(tmp_path) == ["b", "d"]
+
+
+def test_variant_specs_are_unique_and_cycle_moves() -> None:
+    specs = SA.variant_specs(7)
+    names = [v["name"] for v in specs]
+    assert names[:2] == ["xla_default", "no_fusion"] and len(set(names)) == 9
+    assert [v["moves"] for v in specs[2:]] == [SA.MOVES[s % len(SA.MOVES)] for s in range(7)]
+    assert SA.plan_spec(3) == specs[5]
+
+
+def test_plan_json_round_trip() -> None:
+    graph = hlo_tools.device_graph(hlo_tools.parse(GRADS))
+    space = P.FusionSpace(graph)
+    r1, r2 = graph.index["r1"], graph.index["r2"]
+    plan = P.combine(space, P.initial_plan(graph), r1, r2)
+    back = SA._plan_from_json(W.plan_json(plan))
+    assert back.key() == plan.key() and list(back.order) == list(plan.order)
+    assert [back.order[p] for p in back.pos] == list(range(graph.num_nodes))
+
+
+# --------------------------------------------------------------------------- predicting
+
+
+def _op_times(*texts: str) -> OpTimes:
+    times = OpTimes()
+    for text in texts:
+        module = hlo_tools.parse(text)
+        view = ob.module_view(module)
+        for _, instr in module.instructions():
+            if instr.name in TIMES:
+                times.add(ob.op_key(view, instr).encode(), TIMES[instr.name], "test")
+    return times
+
+
+def _measured(meas: dict[str, float] | None = None) -> SA.Measured:
+    module = hlo_tools.parse(GRADS)
+    graph = hlo_tools.device_graph(module)
+    space = P.FusionSpace(graph)
+    bucket = P.combine(space, P.initial_plan(graph), graph.index["r1"], graph.index["r2"])
+    plans = {"no_fusion": P.initial_plan(graph), "bucket": bucket}
+    meas = meas or {"no_fusion": 1.0, "bucket": 1.0, "xla_default": 1.0}
+    times = {n: {"median_s": t, "p25_s": t, "p75_s": t, "n": 1} for n, t in meas.items()}
+    return SA.Measured("grads", "gloo2", times, module, graph, plans,
+                       hlo_tools.parse(COMBINED), None, {})
+
+
+def test_per_operand_latency_of_combined_all_reduce() -> None:
+    m = _measured()
+    hw = load_hardware("gloo2")
+    c = SA.Constants(0.0, 1e-6, 1e-10, 1.0, 1e-9, 1e-3)
+    as_is = SA.Predictor(m, hw, _op_times(GRADS, COMBINED)).predict(c)
+    fixed = SA.Predictor(m, hw, _op_times(GRADS, COMBINED), tuple_latency=True).predict(c)
+    compute = sum(TIMES.values())
+    assert as_is["no_fusion"] == pytest.approx(compute + 2e-3 + 1280e-9)
+    assert as_is["xla_default"] == pytest.approx(compute + 1e-3 + 1280e-9)
+    assert fixed["xla_default"] == pytest.approx(compute + 2e-3 + 1280e-9)
+    assert fixed["no_fusion"] == as_is["no_fusion"]
+    # the bucket: copies in and out around one all-reduce of the flat buffer
+    assert fixed["bucket"] == as_is["bucket"] > compute + 1e-3 + 1280e-9
+
+
+def test_fit_recovers_the_constants_that_made_the_times() -> None:
+    truth = SA.Constants(0.0, 1e-6, 1e-10, 1.3, 2e-9, 3e-3)
+    ms = []
+    for scale in (1.0, 2.0):  # two "models": the same program with slower ops
+        times = OpTimes()
+        for key, t in _op_times(GRADS, COMBINED).times.items():
+            times.add(key, t * scale, "test")
+        probe = SA.Predictor(_measured(), load_hardware("gloo2"), times, True)
+        m = _measured(probe.predict(truth))
+        ms.append(SA.Predictor(m, load_hardware("gloo2"), times, True))
+    base = SA.Constants.from_hardware(load_hardware("gloo2"))
+    fitted, obj = SA.fit_constants(ms, base)
+    assert obj < 0.01
+    assert fitted.d_s == pytest.approx(3e-3, rel=0.05)
+
+
+def test_write_config_round_trip(tmp_path: Path) -> None:
+    shutil.copy(HARDWARE_DIR / "gloo2.toml", tmp_path / "gloo2.toml")
+    before = load_hardware(tmp_path / "gloo2.toml")
+    c = SA.Constants(0.25, 2e-6, 1e-10, 1.0, 3e-9, 3.5e-3)
+    for _ in range(2):  # writing twice leaves one table and the first microbenchmark values
+        path = SA.write_config("gloo2", c, "as_is", ("overlap", "d_s"), directory=tmp_path)
+    text = path.read_text()
+    assert text.count("[costs]\n") == 1 and text.count("microbenchmark_d_s = ") == 1
+    hw = load_hardware(path)
+    assert (hw.allreduce.c_s_per_byte, hw.allreduce.d_s) == (3e-9, 3.5e-3)
+    micro = before.raw["allreduce"].get("microbenchmark_d_s", before.allreduce.d_s)
+    assert hw.raw["allreduce"]["microbenchmark_d_s"] == micro
+    assert hw.raw["allreduce"]["points"] == before.raw["allreduce"]["points"]
+    consts = BackendConstants.from_hardware(hw)
+    assert (consts.overlap, consts.kernel_launch_s, consts.compute_scale) == (0.25, 2e-6, 1.0)
+    assert dataclasses.replace(SA.Constants.from_hardware(hw), mem_s_per_byte=1e-10) == c
+    json.dumps(c.to_json())
