@@ -49,17 +49,42 @@ def multi_op_fusions(module) -> list[tuple[str, list[str]]]:
     return found
 
 
+_NEVER_FOLDED = frozenset({"parameter", "rng", "rng-bit-generator", "rng-get-and-update-state",
+                           "all-reduce", "custom-call", "infeed", "recv", "partition-id",
+                           "replica-id", "while", "call", "conditional"})
+
+
+def foldable_fusions(module, computation: str) -> int:
+    """Distinct planned fusions whose inputs are all compile-time constants: XLA's
+    constant folding may replace them by a constant (a causal mask, say)."""
+    comp = module.computation(computation)
+    const: set[str] = set()
+    for instr in comp.instructions:
+        if instr.opcode in _NEVER_FOLDED:
+            continue
+        if all(o in const for o in instr.operands):
+            const.add(instr.name)
+    comps = module.computations_by_name()
+    return len({(tuple(i.operands), _body_key(comps[i.called_computations[0]], comps))
+                for i in comp.instructions if i.opcode == "fusion" and i.name in const})
+
+
 def distinct_fusions(module) -> int:
-    """Multi-op fusions that differ in what they compute: XLA's CSE merges fusions with the
-    same operands and the same fused computation (the unfused program's identical
-    instructions are merged the same way), so those count once."""
+    """Planned (not XLA-wrapped) fusions that differ in what they compute.
+
+    XLA:CPU wraps every unfused op into a single-op fusion calling ``wrapped_*``; every
+    other fusion is one of ours, even where XLA's simplifier reduced it to one op (e.g.
+    ``or(x, broadcast(false))``). XLA's CSE merges fusions with the same operands and
+    the same fused computation (identical instructions of the unfused program are merged
+    the same way), so those count once."""
     comps = module.computations_by_name()
     keys = set()
     for _, instr in module.instructions():
         if instr.opcode != "fusion":
             continue
         body = comps[instr.called_computations[0]]
-        if sum(i.opcode != "parameter" for i in body.instructions) > 1:
+        ops = sum(i.opcode != "parameter" for i in body.instructions)
+        if ops > 1 or not body.name.startswith("wrapped_"):
             keys.add((tuple(instr.operands), _body_key(body, comps)))
     return len(keys)
 
@@ -138,7 +163,8 @@ def _check_one(row, module, graph, plan, step, args, want, np) -> dict:
     problems = hlo_tools.find_problems(out)
     if problems:
         return row | {"status": "invalid", "error": problems[0]}
-    row = row | {"planned_fusions": distinct_fusions(out)}
+    row = row | {"planned_fusions": distinct_fusions(out),
+                 "foldable_fusions": foldable_fusions(out, graph.computation.name)}
     try:
         run = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(out), exact=True)
     except Exception as err:  # XLA's own error, reported as data

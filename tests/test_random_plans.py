@@ -32,6 +32,9 @@ def test_random_plans_compile_exactly_and_match(model):
     assert not bad, "\n".join(f"seed {r['seed']}: {r['status']}: {r.get('error', '')[:400]}"
                               for r in bad)
     for r in rows:
-        assert r["compiled_fusions"] == r["planned_fusions"], r
+        # Exactly the planned fusions, except that XLA may fold a fusion whose inputs
+        # are all constants (a causal mask, say) into a constant.
+        low = r["planned_fusions"] - r["foldable_fusions"]
+        assert low <= r["compiled_fusions"] <= r["planned_fusions"], r
         assert r["compiled_allreduces"] == r["planned_allreduces"], r
     assert sum(r["planned_fusions"] for r in rows) > 0
