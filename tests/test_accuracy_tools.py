@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import pathlib
 import shutil
 import sys
 from pathlib import Path
@@ -36,26 +37,8 @@ def _load_bench():
 
 SA = _load_bench()
 
-GRADS = """HloModule grads
-
-sum {
-  l = f32[] parameter(0)
-  r = f32[] parameter(1)
-  ROOT s = f32[] add(l, r)
-}
-
-ENTRY e {
-  w1 = f32[256] parameter(0)
-  w2 = f32[64] parameter(1)
-  g1 = f32[256] negate(w1)
-  g2 = f32[64] negate(w2)
-  r1 = f32[256] all-reduce(g1), replica_groups={{0,1}}, to_apply=sum
-  r2 = f32[64] all-reduce(g2), replica_groups={{0,1}}, to_apply=sum
-  u1 = f32[256] subtract(w1, r1)
-  u2 = f32[64] subtract(w2, r2)
-  ROOT t = (f32[256], f32[64]) tuple(u1, u2)
-}
-"""
+SNIPPETS = pathlib.Path(__file__).parent / "fixtures" / "snippets"
+GRADS = (SNIPPETS / "grads_two_allreduces.hlo").read_text()  # shared with test_costs
 
 # XLA's plan of GRADS: one combined (tuple) all-reduce of both gradients.
 COMBINED = """HloModule combined

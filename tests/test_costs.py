@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 from pathlib import Path
 
 import numpy as np
@@ -45,26 +46,8 @@ ENTRY e {
 }
 """
 
-GRADS = """HloModule grads
-
-sum {
-  l = f32[] parameter(0)
-  r = f32[] parameter(1)
-  ROOT s = f32[] add(l, r)
-}
-
-ENTRY e {
-  w1 = f32[256] parameter(0)
-  w2 = f32[64] parameter(1)
-  g1 = f32[256] negate(w1)
-  g2 = f32[64] negate(w2)
-  r1 = f32[256] all-reduce(g1), replica_groups={{0,1}}, to_apply=sum
-  r2 = f32[64] all-reduce(g2), replica_groups={{0,1}}, to_apply=sum
-  u1 = f32[256] subtract(w1, r1)
-  u2 = f32[64] subtract(w2, r2)
-  ROOT t = (f32[256], f32[64]) tuple(u1, u2)
-}
-"""
+SNIPPETS = pathlib.Path(__file__).parent / "fixtures" / "snippets"
+GRADS = (SNIPPETS / "grads_two_allreduces.hlo").read_text()  # two gradient all-reduces
 
 
 def _model(text: str, times: dict[str, float], constants: C.BackendConstants = EXACT
