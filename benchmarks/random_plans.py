@@ -3,6 +3,10 @@ same numbers? Prints a per-model table and writes ``benchmarks/results/random_pl
 
     python benchmarks/random_plans.py --plans 200 --moves 200      # the slow run
     python benchmarks/random_plans.py --plans 10 --models vgg,bert
+
+Every finished plan is appended to a JSON-lines log (``--log``; by default next to
+``--out``), and a run given the same log skips the (model, seed, moves) it already
+holds: an interrupted slow run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -49,25 +53,60 @@ def main() -> None:
     parser.add_argument("--moves", type=int, default=200, help="random moves per plan")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--out", default=str(RESULTS / "random_plans.json"))
+    parser.add_argument("--log", default=None,
+                        help="JSON-lines log of finished plans (default: OUT with .jsonl)")
     args = parser.parse_args()
-    summaries, t0 = [], time.time()
-    for model in args.models.split(","):
-        rows = run_isolated(model, list(range(args.plans)), args.moves)
-        summaries.append(summarize(model, rows))
-        s = summaries[-1]
-        print(f"{model:16} plans {s['plans']:4}  compiled {s['compiled']:4}  matched "
-              f"{s['matched']:4}  exact {s['exact_structure']:4}  crashed {s['crashed']:3}  "
-              f"fusions/plan {s['mean_planned_fusions']:6.1f}  ARs/plan "
-              f"{s['mean_planned_allreduces']:5.1f}  maxdiff {s['max_abs_diff']:.1e}",
-              file=sys.stderr, flush=True)
     out = pathlib.Path(args.out)
+    log = pathlib.Path(args.log) if args.log else out.with_suffix(".jsonl")
     out.parent.mkdir(exist_ok=True)
+    seen = _read_log(log, args.moves)
+    summaries, t0 = [], time.time()
+    with log.open("a") as sink:
+        def append(row: dict) -> None:
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+
+        for model in args.models.split(","):
+            rows = seen.get(model, {})
+            todo = [s for s in range(args.plans) if s not in rows]
+            if todo:
+                print(f"{model}: {len(rows)} plans in {log.name}, {len(todo)} to run",
+                      file=sys.stderr, flush=True)
+            for row in run_isolated(model, todo, args.moves, on_row=append):
+                rows[row["seed"]] = row
+            summaries.append(summarize(model, [rows[s] for s in range(args.plans)]))
+            _print(summaries[-1])
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"plans_per_model": args.plans, "moves": args.moves,
-                               "seconds": round(time.time() - t0, 1),
-                               "models": summaries}, indent=2))
+                               "seconds_this_run": round(time.time() - t0, 1),
+                               "plan_seconds": round(sum(
+                                   r.get("seconds", 0.0) for m in seen.values()
+                                   for r in m.values()), 1),
+                               "log": log.name, "models": summaries}, indent=2))
     os.replace(tmp, out)
     print(f"wrote {out}", file=sys.stderr)
+
+
+def _read_log(log: pathlib.Path, moves: int) -> dict[str, dict[int, dict]]:
+    """{model: {seed: row}} of the plans with ``moves`` moves already in ``log``."""
+    seen: dict[str, dict[int, dict]] = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if row.get("moves") == moves:
+                seen.setdefault(row["model"], {})[row["seed"]] = row
+    return seen
+
+
+def _print(s: dict) -> None:
+    print(f"{s['model']:16} plans {s['plans']:4}  compiled {s['compiled']:4}  matched "
+          f"{s['matched']:4}  exact {s['exact_structure']:4}  crashed {s['crashed']:3}  "
+          f"fusions/plan {s['mean_planned_fusions']:6.1f}  ARs/plan "
+          f"{s['mean_planned_allreduces']:5.1f}  maxdiff {s['max_abs_diff']:.1e}",
+          file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = ["check_plans", "run_isolated", "multi_op_fusions", "count_opcode"]
 
@@ -190,28 +190,67 @@ def _compare(got: list, want: list, np) -> tuple[bool, bool, float]:
 
 
 def run_isolated(model: str, seeds: list[int], moves: int = 200, size: str = "tiny",
-                 timeout_s: float = 1800.0) -> list[dict]:
+                 timeout_s: float = 1800.0,
+                 on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Runs :func:`check_plans` in subprocesses; a seed whose compile kills the process is
-    reported with ``status == "crashed"`` and the remaining seeds run in a new one."""
+    reported with ``status == "crashed"`` and the remaining seeds run in a new one.
+
+    Args:
+      on_row: called with each result as soon as it is known (long runs log it, so
+        that an interrupted run loses nothing it finished).
+      timeout_s: limit for a single plan's check, in seconds.
+    """
     results: list[dict] = []
     todo = list(seeds)
+
+    def record(row: dict) -> None:
+        results.append(row)
+        if on_row is not None:
+            on_row(row)
+
     while todo:
         cmd = [sys.executable, "-m", "disco_jax.plan_check", model, "--size", size,
                "--moves", str(moves), "--seeds", ",".join(map(str, todo))]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        done = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        results += done
-        todo = todo[len(done):]
-        if todo and proc.returncode != 0:
-            tail = "\n".join(line for line in proc.stderr.splitlines()
+        done, returncode, stderr = _stream(cmd, env, timeout_s, record)
+        todo = todo[done:]
+        if todo and returncode != 0:
+            tail = "\n".join(line for line in stderr.splitlines()
                              if not line.startswith("    @"))[-600:]
-            results.append({"model": model, "seed": todo[0], "moves": moves,
-                            "status": "crashed", "error": tail})
+            record({"model": model, "seed": todo[0], "moves": moves,
+                    "status": "crashed", "error": tail})
             todo = todo[1:]
         elif todo:
-            raise RuntimeError(f"plan_check stopped early without an error: {proc.stderr}")
+            raise RuntimeError(f"plan_check stopped early without an error: {stderr}")
     return results
+
+
+def _stream(cmd: list[str], env: dict, timeout_s: float,
+            record: Callable[[dict], None]) -> tuple[int, int, str]:
+    """Runs ``cmd``, passing each JSON line of its stdout to ``record`` as it comes;
+    kills it when one line takes longer than ``timeout_s``.
+    Returns (rows read, exit status, stderr)."""
+    import tempfile
+    import threading
+
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        done = 0
+        try:
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    record(json.loads(line))
+                    done += 1
+                    timer.cancel()
+                    timer = threading.Timer(timeout_s, proc.kill)
+                    timer.start()
+            returncode = proc.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        return done, returncode, err.read()
 
 
 def _parse_seeds(text: str) -> list[int]:
