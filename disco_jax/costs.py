@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -50,6 +49,7 @@ from estimator import profiler as pr
 from estimator.allreduce import HardwareConfig, load_hardware
 from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
+from hlo_tools.loops import known_trip_count
 from hlo_tools.plan import UNFUSIBLE_OPCODES, Plan, initial_plan
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
 
 _READS_RESULT_SIZE = frozenset({"slice", "dynamic-slice", "gather"})
 _FREE_CONTROL = frozenset({"async-start", "async-update", "async-done"})
-_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 
 
 # --------------------------------------------------------------------------- constants
@@ -678,9 +677,19 @@ class CostModel:
         """phi of the simulator for this backend."""
         return self.constants.overlap
 
-    def allreduce_time(self, nbytes: float) -> float:
-        """Seconds of one AllReduce of ``nbytes`` bytes per device."""
-        return float(self._allreduce.time(nbytes))
+    def allreduce_time(self, nbytes: float, buffers: Sequence[float] = ()) -> float:
+        """Seconds of one AllReduce of ``nbytes`` bytes per device.
+
+        ``buffers``: the byte sizes of the separate arrays of a variadic (tuple-shaped)
+        all-reduce, as XLA's combiner writes them; each pays its own latency, as
+        XLA:CPU's collectives reduce each buffer on its own (measured:
+        ``benchmarks/simulator_accuracy.py``). Our own buckets are one flat buffer.
+        """
+        model = self._allreduce
+        if len(buffers) <= 1:
+            return float(model.time(nbytes))
+        linear = getattr(model, "linear", model)  # MeasuredAllReduce keeps its fit
+        return linear.c_s_per_byte * float(nbytes) + sum(linear.latency(b) for b in buffers)
 
     def copy_time(self, nbytes: float) -> float:
         """Seconds of one copy kernel moving ``nbytes`` (read once, written once)."""
@@ -727,12 +736,13 @@ class CostModel:
             if op.endswith("-done"):
                 return 0.0, False, "free", False, 0
             est = not op.startswith("all-reduce")
-            return self.allreduce_time(nbytes), est, "allreduce", True, nbytes
+            buffers = [leaf.byte_size() for leaf in instr.shape.tuple_shapes]
+            return self.allreduce_time(nbytes, buffers), est, "allreduce", True, nbytes
         if op == "fusion":  # multi-output fusions are classified as tuple plumbing
             t, est = self._fusion_cost(graph.module, instr)
             return t, est, "fusion", False, nbytes
         if kind == NodeKind.CONTROL_FLOW:
-            t, est = self._control_cost(graph.module, instr)
+            t, est = self._control_cost(graph.module, graph.computation, instr)
             return t, est, "control", False, nbytes
         status, _ = op_bench.op_status(instr)
         if status == "free":
@@ -768,9 +778,12 @@ class CostModel:
             self._comp_times[key] = hit
         return hit
 
-    def _control_cost(self, module: HloModule, instr: HloInstruction) -> tuple[float, bool]:
+    def _control_cost(self, module: HloModule, comp: HloComputation, instr: HloInstruction
+                      ) -> tuple[float, bool]:
         """while: trip count x (condition + body); conditional: slowest branch; call:
-        the callee. An unknown trip count counts once and is flagged as estimated."""
+        the callee. The trip count is XLA's (post-optimization ``known_trip_count``) or
+        read off a counted loop (:func:`hlo_tools.loops.known_trip_count`); an unknown
+        one counts once and is flagged as estimated."""
         if instr.opcode in _FREE_CONTROL:
             return 0.0, False
         comps = [module.computation(c) for c in instr.called_computations]
@@ -780,9 +793,8 @@ class CostModel:
             return max((t for t, _ in times), default=0.0), est
         total = sum(t for t, _ in times)
         if instr.opcode == "while":
-            match = _TRIP_COUNT.search(instr.attrs.get("backend_config", ""))
-            trips = int(match.group(1)) if match else 1
-            return total * trips, est or match is None
+            trips = known_trip_count(module, comp, instr)
+            return total * (1 if trips is None else trips), est or trips is None
         return total, est
 
     def describe(self) -> dict[str, Any]:

@@ -213,8 +213,11 @@ def test_module_as_written_handles_combined_and_async_all_reduces() -> None:
     tuple_ar = graph.instruction(_node(graph, "all-reduce"))
     assert tuple_ar.shape.is_tuple
     k = sim.names.index("all-reduce")
-    assert sim.is_comm[k] and sim.duration_s[k] == costs.allreduce_time(
-        tuple_ar.shape.byte_size())
+    buffers = [leaf.byte_size() for leaf in tuple_ar.shape.tuple_shapes]
+    assert len(buffers) > 1  # one latency per combined buffer
+    assert sim.is_comm[k] and sim.duration_s[k] == pytest.approx(
+        costs.allreduce_time(tuple_ar.shape.byte_size(), buffers))
+    assert sim.duration_s[k] > costs.allreduce_time(tuple_ar.shape.byte_size())
     assert sim.is_comm.sum() == 4
     fusion = sim.names.index("add_tanh_fusion")
     assert 0 < sim.duration_s[fusion] and costs.graph_costs(graph).source[
@@ -438,3 +441,20 @@ def test_profiles_give_in_context_times() -> None:
     assert len(split) == 2  # both kernels of the split reduce count for it
     assert by_name.estimate(view, reduce).time_s == pytest.approx(
         sum(prof.times_s[n] / prof.counts.get(n, 1.0) for n in split))
+
+
+def test_tuple_allreduce_pays_one_latency_per_buffer_and_tiny_ones_less():
+    """C * total bytes + one latency per buffer; buffers of at most ``small_bytes``
+    (gloo's short path) pay ``d_small_s`` instead of ``d_s``."""
+    import dataclasses
+
+    from estimator.allreduce import AllReduceModel
+
+    hw = dataclasses.replace(C.load_hardware("gloo2"),
+                             allreduce=AllReduceModel(1e-9, 1e-3, 8, 1e-4))
+    costs = C.CostModel(hw, constants=EXACT)
+    assert costs.allreduce_time(4) == pytest.approx(4e-9 + 1e-4)
+    assert costs.allreduce_time(12) == pytest.approx(12e-9 + 1e-3)
+    assert costs.allreduce_time(1028, [1024, 4]) == pytest.approx(1028e-9 + 1e-3 + 1e-4)
+    assert costs.allreduce_time(1028, [4, 1024]) == pytest.approx(1028e-9 + 1e-3 + 1e-4)
+    assert costs.allreduce_time(2048, [1024, 1024]) == pytest.approx(2048e-9 + 2e-3)
