@@ -30,10 +30,10 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    they are (``shipped``), **in-sample** (constants fitted on every model: what
    ``--write-config`` puts into the hardware files) and **leave-one-model-out** (each
    model predicted with constants fitted on the other models: the honest number).
-   Two simulator models are compared: ``as_is`` (``disco_jax.costs`` today) and
-   ``per_operand_d``, which charges a combined (tuple) all-reduce of XLA's plan one
-   latency ``D`` per operand, as XLA:CPU's gloo collectives reduce each buffer
-   separately (a proposed change to ``CostModel.node_cost``).
+   Two simulator models are compared: ``costs`` (:mod:`disco_jax.costs`: a combined,
+   tuple-shaped all-reduce of XLA's plan pays one latency ``D`` per operand, as XLA:CPU's
+   gloo collectives reduce each buffer separately) and the ablation
+   ``one_d_per_allreduce`` (one ``D`` per all-reduce).
 
 Per model and setup: MAPE mean and max and the Spearman rank correlation between
 predicted and measured medians; overall rows pool every variant. Writes
@@ -241,7 +241,7 @@ def _job_spec(model: str, variants: list[dict[str, Any]], opts: argparse.Namespa
             "repeats": opts.repeats, "warmup": opts.warmup,
             "min_sample_s": opts.min_sample_ms * 1e-3,
             "profile_iterations": opts.profile_iterations, "trace": trace,
-            "keep_awake": regime == "keep_awake",
+            "keep_awake": regime == "keep_awake", "pin_cpus": regime == "pinned",
             "cache_dir": str(opts.compile_cache), "progress_dir": str(tmpd / "progress")}
 
 
@@ -407,7 +407,8 @@ class Predictor:
     nodes by ``compute_scale``, communication nodes are re-timed as
     ``c * bytes + d * operands`` (``operands`` is 1 unless ``tuple_latency``: then a
     combined tuple all-reduce of XLA's plan pays ``d`` per operand, as XLA:CPU's gloo
-    collectives reduce each buffer separately).
+    collectives reduce each buffer separately); tiny ones (at most the hardware file's
+    ``small_bytes``) as ``c * bytes + d_small_s``, as :mod:`disco_jax.costs` does.
     """
 
     def __init__(self, m: Measured, hardware: Any, op_times: Any, tuple_latency: bool = False):
@@ -449,18 +450,24 @@ class Predictor:
         return self._cache[key]
 
     def _operands(self, sg: Any, module: Any) -> Any:
+        """Latencies each node pays, shape ``(2, nodes)``: row 0 counts ``D``, row 1
+        ``d_small_s`` (buffers of at most ``small_bytes``). An all-reduce pays one per
+        buffer if ``tuple_latency`` (a tuple has one buffer per operand), else one."""
         import numpy as np
 
         from hlo_tools.graph import device_graph
 
-        ops = np.ones(len(sg.names))
-        if not self.tuple_latency:
-            return ops
+        small = self.hardware.allreduce.small_bytes
+        ops = np.zeros((2, len(sg.names)))
         instrs = {i.name: i for i in device_graph(module).computation.instructions}
         for k in np.flatnonzero(sg.is_comm):
             instr = instrs.get(sg.names[k])
-            if instr is not None and instr.shape.is_tuple:
-                ops[k] = max(1, len(instr.operands))
+            if self.tuple_latency and instr is not None and instr.shape.is_tuple:
+                sizes = [leaf.byte_size() for leaf in instr.shape.tuple_shapes]
+            else:
+                sizes = [int(sg.out_bytes[k])]
+            tiny = sum(0 < b <= small for b in sizes)
+            ops[:, k] = (max(len(sizes) - tiny, 0), tiny)
         return ops
 
     def sim(self, name: str, c: Constants) -> tuple[Any, Any]:
@@ -469,7 +476,8 @@ class Predictor:
 
         sg, comm, nbytes, ops = self.graphs(c.kernel_launch_s, c.mem_s_per_byte)[name]
         dur = sg.duration_s * c.compute_scale
-        dur[comm] = c.c_s_per_byte * nbytes[comm] + c.d_s * ops[comm]
+        dur[comm] = (c.c_s_per_byte * nbytes[comm] + c.d_s * ops[0][comm]
+                     + self.hardware.allreduce.d_small_s * ops[1][comm])
         graph = sg._replace(duration_s=dur)
         return simulate(graph, c.overlap, check=False), graph
 
@@ -546,7 +554,7 @@ def _linear_start(preds: Sequence[Predictor], base: Constants) -> tuple[float, f
         for n, t in p.predict(zero).items():
             _, comm, nbytes, ops = graphs[n]
             meas = p.m.times[n]["median_s"]
-            rows.append([t / meas, nbytes[comm].sum() / meas, ops[comm].sum() / meas])
+            rows.append([t / meas, nbytes[comm].sum() / meas, ops[0][comm].sum() / meas])
             rhs.append(1.0)
     a = np.asarray(rows)
     scale = np.maximum(a.max(axis=0), 1e-30)
@@ -623,9 +631,10 @@ def fit_constants(preds: Sequence[Predictor], base: Constants,
 
 # --------------------------------------------------------------------------- evaluating
 
-#: The simulator models compared: ``as_is`` is costs.py today; ``per_operand_d`` charges a
-#: combined (tuple) all-reduce of XLA's plan one latency D per operand (a proposed fix).
-SIM_MODELS = {"as_is": False, "per_operand_d": True}
+#: The simulator models compared: ``costs`` is :mod:`disco_jax.costs` (a combined, tuple-
+#: shaped all-reduce of XLA's plan pays the latency D once per operand);
+#: ``one_d_per_allreduce`` is the ablation that charges it once per all-reduce.
+SIM_MODELS = {"costs": True, "one_d_per_allreduce": False}
 
 
 def evaluate_setup(setup: str, ms: Sequence[Measured], op_times: Sequence[Any],
@@ -847,9 +856,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-attempts", type=int, default=5,
                     help="relaunches per model after plans that abort XLA:CPU")
     ap.add_argument("--regimes", default="default",
-                    help="comma-separated: default (the machine as it is) and/or keep_awake "
+                    help="comma-separated: default (the machine as it is), keep_awake "
                          "(one SCHED_IDLE busy loop per CPU during each job, so that idle "
-                         "vCPUs do not halt; see disco_jax._accuracy_worker)")
+                         "vCPUs do not halt) and/or pinned (each gloo process on a CPU of "
+                         "its own); see disco_jax._accuracy_worker")
     ap.add_argument("--reuse", action="store_true",
                     help="analyse the stored raw measurements instead of measuring")
     ap.add_argument("--no-lomo", action="store_true", help="skip leave-one-model-out fits")
@@ -862,7 +872,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-bench", action="store_true",
                     help="no standalone op timings (profile and analytic model only)")
     ap.add_argument("--write-config", action="store_true",
-                    help="write the in-sample constants (as_is model) into the hardware files")
+                    help="write the in-sample constants (costs model) into the hardware files")
     ap.add_argument("--trace-model", default="vgg", help="model whose traces are written")
     ap.add_argument("--trace-setup", default="gloo2", help="setup of the traces")
     ap.add_argument("--trace-variant", default="xla_default", help="variant of the traces")
@@ -885,7 +895,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-REGIMES = ("default", "keep_awake")
+REGIMES = ("default", "keep_awake", "pinned")
 
 
 def _raw(model: str, args: argparse.Namespace, regime: str) -> dict[str, Any]:
@@ -967,21 +977,21 @@ def analyse(raws: Sequence[Mapping[str, Any]], args: argparse.Namespace,
 def _finish(result: dict[str, Any], raws: Sequence[Mapping[str, Any]], ms: Sequence[Measured],
             op_times: Mapping[tuple[str, str], Any], args: argparse.Namespace,
             primary: bool) -> None:
-    """Diagnostics, traces and hardware files from the as_is model's in-sample fit."""
+    """Diagnostics, traces and hardware files from the costs model's in-sample fit."""
     from estimator.allreduce import load_hardware
 
     for setup in args.setups:
-        fitted = Constants(**result["evaluation"]["as_is"][setup]["in_sample"]["constants"])
+        fitted = Constants(**result["evaluation"]["costs"][setup]["in_sample"]["constants"])
         hw = load_hardware(setup)
         for m in (m for m in ms if m.setup == setup):
-            pred = Predictor(m, hw, op_times[(m.model, setup)])
+            pred = Predictor(m, hw, op_times[(m.model, setup)], tuple_latency=True)
             result["diagnostics"].setdefault(m.model, {})[setup] = diagnostics(m, pred, fitted)
             if primary and m.model == args.trace_model and setup == args.trace_setup:
                 raw = next(r for r in raws if r["model"] == m.model)
                 for path in write_traces(raw, pred, fitted, args.out.parent, setup):
                     log(f"wrote {path}")
         if primary and args.write_config:
-            log(f"wrote {write_config(setup, fitted, 'as_is', args.free)}")
+            log(f"wrote {write_config(setup, fitted, 'costs', args.free)}")
 
 
 def _meta(args: argparse.Namespace, raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

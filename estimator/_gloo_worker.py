@@ -35,6 +35,10 @@ def _facts() -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace) -> None:
+    if args.pin_cpus:
+        from disco_jax._accuracy_worker import pin_to_own_cpu
+
+        pin_to_own_cpu(args.process_id)
     import jax
 
     if args.coordinator:
@@ -118,7 +122,8 @@ def _worker_cmd(args: argparse.Namespace, port: int, i: int, out: Path) -> list[
     return [sys.executable, "-m", "estimator._gloo_worker", "measure", "--out", str(out),
             "--tag", args.tag, "--sizes", args.sizes, "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", str(args.num_processes), "--process-id", str(i)] + (
-                ["--quick"] * args.quick) + (["--silent"] * args.silent)
+                ["--quick"] * args.quick) + (["--silent"] * args.silent) + (
+                ["--pin-cpus"] * args.pin_cpus)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--quick", action="store_true")
         p.add_argument("--silent", action="store_true")
         p.add_argument("--num-processes", type=int, default=1)
+        p.add_argument("--pin-cpus", action="store_true",
+                       help="pin each process to a CPU of its own")
     m = sub.choices["measure"]
     m.add_argument("--devices", type=int, default=1)
     m.add_argument("--coordinator", default="")

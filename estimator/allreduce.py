@@ -80,19 +80,35 @@ _WORKER = "estimator._gloo_worker"
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceModel:
-    """``T(bytes) = c_s_per_byte * bytes + d_s``.
+    """``T(bytes) = c_s_per_byte * bytes + d_s``, with a latency of its own for tiny
+    buffers.
+
+    gloo reduces a buffer of at most one element per process along a shorter path: on
+    2-process gloo over 127.0.0.1 one of 4 or 8 bytes takes about 0.1 ms where one of
+    12 bytes already pays the full latency of about 3.5 ms (measured with
+    :func:`run_gloo`, processes pinned to their own CPUs). A train step's loss ``pmean``
+    is such a scalar.
 
     Attributes:
         c_s_per_byte: seconds per byte of the per-device buffer (1 / effective bandwidth).
         d_s: fixed latency of one all-reduce, seconds.
+        small_bytes: buffers of at most this many bytes pay ``d_small_s`` instead of
+            ``d_s`` (0: no such path).
+        d_small_s: latency of those tiny all-reduces, seconds.
     """
 
     c_s_per_byte: float
     d_s: float
+    small_bytes: int = 0
+    d_small_s: float = 0.0
 
     def time(self, nbytes: float) -> float:
         """Predicted time in seconds of one all-reduce of ``nbytes`` bytes per device."""
-        return self.c_s_per_byte * float(nbytes) + self.d_s
+        return self.c_s_per_byte * float(nbytes) + self.latency(nbytes)
+
+    def latency(self, nbytes: float) -> float:
+        """The fixed part of :meth:`time` for a buffer of ``nbytes`` bytes, seconds."""
+        return self.d_small_s if 0 < nbytes <= self.small_bytes else self.d_s
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -493,7 +509,8 @@ def run_inproc(num_devices: int, sizes: Sequence[int], quick: bool = False,
 
 
 def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
-             quick: bool = False, timeout_s: float = 300.0, tag: str = "gloo") -> dict[str, Any]:
+             quick: bool = False, timeout_s: float = 300.0, tag: str = "gloo",
+             pin_cpus: bool = False) -> dict[str, Any]:
     """Measures psum between ``num_processes`` gloo processes on 127.0.0.1.
 
     Args:
@@ -504,6 +521,8 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
         quick: fewer repeats.
         timeout_s: the whole job is killed after this many seconds.
         tag: label of the progress lines.
+        pin_cpus: pin each process to a CPU of its own
+            (:func:`disco_jax._accuracy_worker.pin_to_own_cpu`).
 
     Returns:
         The launcher's JSON: ``{"facts": {...}, "processes": [[point, ...], ...]}``.
@@ -512,7 +531,7 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", _WORKER, "launch", "--out", str(out), "--tag", tag,
                "--num-processes", str(num_processes), "--timeout", str(timeout_s - 5),
-               *_size_args(sizes)] + (["--quick"] * quick)
+               *_size_args(sizes)] + (["--quick"] * quick) + (["--pin-cpus"] * pin_cpus)
         if rate:
             netns = os.readlink("/proc/self/ns/net")
             cmd = ["unshare", "-n", *cmd, "--rate", rate, "--parent-netns", netns]
@@ -684,5 +703,6 @@ def load_hardware(path_or_name: str | os.PathLike[str]) -> HardwareConfig:
     with open(path, "rb") as f:
         raw = tomllib.load(f)
     ar = raw["allreduce"]
-    model = AllReduceModel(float(ar["c_s_per_byte"]), float(ar["d_s"]))
+    model = AllReduceModel(float(ar["c_s_per_byte"]), float(ar["d_s"]),
+                           int(ar.get("small_bytes", 0)), float(ar.get("d_small_s", 0.0)))
     return HardwareConfig(raw.get("name", path.stem), model, dict(raw.get("hardware", {})), raw)
