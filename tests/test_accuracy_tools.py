@@ -227,3 +227,22 @@ def test_write_config_round_trip(tmp_path: Path) -> None:
     assert (consts.overlap, consts.kernel_launch_s, consts.compute_scale) == (0.25, 2e-6, 1.0)
     assert dataclasses.replace(SA.Constants.from_hardware(hw), mem_s_per_byte=1e-10) == c
     json.dumps(c.to_json())
+
+
+def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
+    import os
+    import subprocess
+
+    code = ("import os, threading\n"
+            "from disco_jax._accuracy_worker import pin_to_own_cpu\n"
+            "cpu = pin_to_own_cpu(3)\n"
+            "seen = []\n"
+            "t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))\n"
+            "t.start(); t.join()\n"
+            "print(cpu, sorted(os.sched_getaffinity(0)), sorted(seen[0]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split(maxsplit=1)
+    cpus = sorted(os.sched_getaffinity(0))
+    want = cpus[3 % len(cpus)]
+    assert int(out[0]) == want
+    assert out[1].strip() == f"[{want}] [{want}]"
