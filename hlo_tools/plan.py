@@ -26,17 +26,27 @@ producers in schedule order); a group's members are read off the contiguous run 
 ``order`` around it; the usual reasons to refuse a move are checked first; a merge
 rewrites only its window (slices of the three arrays, positions renumbered with numpy
 when the window is long; adjacent groups keep the arrays); and the groups a bucket reaches
-come from the graph's static descendants. The moves decide exactly what the original,
-straightforward implementation decided, down to the random draws and the iteration order
-of ``dups`` (``tests/test_plan.py`` checks this against fingerprints recorded from it).
+come from the graph's static descendants (cached per bucket, their positions sorted in C
+and cut into runs by bisection). Plans also carry, for all-reduce moves, their rank nodes
+in schedule order and the all-reduces each fused group ranks (:class:`_ArState`); long
+runs (buckets) are measured by galloping; a plan made by duplication builds its copy index
+only when it is moved from; random draws skip ``random.Random``'s method layers while
+drawing the very same numbers (:func:`_chooser`). The moves decide exactly what the
+original, straightforward implementation decided, down to the random draws and the
+iteration order of ``dups`` (``tests/test_plan.py`` checks this against fingerprints
+recorded from it).
 """
 
 from __future__ import annotations
 
 import random
 from array import array
-from bisect import bisect_left
-from typing import NamedTuple
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from itertools import accumulate, chain
+from operator import sub
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,6 +112,10 @@ class Decision(NamedTuple):
 
 
 LEGAL = Decision(True, "legal")
+#: Refusals of a duplicate move (made once: the move often refuses).
+_NO_OTHER_USERS = Decision(False, "producer has no other users: use plain fusion")
+_EXPOSES_MEMBER = Decision(False, "the copy would read a value inside another fusion, giving "
+                           "that fusion a second output (multi-output fusion is disabled)")
 _LAYOUT_UNSAFE = Decision(False, "the consumer reads the producer at an operand position this "
                           "backend cannot fuse (e.g. a select's on-true/on-false value)")
 
@@ -115,6 +129,8 @@ _NUMPY_GROUPS = 12
 _PYTHON_PARTITION = 160
 #: Above this many descendants to look up, :func:`_descendant_groups` uses numpy.
 _NUMPY_DESCENDANTS = 256
+#: How many buckets' descendants a space keeps (it forgets them all when full).
+_BUCKET_CACHE = 512
 
 
 class FusionSpace:
@@ -193,7 +209,8 @@ class FusionSpace:
         self._any_bad = any(b is not None for b in bad)
         self._arange = np.arange(self.n, dtype=np.int32)
         self._descendants: dict[int, tuple[tuple[int, ...], bool]] = {}
-        self._descendant_arrays: dict[int, np.ndarray] = {}
+        #: members of a bucket (``order`` bytes) -> their descendants (_bucket_descendants)
+        self._buckets: dict[bytes, tuple | np.ndarray | None] = {}
 
     @property
     def allreduces(self) -> tuple[int, ...]:
@@ -336,17 +353,17 @@ _NO_COPIES: tuple[dict, dict] = ({}, {})
 
 
 def _plan(order: array, pos: array, group: array, dups: frozenset,
-          index: tuple[dict, dict], single: bool, ranks: tuple | None,
+          index: tuple[dict, dict] | _AddedCopy, single: bool, ar_state: _ArState | None,
           stable: bool = False) -> Plan:
     """A new plan with its private attributes: the copy index (see :func:`_index`), the
-    single-output flag (:func:`_single_output`), the rank index (:func:`_rank_index`) and
-    whether ``dups`` is stable (:func:`_merged_dups`)."""
+    single-output flag (:func:`_single_output`), the all-reduce state (:func:`_ar_state`)
+    and whether ``dups`` is stable (:func:`_merged_dups`)."""
     plan = _new_tuple(Plan, (order, pos, group, dups))
     plan._ix = index
     plan._single = single
     plan._stable = stable
-    if ranks is not None:
-        plan._ranks = ranks
+    if ar_state is not None:
+        plan._ars = ar_state
     return plan
 
 
@@ -359,13 +376,33 @@ def _single_output(plan: Plan) -> bool:
     return getattr(plan, "_single", False)
 
 
+class _AddedCopy(NamedTuple):
+    """The copy index of a plan made by :func:`_with_copy`, not built yet: the index of the
+    plan it was made from and the copy it added (many such plans are never moved from)."""
+
+    index: tuple[dict, dict]
+    producer: int
+    gid: int
+
+    def build(self) -> tuple[dict, dict]:
+        held, holders = self.index
+        held, holders = dict(held), dict(holders)
+        held[self.gid] = held.get(self.gid, ()) + (self.producer,)
+        holders[self.producer] = holders.get(self.producer, ()) + (self.gid,)
+        return held, holders
+
+
 def _index(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
     """The plan's copy index: (group -> producers it holds copies of, producer -> groups
     holding a copy of it). The tuples are in no particular order."""
     try:
-        return plan._ix
+        index = plan._ix
     except AttributeError:
         pass
+    else:
+        if index.__class__ is _AddedCopy:
+            index = plan._ix = index.build()
+        return index
     held: dict[int, tuple[int, ...]] = {}
     holders: dict[int, tuple[int, ...]] = {}
     for p, g in plan.dups:
@@ -389,14 +426,36 @@ def initial_plan(graph: DeviceGraph) -> Plan:
 def _span(plan: Plan, gid: int) -> tuple[int, int]:
     """Positions ``[start, end)`` of group ``gid``'s run in ``plan.order``."""
     order, group = plan.order, plan.group
-    s = e = plan.pos[gid]
-    while s and group[order[s - 1]] == gid:
-        s -= 1
-    e += 1
+    p = plan.pos[gid]
     n = len(order)
-    while e < n and group[order[e]] == gid:
-        e += 1
+    s = p if not p or group[order[p - 1]] != gid else _run_edge(order, group, gid, p - 1, -1)
+    e = p + 1 if p + 1 == n or group[order[p + 1]] != gid else _run_edge(order, group, gid,
+                                                                         p + 1, n) + 1
     return s, e
+
+
+def _run_edge(order: array, group: array, gid: int, inside: int, outside: int) -> int:
+    """The last position of group ``gid``'s run from position ``inside`` (in the run)
+    towards ``outside`` (-1 or ``len(order)``): runs are contiguous, so membership along
+    the way is monotone, and galloping then bisecting takes O(log length) steps (buckets
+    are long)."""
+    step = 1 if outside > inside else -1
+    while True:  # gallop
+        probe = inside + step
+        if (probe >= outside) if step > 0 else (probe <= outside):
+            probe = outside
+            break
+        if group[order[probe]] != gid:
+            break
+        inside = probe
+        step *= 2
+    while abs(probe - inside) > 1:  # bisect: inside is in the run, probe is not
+        mid = (inside + probe) // 2
+        if group[order[mid]] == gid:
+            inside = mid
+        else:
+            probe = mid
+    return inside
 
 
 def _alone(plan: Plan, node: int) -> bool:
@@ -631,10 +690,9 @@ def _duplicate_rest(space: FusionSpace, plan: Plan, index: tuple[dict, dict], pr
         if gu != gc and gu not in own:
             break
     else:
-        return Decision(False, "producer has no other users: use plain fusion")
+        return _NO_OTHER_USERS
     if not space.multi_output and _exposes_member(space, plan, index, producer, gc):
-        return Decision(False, "the copy would read a value inside another fusion, giving "
-                        "that fusion a second output (multi-output fusion is disabled)")
+        return _EXPOSES_MEMBER
     return LEGAL
 
 
@@ -736,8 +794,9 @@ def _descendants(space: FusionSpace, node: int) -> tuple[tuple[int, ...], bool]:
 def _descendant_groups(space: FusionSpace, plan: Plan, first: int, s1: int, e1: int, s2: int,
                        e2: int):
     """For a single-output plan (:func:`_single_output`), the groups scheduled between group
-    ``first`` (span ``s1:e1``) and position ``s2`` that ``first`` reaches (a set, or an
-    array of group ids with repeats), or None if it reaches the group at ``s2:e2``.
+    ``first`` (span ``s1:e1``) and position ``s2`` that ``first`` reaches (their runs as
+    :class:`_Runs`, or an array of group ids with repeats), or None if it reaches the group
+    at ``s2:e2``.
 
     A path between groups enters a fusion group anywhere and leaves it by its one output,
     which every member reaches; so a group reaches another exactly when one of its members
@@ -745,32 +804,76 @@ def _descendant_groups(space: FusionSpace, plan: Plan, first: int, s1: int, e1: 
     producer reads). Only buckets have several outputs, so when a member of ``first``
     reaches an all-reduce this answers :data:`_WALK`."""
     order, pos, group = plan.order, plan.pos, plan.group
-    found = [_descendants(space, m) for m in order[s1:e1]]
-    total = 0
-    for nodes, through_bucket in found:
-        if through_bucket:
-            return _WALK
-        total += len(nodes)
-    if total <= _NUMPY_DESCENDANTS or pos.itemsize != 4 or group.itemsize != 4:
-        reached = set()
-        for nodes, _ in found:
-            for x in nodes:
-                q = pos[x]
-                if q < s2:
-                    if q >= e1:
-                        reached.add(group[x])
-                elif q < e2:
-                    return None
-        return reached
-    arrays = space._descendant_arrays
-    for m in order[s1:e1]:
-        if m not in arrays:
-            arrays[m] = np.array(_descendants(space, m)[0], np.int32)
-    nodes = np.concatenate([arrays[m] for m in order[s1:e1]])
+    nodes = _bucket_descendants(space, order[s1:e1])
+    if nodes is None:
+        return _WALK
+    if len(nodes) <= _NUMPY_DESCENDANTS or pos.itemsize != 4 or group.itemsize != 4:
+        # their positions, distinct and sorted (in C); those in the window form a slice
+        at = sorted(set(map(pos.__getitem__, nodes)))
+        i = bisect_left(at, e1)
+        j = bisect_left(at, s2, i)
+        if j < len(at) and at[j] < e2:
+            return None
+        return _runs_at(plan, at[i:j])
+    if not isinstance(nodes, np.ndarray):
+        nodes = np.array(nodes, np.int32)
+        space._buckets[order[s1:e1].tobytes()] = nodes
     at = np.frombuffer(pos, _I32)[nodes]
     if ((at >= s2) & (at < e2)).any():
         return None
     return np.frombuffer(group, _I32)[nodes[(at >= e1) & (at < s2)]]
+
+
+def _bucket_descendants(space: FusionSpace, members: array) -> tuple | np.ndarray | None:
+    """The descendants of ``members`` (with repeats; an int32 array once numpy has looked
+    them up), or None if one is an all-reduce. Cached on the space by members: a bucket is
+    often merged again, from the same plan or others."""
+    key = members.tobytes()
+    found = space._buckets.get(key, False)
+    if found is False:
+        parts = [_descendants(space, m) for m in members]
+        found = None if any(through for _, through in parts) else tuple(
+            chain.from_iterable(nodes for nodes, _ in parts))
+        if len(space._buckets) >= _BUCKET_CACHE:
+            space._buckets.clear()
+        space._buckets[key] = found
+    return found
+
+
+class _Runs(list):
+    """Sorted, disjoint ``(start, end)`` position ranges, each a run of whole groups, and
+    adjacent ranges joined: the groups a merge moves, as :func:`_merge_runs` takes them."""
+
+
+def _runs_at(plan: Plan, at: list[int]) -> _Runs:
+    """The runs of the groups at positions ``at`` (sorted, distinct), which lie strictly
+    between two other groups' runs, as :class:`_Runs`."""
+    runs = _Runs()
+    # at[k] - k is the same along a range of consecutive positions and grows at each gap,
+    # so the ranges are found by bisection (in C) rather than position by position
+    steps = list(map(sub, at, range(len(at))))
+    k = 0
+    while k < len(at):
+        m = bisect_right(steps, steps[k], k)
+        _add_run(plan, runs, at[k], at[m - 1] + 1)
+        k = m
+    return runs
+
+
+def _add_run(plan: Plan, runs: _Runs, s: int, e: int) -> None:
+    """Appends to ``runs`` the positions ``s:e`` widened to whole groups (the first and last
+    group may stick out), joined with the last run if they touch."""
+    order, group = plan.order, plan.group
+    g = group[order[s]]
+    while group[order[s - 1]] == g:  # (a group between two others never starts the order)
+        s -= 1
+    g = group[order[e - 1]]
+    while group[order[e]] == g:
+        e += 1
+    if runs and runs[-1][1] >= s:
+        runs[-1] = (runs[-1][0], e)
+    else:
+        runs.append((s, e))
 
 
 def _window_reach(space: FusionSpace, plan: Plan, index: tuple[dict, dict], src: int,
@@ -830,6 +933,9 @@ def _merge_runs(space: FusionSpace, plan: Plan, index: tuple[dict, dict], first:
         new_order[s1:s2 - na] = order[e1:s2]
         new_order[s2 - na:s2] = order[s1:e1]
         lo, hi = s1, s2
+    elif reached.__class__ is _Runs:
+        _move_runs(new_order, order, s1, e1, s2, e2, reached)
+        lo, hi = s1, e2
     elif isinstance(reached, np.ndarray) or (len(reached) > _NUMPY_GROUPS
                                             and s2 - e1 > _PYTHON_PARTITION):
         ordv = np.frombuffer(order, _I32)
@@ -850,20 +956,7 @@ def _merge_runs(space: FusionSpace, plan: Plan, index: tuple[dict, dict], first:
     else:  # a few groups: move their runs
         spans = reached.values() if isinstance(reached, dict) else map(
             lambda g: _span(plan, g), reached)
-        runs = sorted(spans)
-        w, q = s1, e1
-        for s, e in runs:  # the unreached nodes between, in order
-            new_order[w:w + s - q] = order[q:s]
-            w, q = w + s - q, e
-        new_order[w:w + s2 - q] = order[q:s2]
-        w += s2 - q
-        new_order[w:w + na] = order[s1:e1]
-        w += na
-        new_order[w:w + e2 - s2] = order[s2:e2]
-        w += e2 - s2
-        for s, e in runs:  # then the reached ones, in order
-            new_order[w:w + e - s] = order[s:e]
-            w += e - s
+        _move_runs(new_order, order, s1, e1, s2, e2, sorted(spans))
         lo, hi = s1, e2
     new_pos = pos[:] if hi > lo else pos
     if hi - lo <= _NUMPY_WINDOW:
@@ -881,16 +974,30 @@ def _merge_runs(space: FusionSpace, plan: Plan, index: tuple[dict, dict], first:
     else:
         np.frombuffer(new_group, _I32)[np.frombuffer(order, _I32)[s:e]] = gid
     dups, new_index, stable = _merged_dups(plan, index, first, second, gid, other)
-    ranks = getattr(plan, "_ranks", None)
-    if ranks is not None and hi > lo:  # only rank nodes inside the window may move
-        ranked = ranks[1]
-        i = bisect_left(ranked, lo, key=pos.__getitem__)
-        j = bisect_left(ranked, hi, lo=i, key=pos.__getitem__)
-        if j - i > 1:
-            moved = sorted(ranked[i:j], key=new_pos.__getitem__)
-            if moved != ranked[i:j]:
-                ranks = (ranks[0], ranked[:i] + moved + ranked[j:])
-    return _plan(new_order, new_pos, new_group, dups, new_index, single, ranks, stable)
+    state = getattr(plan, "_ars", None)
+    if state is not None:
+        state = _merged_ar_state(state, pos, new_pos, lo, hi, first, second, gid, other)
+    return _plan(new_order, new_pos, new_group, dups, new_index, single, state, stable)
+
+
+def _move_runs(new_order: array, order: array, s1: int, e1: int, s2: int, e2: int,
+               runs: list[tuple[int, int]]) -> None:
+    """Writes ``new_order[s1:e2]``: the nodes between the runs ``s1:e1`` and ``s2:e2`` of
+    ``order`` that are outside ``runs`` (sorted disjoint ranges), those two runs, then the
+    nodes of ``runs``, each part in its order."""
+    w, q = s1, e1
+    for s, e in runs:  # the unreached nodes between, in order
+        new_order[w:w + s - q] = order[q:s]
+        w, q = w + s - q, e
+    new_order[w:w + s2 - q] = order[q:s2]
+    w += s2 - q
+    new_order[w:w + e1 - s1] = order[s1:e1]
+    w += e1 - s1
+    new_order[w:w + e2 - s2] = order[s2:e2]
+    w += e2 - s2
+    for s, e in runs:  # then the reached ones, in order
+        new_order[w:w + e - s] = order[s:e]
+        w += e - s
 
 
 def _merged_dups(plan: Plan, index: tuple[dict, dict], first: int, second: int, gid: int,
@@ -917,8 +1024,15 @@ def _merged_dups(plan: Plan, index: tuple[dict, dict], first: int, second: int, 
     if not moved and not dropped:
         if getattr(plan, "_stable", False):
             return dups, index, True
-        again = frozenset(iter(frozenset(iter(dups))))
-        return again, index, list(again) == list(dups)
+        rebuilt = getattr(plan, "_rebuilt", None)  # the same for every merge of plan
+        if rebuilt is None:
+            again = frozenset(iter(frozenset(iter(dups))))
+            rebuilt = again, list(again) == list(dups)
+            try:
+                plan._rebuilt = rebuilt
+            except AttributeError:  # not a Plan instance
+                pass
+        return rebuilt[0], index, rebuilt[1]
     if moved:
         dups = frozenset([(p, gid if g == other else g) for p, g in dups])
     else:
@@ -947,14 +1061,11 @@ def _merged_dups(plan: Plan, index: tuple[dict, dict], first: int, second: int, 
 
 def _with_copy(space: FusionSpace, plan: Plan, index: tuple[dict, dict], producer: int,
                gid: int) -> Plan:
-    """``plan`` with a copy of ``producer`` in group ``gid``."""
-    held, holders = index
-    held, holders = dict(held), dict(holders)
-    held[gid] = held.get(gid, ()) + (producer,)
-    holders[producer] = holders.get(producer, ()) + (gid,)
+    """``plan`` with a copy of ``producer`` in group ``gid`` (its copy index is built when
+    first used)."""
     return _plan(plan.order, plan.pos, plan.group, plan.dups | {(producer, gid)},
-                 (held, holders), _single_output(plan) and not space.multi_output,
-                 getattr(plan, "_ranks", None))
+                 _AddedCopy(index, producer, gid), _single_output(plan) and not space.multi_output,
+                 getattr(plan, "_ars", None))
 
 
 def fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> Plan:
@@ -989,50 +1100,128 @@ def combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Plan:
 # --------------------------------------------------------------------------- moves
 
 
+def _chooser(rng: random.Random) -> Callable[[Sequence], Any]:
+    """``rng.choice``, or when ``rng`` draws as :class:`random.Random` does, a function
+    making exactly the same draws without its two method calls (``choice`` picks
+    ``seq[_randbelow(len(seq))]``, and ``_randbelow`` draws ``n.bit_length()`` bits until
+    they are below ``n``)."""
+    cls = type(rng)
+    if (cls.choice is not random.Random.choice
+            or cls._randbelow is not random.Random._randbelow_with_getrandbits):
+        return rng.choice
+    bits = rng.getrandbits
+
+    def choice(seq):
+        n = len(seq)
+        if not n:
+            raise IndexError("Cannot choose from an empty sequence")
+        k = n.bit_length()
+        r = bits(k)
+        while r >= n:
+            r = bits(k)
+        return seq[r]
+    return choice
+
+
+
 def op_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
                    tries: int = 8) -> Plan:
     """Fuses a random compute op's group with one of its producers' groups (or returns
     ``plan`` unchanged if ``tries`` random picks found no legal pair)."""
     if not space.compute_nodes:
         return plan
+    if space.multi_output:
+        return _multi_output_fusion_move(space, plan, rng, tries)
     index = _index(plan)
     held, holders = index
     order, pos, group = plan.order, plan.pos, plan.group
-    root_group, multi = group[space.root], space.multi_output
+    nodes, fops, n = space.compute_nodes, space._fops, len(order)
+    root_group = group[space.root]
+    choice = _chooser(rng)
     for _ in range(tries):
-        edge = _random_edge(space, plan, index, rng)
-        if edge is None:
-            continue
-        producer, gc, sc, ec = edge
-        gp = group[producer]
-        # the checks of can_fuse that can fail here, cheapest first
-        if multi:
-            sp, ep = _span(plan, gp)
-            succ = _successors(space, plan, index, gp, sp, ep)
+        # a random edge, drawn as _random_edge draws it (inlined: this is the hot loop)
+        consumer = choice(nodes)
+        gc = group[consumer]
+        sc = ec = pos[consumer]
+        while sc and group[order[sc - 1]] == gc:
+            sc -= 1
+        ec += 1
+        while ec < n and group[order[ec]] == gc:
+            ec += 1
+        if ec - sc == 1 and gc not in held:
+            candidates = fops[consumer]
         else:
-            if gp == root_group:
-                continue
-            at = pos[producer]  # its own readers first: most refusals are found there
-            if not _feeds_only(space, plan, holders, gp, at, at + 1, gc):
-                continue
-            sp, ep = _span(plan, gp)
-            if ep - sp > 1 and not _feeds_only(space, plan, holders, gp, sp, ep, gc):
-                continue
+            candidates = _outside_operands(space, plan, index, gc, sc, ec, fops)
+        if not candidates:
+            continue
+        producer = choice(candidates)
+        gp = group[producer]
+        # the checks of can_fuse that can fail here, cheapest first: the consumer's group
+        # must be the producer's only successor, and its own readers are looked at first
+        if gp == root_group or not _feeds_only_node(space, group, holders, producer, gp, gc):
+            continue
+        sp = ep = pos[producer]
+        while sp and group[order[sp - 1]] == gp:
+            sp -= 1
+        ep += 1
+        while ep < n and group[order[ep]] == gp:
+            ep += 1
+        if ep - sp > 1 and not _feeds_only(space, plan, holders, gp, sp, ep, gc):
+            continue
         if space._any_bad:
             if ep - sp == 1 and ec - sc == 1 and gp not in held and gc not in held:
-                bad = space._bad[order[sc]]  # _layout_safe of two single nodes
+                bad = space._bad[consumer]  # _layout_safe of two single nodes
                 if bad is not None and producer in bad:
                     continue
             elif not _layout_safe(space, plan, index, gp, sp, ep, gc, sc, ec):
                 continue
-        if not multi:  # the consumer's group is the producer's only successor
-            return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, None,
-                               _single_output(plan))
+        return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, None,
+                           _single_output(plan))
+    return plan
+
+
+def _multi_output_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
+                              tries: int) -> Plan:
+    """:func:`op_fusion_move` with multi-output fusion: a merge must create no cycle."""
+    index = _index(plan)
+    choice = _chooser(rng)
+    group = plan.group
+    for _ in range(tries):
+        edge = _random_edge(space, plan, index, choice)
+        if edge is None:
+            continue
+        producer, gc, sc, ec = edge
+        gp = group[producer]
+        sp, ep = _span(plan, gp)
+        succ = _successors(space, plan, index, gp, sp, ep)
+        if space._any_bad and not _layout_safe(space, plan, index, gp, sp, ep, gc, sc, ec):
+            continue
         succ.discard(gc)
         reached = _window_reach(space, plan, index, gp, succ, gc, sc)
         if reached is not None:
             return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, reached, False)
     return plan
+
+
+def _feeds_only_node(space: FusionSpace, group: array, holders: dict[int, tuple[int, ...]],
+                     node: int, gp: int, gc: int) -> bool:
+    """:func:`_feeds_only` of the single member ``node`` of group ``gp``."""
+    if not holders:
+        for u in space.users[node]:
+            gu = group[u]
+            if gu != gp and gu != gc:
+                return False
+        return True
+    own = holders.get(node, ())
+    for u in space.users[node]:
+        gu = group[u]
+        if gu != gp and gu != gc and gu not in own:
+            return False
+        if u in holders:
+            for g in holders[u]:
+                if g != gp and g != gc and g not in own:
+                    return False
+    return True
 
 
 def _feeds_only(space: FusionSpace, plan: Plan, holders: dict[int, tuple[int, ...]], gp: int,
@@ -1065,8 +1254,9 @@ def duplicate_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
     if not space.compute_nodes:
         return plan
     index = _index(plan)
+    choice = _chooser(rng)
     for _ in range(tries):
-        edge = _random_edge(space, plan, index, rng)
+        edge = _random_edge(space, plan, index, choice)
         if edge is None:
             continue
         producer, gc, sc, ec = edge
@@ -1078,10 +1268,10 @@ def duplicate_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
 
 
 def _random_edge(space: FusionSpace, plan: Plan, index: tuple[dict, dict],
-                 rng: random.Random) -> tuple[int, int, int, int] | None:
+                 choice: Callable[[Sequence], Any]) -> tuple[int, int, int, int] | None:
     """A random (producer, consumer) pair of fusible nodes in different groups, as
     (producer, consumer group, span of the consumer group)."""
-    consumer = rng.choice(space.compute_nodes)
+    consumer = choice(space.compute_nodes)
     order, group = plan.order, plan.group
     gid = group[consumer]
     s = e = plan.pos[consumer]
@@ -1097,7 +1287,7 @@ def _random_edge(space: FusionSpace, plan: Plan, index: tuple[dict, dict],
         candidates = _outside_operands(space, plan, index, gid, s, e, space._fops)
     if not candidates:
         return None
-    return rng.choice(candidates), gid, s, e
+    return choice(candidates), gid, s, e
 
 
 def allreduce_neighbours(space: FusionSpace, plan: Plan, ar: int) -> list[int]:
@@ -1151,23 +1341,16 @@ def _neighbours(space: FusionSpace, plan: Plan, index: tuple[dict, dict], tables
                 if o not in copies:
                     near.add(group[o])
     # all-reduces ranked by a node of a near group, in space.allreduces order
+    state = _ar_state(plan, tables)
+    ranked_in = state.ranked_in
     out: list[int] = []
     skip, is_ar = tables.skip_buckets, tables.is_allreduce
     for h in near:
         if skip and is_ar[h]:
             continue  # buckets hold no rank nodes
-        q = pos[h]
-        if (not q or group[order[q - 1]] != h) and (q + 1 == n or group[order[q + 1]] != h):
-            if by_rank[h] is not None:
-                out += by_rank[h]
-            continue
-        s, e = _span(plan, h)
-        if e - s > len(tables.rank_nodes):  # look the rank nodes up instead
-            out = [b for m in tables.rank_nodes if group[m] in near for b in by_rank[m]]
-            break
-        for m in order[s:e]:
-            if by_rank[m] is not None:
-                out += by_rank[m]
+        found = ranked_in.get(h) or by_rank[h]
+        if found:
+            out += found
     if len(out) > 1:
         if tables.in_order:
             out.sort()
@@ -1178,32 +1361,82 @@ def _neighbours(space: FusionSpace, plan: Plan, index: tuple[dict, dict], tables
     # space.allreduces by the position of their producers)
     tie = by_rank[r]
     k = tie.index(ar)
-    if k == 0 or k + 1 == len(tie):
-        ranked = _rank_index(plan, tables)
-        i = bisect_left(ranked, pos[r], key=pos.__getitem__)  # ranked[i] == r
     if k:
         out.append(tie[k - 1])
-    elif i:
-        out.append(by_rank[ranked[i - 1]][-1])
+    else:
+        i = state.where[r]
+        if i:
+            out.append(by_rank[state.ranked[i - 1]][-1])
     if k + 1 < len(tie):
         out.append(tie[k + 1])
-    elif i + 1 < len(ranked):
-        out.append(by_rank[ranked[i + 1]][0])
+    else:
+        i = state.where[r]
+        if i + 1 < len(state.ranked):
+            out.append(by_rank[state.ranked[i + 1]][0])
     return out
 
 
-def _rank_index(plan: Plan, tables: _ArTables) -> list[int]:
-    """The rank nodes of ``tables`` in schedule order. Merges keep it up to date (see
-    :func:`_merge_runs`); it is built on first use otherwise."""
-    ranks = getattr(plan, "_ranks", None)
-    if ranks is not None and ranks[0] is tables:
-        return ranks[1]
+class _ArState(NamedTuple):
+    """Per-plan all-reduce facts for :func:`_neighbours`, kept up to date by merges (see
+    :func:`_merged_ar_state`) and built on first use otherwise (:func:`_ar_state`)."""
+
+    tables: _ArTables  # the tables these facts were built with
+    ranked: list[int]  # the rank nodes in schedule order
+    where: dict[int, int]  # rank node -> its index in ranked
+    ranked_in: dict[int, tuple[int, ...]]  # group of 2+ members -> the all-reduces its
+    # members rank (only groups with some); a single node's are tables.by_rank[node]
+    buckets: int  # how many groups the combinable all-reduces form
+
+
+def _ar_state(plan: Plan, tables: _ArTables) -> _ArState:
+    """The plan's :class:`_ArState` for ``tables``."""
+    state = getattr(plan, "_ars", None)
+    if state is not None and state.tables is tables:
+        return state
+    group, by_rank = plan.group, tables.by_rank
     ranked = sorted(tables.rank_nodes, key=plan.pos.__getitem__)
+    ranked_in: dict[int, tuple[int, ...]] = {}
+    for m in tables.rank_nodes:
+        if not _alone(plan, m):
+            ranked_in[group[m]] = ranked_in.get(group[m], ()) + by_rank[m]
+    state = _ArState(tables, ranked, {m: i for i, m in enumerate(ranked)}, ranked_in,
+                     len({group[b] for b in tables.members}))
     try:
-        plan._ranks = (tables, ranked)
+        plan._ars = state
     except AttributeError:  # not a Plan instance
         pass
-    return ranked
+    return state
+
+
+def _merged_ar_state(state: _ArState, pos: array, new_pos: array, lo: int, hi: int,
+                     first: int, second: int, gid: int, other: int) -> _ArState:
+    """``state`` after a merge of groups ``first`` and ``second`` into ``gid`` that moved
+    the nodes at positions ``lo:hi`` from ``pos`` to ``new_pos``."""
+    tables, ranked, where, ranked_in, buckets = state
+    changed = False
+    if hi > lo:  # only rank nodes inside the window may move
+        i = bisect_left(ranked, lo, key=pos.__getitem__)
+        j = bisect_left(ranked, hi, lo=i, key=pos.__getitem__)
+        if j - i > 1:
+            inside = ranked[i:j]
+            at = list(map(new_pos.__getitem__, inside))
+            if at != sorted(at):  # (positions are distinct: sorting pairs sorts by position)
+                ranked = ranked[:i] + [m for _, m in sorted(zip(at, inside))] + ranked[j:]
+                where = dict(where)
+                for k in range(i, j):
+                    where[ranked[k]] = k
+                changed = True
+    by_rank = tables.by_rank
+    a, b = ranked_in.get(first) or by_rank[first], ranked_in.get(second) or by_rank[second]
+    if a or b:
+        ranked_in = dict(ranked_in)
+        ranked_in.pop(other, None)
+        ranked_in[gid] = (a or ()) + (b or ())
+        changed = True
+    if first in tables.members and second in tables.members:  # two buckets
+        buckets -= 1
+        changed = True
+    return _ArState(tables, ranked, where, ranked_in, buckets) if changed else state
 
 
 def allreduce_move(space: FusionSpace, plan: Plan, rng: random.Random,
@@ -1213,20 +1446,21 @@ def allreduce_move(space: FusionSpace, plan: Plan, rng: random.Random,
     if len(ars) < 2:
         return plan
     group = plan.group
-    if group[ars[0]] == group[ars[-1]] and len(set(map(group.__getitem__, ars))) == 1:
-        for _ in range(tries):  # one bucket: no try finds a neighbour
-            rng.choice(ars)
-        return plan
     tables = _ar(space)
+    choice = _chooser(rng)
+    if _ar_state(plan, tables).buckets == 1:
+        for _ in range(tries):  # one bucket: no try finds a neighbour
+            choice(ars)
+        return plan
     index = _index(plan)
     key = tables.key
     for _ in range(tries):
-        a = rng.choice(ars)
+        a = choice(ars)
         ga = group[a]
         neighbours = [b for b in _neighbours(space, plan, index, tables, a) if group[b] != ga]
         if not neighbours:
             continue
-        b = rng.choice(neighbours)
+        b = choice(neighbours)
         if key[a] != key[b]:
             continue
         merged = _combine_plan(space, plan, index, ga, group[b])
@@ -1242,10 +1476,42 @@ def random_moves(space: FusionSpace, plan: Plan, rng: random.Random, moves: int,
                  weights: tuple[float, float, float] = (0.6, 0.15, 0.25)) -> Plan:
     """Applies ``moves`` random moves of all three kinds (op fusion, duplicate fusion,
     AllReduce combination, drawn with ``weights``)."""
-    for _ in range(moves):
-        move = rng.choices(MOVES, weights)[0]
-        plan = move(space, plan, rng)
+    cum = _cumulative(weights) if moves > 0 and type(rng).choices is _CHOICES else None
+    if cum is None:
+        for _ in range(moves):  # (raises as rng.choices does on bad weights)
+            plan = rng.choices(MOVES, weights)[0](space, plan, rng)
+        return plan
+    cum, total = cum
+    draw, last = rng.random, len(MOVES) - 1
+    for _ in range(moves):  # rng.choices(MOVES, weights)[0], the same draw
+        plan = MOVES[bisect_right(cum, draw() * total, 0, last)](space, plan, rng)
     return plan
+
+
+_CHOICES = random.Random.choices
+
+
+def _cumulative(weights) -> tuple[list[float], float] | None:
+    """The cumulative weights and their total as ``random.Random.choices`` computes them
+    for ``MOVES``, or None if it would raise (cached for hashable weights: a search makes
+    one move at a time)."""
+    try:
+        return _cumulative_cached(weights)
+    except TypeError:  # unhashable
+        pass
+    try:
+        return _cumulative_cached.__wrapped__(weights)
+    except TypeError:  # not numbers: rng.choices raises
+        return None
+
+
+@lru_cache(maxsize=16)
+def _cumulative_cached(weights) -> tuple[list[float], float] | None:
+    cum = list(accumulate(weights))
+    total = cum[-1] + 0.0 if cum else 0.0
+    if len(cum) != len(MOVES) or not 0.0 < total < float("inf"):
+        return None
+    return cum, total
 
 
 def random_plan(module, seed: int, moves: int = 50, *,

@@ -392,3 +392,74 @@ def test_plan_private_facts_are_not_part_of_its_value(env):
             a = P.random_moves(space, plan, random.Random(seed), 20)
             b = P.random_moves(space, other, random.Random(seed), 20)
             assert values(a) == values(b)
+
+
+# ------------------------------------------- fast paths make the same draws and facts
+
+
+class _OwnRandom(random.Random):
+    """Draws through its own random(): rng.choice then does not use getrandbits."""
+
+    def random(self):
+        return super().random()
+
+
+@pytest.mark.parametrize("cls", [random.Random, _OwnRandom])
+def test_chooser_draws_like_choice(cls):
+    seqs = [tuple(range(n)) for n in (1, 2, 3, 5, 8, 13, 136, 1000, 5412)]
+    a, b = cls(7), cls(7)
+    choice = P._chooser(a)
+    for k in range(2000):
+        seq = seqs[k % len(seqs)]
+        assert choice(seq) == b.choice(seq)
+    assert a.getstate() == b.getstate()
+    with pytest.raises(IndexError):
+        choice(())
+
+
+@pytest.mark.parametrize("weights", [(0.6, 0.15, 0.25), [1, 2, 3], (1, 0, 0), (0, 0, 1)])
+def test_random_moves_draws_like_choices(env, weights):
+    _, graph, space = env
+    a, b = random.Random(3), random.Random(3)
+    plan = P.random_moves(space, P.initial_plan(graph), a, 40, weights)
+    expected = P.initial_plan(graph)
+    for _ in range(40):
+        expected = b.choices(P.MOVES, weights)[0](space, expected, b)
+    assert _plan_bytes(plan) == _plan_bytes(expected)
+    assert a.getstate() == b.getstate()
+    with pytest.raises(ValueError):
+        P.random_moves(space, plan, a, 1, (0, 0, 0))
+    assert P.random_moves(space, plan, a, 0, (0, 0, 0)) is plan
+
+
+def test_derived_facts_match_fresh_ones():
+    """Spans (found by galloping), the all-reduce state merges keep and the copy index
+    built on demand equal what is computed from scratch."""
+    _, graph, space = _setup("shard_map")
+    tables = P._ar(space)
+    for seed in range(6):
+        rng = random.Random(seed)
+        plan = P.initial_plan(graph)
+        P._ar_state(plan, tables)
+        for _ in range(40):
+            plan = P.random_moves(space, plan, rng, 3)
+            order, group = plan.order, plan.group
+            for g in set(group):
+                s = e = plan.pos[g]
+                while s and group[order[s - 1]] == g:
+                    s -= 1
+                while e < len(order) and group[order[e]] == g:
+                    e += 1
+                assert P._span(plan, g) == (s, e)
+            fresh = P.Plan(*plan)
+            kept, built = P._ar_state(plan, tables), P._ar_state(fresh, tables)
+            assert kept.ranked == built.ranked and kept.where == built.where
+            assert kept.buckets == built.buckets
+            assert ({g: sorted(v) for g, v in kept.ranked_in.items()}
+                    == {g: sorted(v) for g, v in built.ranked_in.items()})
+            held, holders = P._index(plan)
+            fresh_held, fresh_holders = P._index(fresh)
+            assert {g: sorted(v) for g, v in held.items()} == {
+                g: sorted(v) for g, v in fresh_held.items()}
+            assert {p: sorted(v) for p, v in holders.items()} == {
+                p: sorted(v) for p, v in fresh_holders.items()}
