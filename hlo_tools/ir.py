@@ -142,7 +142,7 @@ class HloInstruction:
     __slots__ = ("name", "opcode", "shape", "operands", "payload", "_attrs", "attr_text")
 
     def __init__(self, name: str, opcode: str, shape: Shape, operands: list[str] | None = None,
-                 attrs: dict[str, str] | None = None, payload: str = "", *,
+                 attrs: dict[str, str] | None = None, payload: str = "",
                  attr_text: str = ""):
         self.name = name
         self.opcode = opcode
@@ -150,15 +150,19 @@ class HloInstruction:
         self.operands = [] if operands is None else operands
         self.payload = payload
         #: unparsed attribute text (after the first comma); used while ``_attrs`` is None
+        #: (so an instruction without attributes gets its empty dict on first access)
         self.attr_text = attr_text
-        self._attrs = attrs if attrs is not None else (None if attr_text else {})
+        self._attrs = attrs
 
     @property
     def attrs(self) -> dict[str, str]:
         if self._attrs is None:
-            from hlo_tools.parser import parse_attributes
+            if not self.attr_text:
+                self._attrs = {}
+            else:
+                from hlo_tools.parser import parse_attributes
 
-            self._attrs = parse_attributes(self.attr_text)
+                self._attrs = parse_attributes(self.attr_text)
         return self._attrs
 
     @attrs.setter
@@ -197,6 +201,8 @@ class HloInstruction:
         """Names of the computations this instruction calls (fusion bodies, reducers, ...)."""
         attrs = self._attrs
         if attrs is None:  # not split yet: read the callees straight from the text
+            if not self.attr_text:
+                return []
             return [ref for value in _CALL_VALUES.findall(self.attr_text)
                     for ref in _COMPUTATION_REF.findall(value)]
         if not attrs:

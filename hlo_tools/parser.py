@@ -3,14 +3,23 @@
 XLA prints one instruction per line, so the parser works line by line with compiled
 regular expressions for the common case and a small bracket-aware scanner for nested
 attribute values. Every error is an :class:`HloParseError` naming line and column.
+
+Parsing runs in one of two modes. The *exact* mode checks every line completely as it
+reads it, so the first error in the text is the one raised. The *fast* mode (tried
+first) builds lines in XLA's canonical form straight from one regular expression and
+batches the checks that cost most per line (attribute brackets, operand names, unique
+names) into a few whole-module passes; when anything is off it gives up and
+:func:`parse` re-runs the exact mode, so results and error messages are the same.
 """
 
 from __future__ import annotations
 
 import gc
 import re
+from itertools import chain
 
 from hlo_tools.ir import (
+    CALLED_COMPUTATION_ATTRS,
     ELEMENT_BYTES,
     HLO_OPCODES,
     HloComputation,
@@ -44,7 +53,8 @@ class HloParseError(ValueError):
 
 _NAME = r"[A-Za-z_][\w.\-]*"
 _HEADER = re.compile(rf"HloModule\s+({_NAME})\s*(?:,\s*(.*))?$")
-_COMP_HEADER = re.compile(rf"(ENTRY\s+)?%?({_NAME})\s*(.*?)\s*\{{\s*$")
+# (Applied to a stripped line; group 3 is the signature plus trailing whitespace.)
+_COMP_HEADER = re.compile(rf"(ENTRY\s+)?%?({_NAME})\s*(.*)\{{$")
 _INSTR_HEAD = re.compile(rf"\s*(ROOT\s+)?(%?)({_NAME})\s*=\s*")
 _ARRAY_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 _OPCODE = re.compile(r"\s*([a-z][a-z0-9\-]*)\(")
@@ -56,6 +66,12 @@ _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}()\[\],]|[^"{}()\[\],]+')
 _SECTION_TITLE = re.compile(r"[A-Z][A-Za-z]*$")
 _OPENERS = {"{": "}", "(": ")", "[": "]"}
 _NO_OPERAND_OPCODES = ("constant", "parameter")
+_SHAPE_TEXT = r"[a-z][a-z0-9]*\[[^\]]*\](?:\{[^}]*\})?"  # the text _ARRAY_SHAPE matches
+_SHAPE_TEXTS = re.compile(_SHAPE_TEXT)
+_FLAT_TUPLE = re.compile(rf"\(((?:{_SHAPE_TEXT}, )*{_SHAPE_TEXT})\)")
+_OPERAND_NAMES = re.compile(rf"%?{_NAME}(?:, %?{_NAME})*")
+#: array shapes by their text (``f32[8,16]{1,0}``); cleared when it grows past 100k
+_SHAPE_CACHE: dict[str, Shape] = {}
 
 
 def parse(text: str, source: str | None = None) -> HloModule:
@@ -74,7 +90,10 @@ def parse(text: str, source: str | None = None) -> HloModule:
     was_enabled = gc.isenabled()
     gc.disable()  # the parser allocates many small acyclic objects; GC passes only cost
     try:
-        return _Parser(text, source).module()
+        try:
+            return _Parser(text, source, fast=True).module()
+        except (HloParseError, _Retry):
+            return _Parser(text, source, fast=False).module()  # raises the first error
     finally:
         if was_enabled:
             gc.enable()
@@ -96,17 +115,18 @@ def _parse_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
     if not m:
         raise HloParseError("bad shape", lineno, pos + 1, "a shape like f32[8,16]{1,0}",
                             text_line=line)
-    etype, dims_text, layout = m.group(1), m.group(2), m.group(3) or ""
-    cached = _SHAPE_CACHE.get((etype, dims_text, m.group(3)))
+    cached = _SHAPE_CACHE.get(m.group())
     if cached is not None:
         return cached, m.end()
+    etype, dims_text, layout = m.group(1), m.group(2), m.group(3) or ""
     if etype not in ELEMENT_BYTES:
         raise HloParseError(f"unknown element type {etype!r}", lineno, pos + 1,
                             "a primitive type", text_line=line)
     dims, dynamic = _parse_dims(dims_text, lineno, m.start(2) + 1, line)
     shape = Shape(etype, dims, layout, (), dynamic)
-    if len(_SHAPE_CACHE) < 100_000:
-        _SHAPE_CACHE[(etype, dims_text, m.group(3))] = shape
+    if len(_SHAPE_CACHE) >= 100_000:
+        _SHAPE_CACHE.clear()
+    _SHAPE_CACHE[m.group()] = shape
     return shape, m.end()
 
 
@@ -127,6 +147,11 @@ def _parse_dims(text: str, lineno: int, col: int, line: str) -> tuple[tuple[int,
 
 
 def _parse_tuple_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
+    m = _FLAT_TUPLE.match(line, pos)
+    if m:  # common case first: "(shape, shape, ...)" of array shapes seen before
+        elements = [_SHAPE_CACHE.get(text) for text in _SHAPE_TEXTS.findall(m.group(1))]
+        if None not in elements:
+            return Shape("tuple", tuple_shapes=tuple(elements)), m.end()
     pos += 1
     elements = []
     while True:
@@ -190,12 +215,19 @@ def _matching_paren(line: str, pos: int, lineno: int) -> int:
                         text_line=line)
 
 
+class _Retry(Exception):
+    """Raised by the fast mode when the exact mode has to decide (usually: an error)."""
+
+
 class _Parser:
-    def __init__(self, text: str, source: str | None):
+    def __init__(self, text: str, source: str | None, fast: bool = False):
         self.lines = text.splitlines()
         self.source = source
+        self.fast = fast
         self.i = 0
-        self.line_of: dict[str, int] = {}
+        self.line_of: dict[str, int] = {}  # exact mode only
+        self.first_instr_line = -1  # 0-based line of the module's first instruction
+        self.deferred_attrs: list[str] = []  # fast mode: attribute texts not checked yet
 
     def error(self, message: str, column: int = 1, expected: str = "") -> HloParseError:
         lineno = min(self.i, len(self.lines) - 1) if self.lines else 0
@@ -228,7 +260,13 @@ class _Parser:
                 computations.append(self._computation())
             self._skip_blank()
         module = HloModule(m.group(1), header_attrs, computations, sections)
-        self._check_module(module)
+        if self.fast:
+            _check_attr_texts(self.deferred_attrs)
+            _check_module_fast(module)
+        else:
+            self._check_module(module)
+        first = module.computations[0].instructions[0].name
+        module.percent_names = f"%{first} " in self.lines[self.first_instr_line]
         return module
 
     def _section(self, title: str) -> tuple[str, list[str]]:
@@ -244,16 +282,21 @@ class _Parser:
         m = _COMP_HEADER.match(header.strip())
         if not m:
             raise self.error("expected a computation", 1, "'[ENTRY] name {'")
-        suffix = _signature_suffix(m.group(3))
-        instructions, root_name = self._body()
+        suffix = _signature_suffix(m.group(3).rstrip())
+        start = self.i
+        instructions, root_name = self._body_fast() if self.fast else self._body()
         if not instructions:
             raise self.error(f"computation {m.group(2)!r} is empty", 1, "instructions")
+        if self.first_instr_line < 0:  # the body's first non-blank line
+            self.first_instr_line = start + 1
+            while not self.lines[self.first_instr_line].strip():
+                self.first_instr_line += 1
         if root_name is None:
             root_name = instructions[-1].name
         return HloComputation(m.group(2), instructions, root_name, bool(m.group(1)), suffix)
 
     def _body(self) -> tuple[list[HloInstruction], str | None]:
-        """Instructions up to the closing ``}`` (the hot loop: kept tight)."""
+        """Exact mode: instructions up to the closing ``}``, each line checked fully."""
         lines, line_of, opcodes = self.lines, self.line_of, HLO_OPCODES
         instructions: list[HloInstruction] = []
         append = instructions.append
@@ -288,6 +331,60 @@ class _Parser:
         self.i = len(lines)
         raise self.error("unexpected end of input inside computation", 1, "'}'")
 
+    def _body_fast(self) -> tuple[list[HloInstruction], str | None]:
+        """Fast mode: :meth:`_body` for the common case (the hot loop: kept tight).
+
+        A line that ``_CANONICAL_INSTR`` matches is built here with the same result as
+        ``_parse_instruction``, except that three checks move to the end of the module:
+        the attribute text's brackets (collected in ``deferred_attrs``), that operands
+        name defined instructions (which also catches operand lists that are not
+        ``a, b, ...``) and that names are unique. Any other line goes through
+        ``_parse_instruction`` as in the exact mode. Errors need no line numbers here:
+        any error makes :func:`parse` re-run the exact mode.
+        """
+        lines, opcodes, shapes = self.lines, HLO_OPCODES, _SHAPE_CACHE
+        match, defer = _CANONICAL_INSTR.match, self.deferred_attrs.append
+        instructions: list[HloInstruction] = []
+        append = instructions.append
+        root_name = None
+        for k in range(self.i + 1, len(lines)):
+            line = lines[k]
+            m = match(line) if "/*" not in line else None
+            if m is not None:
+                is_root, name, shape_text, opcode, inner, text = m.groups()
+                shape = shapes.get(shape_text) or _shape_at(shape_text, line, m.start(3), k + 1)
+                payload = ""
+                if opcode in _NO_OPERAND_OPCODES:
+                    payload, operands = inner.strip(), []
+                    if opcode == "parameter" and not payload.isdigit():
+                        raise _Retry  # a bad parameter number
+                elif not inner:
+                    operands = []
+                elif "%" in inner:
+                    operands = inner.replace("%", "").split(", ")
+                else:
+                    operands = inner.split(", ")
+                if text is None:
+                    text = ""
+                else:
+                    defer(text)
+                instr = HloInstruction(name, opcode, shape, operands, None, payload, text)
+            elif not line or line.isspace():
+                continue
+            elif line.strip() == "}":
+                self.i = k + 1
+                return instructions, root_name
+            else:
+                instr, is_root = _parse_instruction(_INDEX_COMMENT.sub("", line), k + 1)
+            if instr.opcode not in opcodes:
+                raise _Retry
+            append(instr)
+            if is_root:
+                if root_name is not None:
+                    raise _Retry  # a second ROOT
+                root_name = instr.name
+        raise _Retry  # end of input inside the computation
+
     def _with_source(self, e: HloParseError) -> HloParseError:
         if self.source is None:
             return e
@@ -318,8 +415,6 @@ class _Parser:
                     if op not in local:
                         raise self._error_at(instr, f"operand {op!r} is not defined in "
                                              f"{comp.name}", "a defined operand")
-        first = module.computations[0].instructions[0].name
-        module.percent_names = f"%{first} " in self.lines[self.line_of[first] - 1]
 
     def _error_at(self, instr, message: str, expected: str) -> HloParseError:
         line = self.line_of[instr.name]
@@ -327,40 +422,134 @@ class _Parser:
                              self.lines[line - 1])
 
 
+def _check_module_fast(module: HloModule) -> None:
+    """The checks of ``_check_module`` and of unique names, as whole-set operations.
+
+    Raises _Retry when one fails, so that the exact mode reports it.
+    """
+    computations = module.computations
+    comps = {c.name for c in computations}
+    if len(comps) != len(computations) or sum(c.is_entry for c in computations) != 1:
+        raise _Retry
+    names: set[str] = set()
+    count = 0
+    for comp in computations:
+        instrs = comp.instructions
+        local = {i.name for i in instrs}
+        names |= local
+        count += len(instrs)
+        if not local.issuperset(chain.from_iterable([i.operands for i in instrs])):
+            raise _Retry  # an undefined operand, or an operand list not like "a, b"
+    if len(names) != count:
+        raise _Retry  # a duplicate instruction name
+    texts = "\n".join([i.attr_text for c in computations for i in c.instructions])
+    if not comps.issuperset(_called_in(texts)):
+        raise _Retry
+
+
+_CALLEE_KEYS = "|".join(rf"(?<={key}=)" for key in CALLED_COMPUTATION_ATTRS)
+_CALLEE_ENDS = "".join(sorted({key[-1] for key in CALLED_COMPUTATION_ATTRS}))
+# Values of the attributes that name computations, in newline-separated attribute texts.
+# Unlike HloInstruction.called_computations it does not ask for ", " before the key, and
+# it starts at the "=" (found fast, then the key is looked up behind it); it finds the
+# same values and possibly more (a value it reads past holds the names of any value
+# inside it), so the check is no weaker.
+_CALLEE_VALUES = re.compile(
+    rf"=(?<=[{_CALLEE_ENDS}]=)(?:{_CALLEE_KEYS})(\{{[^}}\n]*\}}|%?{_NAME})")
+_COMPUTATION_REF = re.compile(rf"%?({_NAME})")
+
+
+def _called_in(attr_texts: str) -> list[str]:
+    """Computations named in newline-separated attribute texts (a superset of what
+    ``called_computations`` gives for each text)."""
+    return _COMPUTATION_REF.findall(" ".join(_CALLEE_VALUES.findall(attr_texts)))
+
+
+# Deleting all bytes but these keeps what _balanced looks at (non-ASCII characters
+# are never among them).
+_SKELETON_DELETE = bytes(c for c in range(256) if chr(c) not in '{}()[]"\\\n')
+_S = r'"(?:[^"\\]|\\.)*+"'
+
+
+def _nested(inner: str) -> str:
+    """A bracketed group or a string whose contents match ``inner``."""
+    return rf"(?:\{{{inner}\}}|\({inner}\)|\[{inner}\]|{_S})"
+
+
+_IN0 = r'[^{}()\[\]"\\]*+'  # group contents without groups or strings (commas allowed)
+_IN1 = rf"{_IN0}(?:{_nested(_IN0)}{_IN0})*+"
+_IN2 = rf"{_IN0}(?:{_nested(_IN1)}{_IN0})*+"
+_TOP = r'[^{}()\[\]"\\,]*+'  # top level: no commas
+_ATTR = rf"[A-Za-z_][\w\-]*={_TOP}(?:{_nested(_IN2)}{_TOP})*+"
+#: A well-formed attribute list (brackets nested at most three deep): _parse_attrs
+#: splits it without error, whatever _balanced says.
+_WELL_FORMED_ATTRS = re.compile(rf"{_ATTR}(?:, {_ATTR})*+")
+
+
+def _check_attr_texts(texts: list[str]) -> None:
+    """The bracket check of ``_attr_text`` for many texts at once.
+
+    ``_balanced`` only counts brackets, quotes and backslashes, so it is decided per
+    distinct *skeleton* (the text without other characters), and few skeletons occur.
+    Texts it rejects must split without error (else the exact mode reports it).
+    """
+    if not texts:
+        return
+    joined = "\n".join(texts).encode("utf-8", "surrogatepass")
+    skeletons = joined.translate(None, _SKELETON_DELETE).split(b"\n")
+    bad = {s for s in set(skeletons) if not _balanced(s.decode())}
+    if not bad:
+        return
+    for text in {text for text, skeleton in zip(texts, skeletons) if skeleton in bad}:
+        if not _WELL_FORMED_ATTRS.fullmatch(text):
+            try:
+                _parse_attrs(text, 1, text)
+            except HloParseError:
+                raise _Retry from None
+
+
 def _signature_suffix(signature: str) -> str:
     """Keeps what follows ``(params) -> shape`` (e.g. ``execution_thread=...``)."""
-    if not signature:
+    if "execution_thread=" not in signature:
         return ""
     m = re.search(r",\s*(execution_thread=.*)$", signature)
     return m.group(1) if m else ""
 
 
 _FAST_INSTR = re.compile(
-    rf"\s*(ROOT\s+)?%?({_NAME})\s*=\s*([a-z][a-z0-9]*)\[([^\]]*)\](\{{[^}}]*\}})?"
+    rf"\s*(ROOT\s+)?%?({_NAME})\s*=\s*({_SHAPE_TEXT})"
     r"\s+([a-z][a-z0-9\-]*)\(([^(){}\[\]\"]*)\)(.*)$")
+# The subset of _FAST_INSTR lines XLA prints: ", " before the first ``key=`` attribute
+# and nothing after the last non-blank character. Same groups, but the last one is the
+# attribute text exactly as _attr_text would return it (None when there is none).
+# (Single spaces and possessive repeats only make it faster.)
+_CANONICAL_INSTR = re.compile(
+    r" *(ROOT )?%?([A-Za-z_][\w.\-]*+) = ([a-z][a-z0-9]*+\[[^\]]*+\](?:\{[^}]*+\})?)"
+    r" ([a-z][a-z0-9\-]*+)\(([^(){}\[\]\"]*+)\)(?:, ([A-Za-z_][\w\-]*+=.*\S))?$")
 _OPERAND_LIST = re.compile(r"[A-Za-z_][\w.\-]*(?:,[A-Za-z_][\w.\-]*)*")
 _ATTR_BOUNDARY = re.compile(r",\s*(?=[A-Za-z_][\w\-]*=)")
-_SHAPE_CACHE: dict[tuple[str, str, str], Shape] = {}
+
+
+def _shape_at(shape_text: str, line: str, pos: int, lineno: int) -> Shape:
+    """The array shape ``shape_text`` found at ``line[pos]``, from the cache if seen."""
+    shape = _SHAPE_CACHE.get(shape_text)
+    if shape is None:
+        shape, _ = _parse_shape(line, pos, lineno)
+    return shape
 
 
 def _parse_instruction(line: str, lineno: int) -> tuple[HloInstruction, bool]:
     m = _FAST_INSTR.match(line)
     if m is None:
         return _parse_instruction_slow(line, lineno)
-    is_root, name, etype, dims, layout, opcode, inner, rest = m.groups()
+    is_root, name, shape_text, opcode, inner, rest = m.groups()
     payload = ""
     if opcode in _NO_OPERAND_OPCODES:
         payload = inner.strip()
         if opcode == "parameter" and not payload.isdigit():
             return _parse_instruction_slow(line, lineno)
         inner = ""
-    key = (etype, dims, layout)
-    shape = _SHAPE_CACHE.get(key)
-    if shape is None:
-        if len(_SHAPE_CACHE) > 100_000:
-            _SHAPE_CACHE.clear()
-        shape, _ = _parse_shape(line, m.start(3), lineno)
-        _SHAPE_CACHE[key] = shape
+    shape = _shape_at(shape_text, line, m.start(3), lineno)
     if inner:
         compact = inner.replace(" ", "").replace("%", "")
         if not _OPERAND_LIST.fullmatch(compact):
@@ -371,7 +560,7 @@ def _parse_instruction(line: str, lineno: int) -> tuple[HloInstruction, bool]:
             operands = compact.split(",")
     else:
         operands = []
-    text = _attr_text(rest, lineno, line, m.end(7) + 1) if rest else ""
+    text = _attr_text(rest, lineno, line, m.end(5) + 1) if rest else ""
     return (HloInstruction(name, opcode, shape, operands, None, payload, attr_text=text),
             bool(is_root))
 
@@ -430,6 +619,8 @@ def _parse_instruction_slow(line: str, lineno: int) -> tuple[HloInstruction, boo
 
 
 def _parse_operands(inner: str, lineno: int, start: int, line: str) -> list[str]:
+    if _OPERAND_NAMES.fullmatch(inner):  # common case first: "a, %b, ..."
+        return inner.replace("%", "").split(", ")
     operands = []
     for part in _split_top_level(inner, lineno, start + 1, line):
         om = _OPERAND.match(part)

@@ -146,3 +146,111 @@ def test_fuzz_parser_raises_only_parse_errors(which, cuts):
 def test_public_api_exports():
     for name in hlo_tools.__all__:
         assert hasattr(hlo_tools, name), name
+
+
+# --- the fast mode (tried first by parse) gives exactly what the exact mode gives ---------
+
+def _parse_mode(text: str, fast: bool):
+    """The module from one parser mode, or the exception it raised."""
+    from hlo_tools.parser import _Parser
+
+    try:
+        return _Parser(text, None, fast=fast).module()
+    except Exception as e:  # noqa: BLE001 - compared below
+        return e
+
+
+def _snapshot(module) -> tuple:
+    """Everything the parser decides, including the lazy parts left unsplit."""
+    comps = tuple(
+        (c.name, c.root_name, c.is_entry, c.suffix,
+         tuple((i.name, i.opcode, i.shape, tuple(i.operands), i.payload, i.attr_text,
+                i._attrs, tuple(i.called_computations)) for i in c.instructions))
+        for c in module.computations)
+    return (module.name, module.header_attrs, module.sections, module.percent_names, comps)
+
+
+def _assert_modes_agree(text: str) -> None:
+    exact = _parse_mode(text, fast=False)
+    fast = _parse_mode(text, fast=True)
+    if isinstance(exact, Exception):
+        assert isinstance(exact, HloParseError), exact
+        assert isinstance(fast, Exception), "fast mode accepted what exact mode rejects"
+        with pytest.raises(HloParseError) as info:
+            parse(text)
+        assert str(info.value) == str(exact)
+        return
+    if not isinstance(fast, Exception):  # else parse() falls back to the exact mode
+        assert _snapshot(fast) == _snapshot(exact)
+    assert _snapshot(parse(text)) == _snapshot(exact)
+
+
+@pytest.mark.parametrize("path", FIXTURES + [SMALL], ids=lambda p: getattr(p, "name", "SMALL"))
+def test_fast_mode_equals_exact_mode_on_fixtures(path):
+    text = path if isinstance(path, str) else path.read_text()
+    exact = _parse_mode(text, fast=False)
+    fast = _parse_mode(text, fast=True)
+    assert not isinstance(fast, Exception), fast  # valid XLA output never needs a retry
+    assert _snapshot(fast) == _snapshot(exact)
+
+
+def test_fast_path_builds_every_fixture_line_like_the_exact_path():
+    from hlo_tools.parser import _CANONICAL_INSTR, _parse_instruction
+
+    checked = 0
+    for path in FIXTURES:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            m = _CANONICAL_INSTR.match(line)
+            if m is None or "/*" in line:
+                continue
+            instr, is_root = _parse_instruction(line, lineno)
+            root, name, _, opcode, inner, text = m.groups()
+            assert (bool(root), name, opcode, text or "") == (
+                is_root, instr.name, instr.opcode, instr.attr_text), line
+            if opcode not in ("constant", "parameter") and inner:
+                assert inner.replace("%", "").split(", ") == instr.operands, line
+            checked += 1
+    assert checked > 1000
+
+
+@pytest.mark.parametrize("old,new", [
+    ("multiply(p, bc)", "multiply(p,bc)"),          # operands not "a, b": exact mode decides
+    ("multiply(p, bc)", "multiply( p , bc )"),
+    ("multiply(p, bc)", "multiply(%p, bc)"),
+    ("add(ar, p)", "add(ar, c)"),
+    ("to_apply=add_f32", "to_apply=%add_f32"),
+    ("to_apply=add_f32", "to_apply={add_f32}"),
+    ("dimensions={}", 'dimensions={}, x="a(\\"b"'),   # escaped quote: split to check
+    ("dimensions={}", 'dimensions={}, x="a(b"'),      # unbalanced inside a string: fine
+    ("dimensions={}", "dimensions={}, x=(}"),          # really unbalanced: an error
+    ("dimensions={}", "dimensions={} , y=1"),
+    ("dimensions={}", "dimensions={},y=1"),
+    ("dimensions={}", "dimensions={}, y=1 "),
+    ("dimensions={}", "dimensions={}, y"),
+    ("  c = f32[] constant(2)", "  ar = f32[] constant(2)"),   # duplicate of a later name
+    ("  c = f32[] constant(2)", "  a = f32[] constant(2)"),    # same name in another comp
+    ("  c = f32[] constant(2)", "  c = f32[] parameter(x)"),
+    ("  c = f32[] constant(2)", "  ROOT c = f32[] constant(2)"),  # second ROOT
+    ("bc = f32[4]{0} broadcast", "bc = f32[4]{0:T(2)} broadcast"),
+    ("bc = f32[4]{0} broadcast", "bc = f32[4]{0} broadcastt"),
+    ("f32[4]{0} multiply", "f32[4,x]{0} multiply"),
+    ("ENTRY main {", "ENTRY main (p: f32[4]) -> f32[4] {"),
+])
+def test_fast_mode_equals_exact_mode_on_edits(old, new):
+    assert old in SMALL
+    _assert_modes_agree(SMALL.replace(old, new, 1))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(_REAL) - 1),
+    cuts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40),
+                            st.text(alphabet="{}()[],=%\"\\\n abfx0123.-", max_size=6)),
+                  min_size=1, max_size=4),
+)
+def test_fuzz_fast_mode_equals_exact_mode(which, cuts):
+    text = _REAL[which]
+    for pos, length, insert in cuts:
+        pos %= max(len(text), 1)
+        text = text[:pos] + insert + text[pos + length:]
+    _assert_modes_agree(text)
