@@ -123,6 +123,14 @@ def test_error_message_names_what_was_expected():
 _REAL = [p.read_text() for p in FIXTURES if p.name.startswith(("shard_map", "scan", "cond"))]
 
 
+def _mutated(text: str, cuts: list[tuple[int, int, str]]) -> str:
+    """``text`` with each ``(position, length, insert)`` cut replaced by its insert."""
+    for pos, length, insert in cuts:
+        pos %= max(len(text), 1)
+        text = text[:pos] + insert + text[pos + length:]
+    return text
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     which=st.integers(0, len(_REAL) - 1),
@@ -131,10 +139,7 @@ _REAL = [p.read_text() for p in FIXTURES if p.name.startswith(("shard_map", "sca
                   min_size=1, max_size=4),
 )
 def test_fuzz_parser_raises_only_parse_errors(which, cuts):
-    text = _REAL[which]
-    for pos, length, insert in cuts:
-        pos %= max(len(text), 1)
-        text = text[:pos] + insert + text[pos + length:]
+    text = _mutated(_REAL[which], cuts)
     try:
         module = parse(text)
     except HloParseError:
@@ -249,8 +254,4 @@ def test_fast_mode_equals_exact_mode_on_edits(old, new):
                   min_size=1, max_size=4),
 )
 def test_fuzz_fast_mode_equals_exact_mode(which, cuts):
-    text = _REAL[which]
-    for pos, length, insert in cuts:
-        pos %= max(len(text), 1)
-        text = text[:pos] + insert + text[pos + length:]
-    _assert_modes_agree(text)
+    _assert_modes_agree(_mutated(_REAL[which], cuts))
