@@ -6,7 +6,8 @@ same numbers? Prints a per-model table and writes ``benchmarks/results/random_pl
 
 Every finished plan is appended to a JSON-lines log (``--log``; by default next to
 ``--out``), and a run given the same log skips the (model, seed, moves) it already
-holds: an interrupted slow run resumes where it stopped.
+holds: an interrupted slow run resumes where it stopped. ``--report`` runs nothing and
+summarizes what the log holds so far (into ``OUT`` with ``_so_far`` added).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "random_plans.json"))
     parser.add_argument("--log", default=None,
                         help="JSON-lines log of finished plans (default: OUT with .jsonl)")
+    parser.add_argument("--report", action="store_true",
+                        help="only summarize the plans the log holds; run nothing")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     log = pathlib.Path(args.log) if args.log else out.with_suffix(".jsonl")
@@ -68,14 +71,17 @@ def main() -> None:
 
         for model in args.models.split(","):
             rows = seen.get(model, {})
-            todo = [s for s in range(args.plans) if s not in rows]
+            todo = [] if args.report else [s for s in range(args.plans) if s not in rows]
             if todo:
                 print(f"{model}: {len(rows)} plans in {log.name}, {len(todo)} to run",
                       file=sys.stderr, flush=True)
             for row in run_isolated(model, todo, args.moves, on_row=append):
                 rows[row["seed"]] = row
-            summaries.append(summarize(model, [rows[s] for s in range(args.plans)]))
+            summaries.append(summarize(model, [rows[s] for s in range(args.plans)
+                                               if s in rows]))
             _print(summaries[-1])
+    if args.report:
+        out = out.with_name(out.stem + "_so_far.json")
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"plans_per_model": args.plans, "moves": args.moves,
                                "seconds_this_run": round(time.time() - t0, 1),
