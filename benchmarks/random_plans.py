@@ -35,6 +35,7 @@ def summarize(model: str, rows: list[dict]) -> dict:
         "compiled": sum(r["status"] in ("ok", "mismatch") for r in rows),
         "matched": len(ok), "exact_structure": len(exact),
         "crashed": sum(r["status"] == "crashed" for r in rows),
+        "timed_out": sum(r["status"] == "timeout" for r in rows),
         "bitwise": sum(bool(r.get("bitwise")) for r in ok),
         "mean_planned_fusions": _mean(r.get("planned_fusions", 0) for r in rows),
         "mean_planned_allreduces": _mean(r.get("planned_allreduces", 0) for r in rows),

@@ -212,9 +212,13 @@ def run_isolated(model: str, seeds: list[int], moves: int = 200, size: str = "ti
         cmd = [sys.executable, "-m", "disco_jax.plan_check", model, "--size", size,
                "--moves", str(moves), "--seeds", ",".join(map(str, todo))]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        done, returncode, stderr = _stream(cmd, env, timeout_s, record)
+        done, returncode, stderr, timed_out = _stream(cmd, env, timeout_s, record)
         todo = todo[done:]
-        if todo and returncode != 0:
+        if todo and timed_out:
+            record({"model": model, "seed": todo[0], "moves": moves, "status": "timeout",
+                    "error": f"no result within {timeout_s:.0f} s (killed)"})
+            todo = todo[1:]
+        elif todo and returncode != 0:
             tail = "\n".join(line for line in stderr.splitlines()
                              if not line.startswith("    @"))[-600:]
             record({"model": model, "seed": todo[0], "moves": moves,
@@ -226,16 +230,23 @@ def run_isolated(model: str, seeds: list[int], moves: int = 200, size: str = "ti
 
 
 def _stream(cmd: list[str], env: dict, timeout_s: float,
-            record: Callable[[dict], None]) -> tuple[int, int, str]:
+            record: Callable[[dict], None]) -> tuple[int, int, str, bool]:
     """Runs ``cmd``, passing each JSON line of its stdout to ``record`` as it comes;
-    kills it when one line takes longer than ``timeout_s``.
-    Returns (rows read, exit status, stderr)."""
+    kills it when one line takes longer than ``timeout_s`` (wall clock: a run paused
+    with SIGSTOP for longer counts as timed out, not as crashed).
+    Returns (rows read, exit status, stderr, whether it was killed for time)."""
     import tempfile
     import threading
 
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-        timer = threading.Timer(timeout_s, proc.kill)
+        timer = threading.Timer(timeout_s, kill)
         timer.start()
         done = 0
         try:
@@ -244,13 +255,13 @@ def _stream(cmd: list[str], env: dict, timeout_s: float,
                     record(json.loads(line))
                     done += 1
                     timer.cancel()
-                    timer = threading.Timer(timeout_s, proc.kill)
+                    timer = threading.Timer(timeout_s, kill)
                     timer.start()
             returncode = proc.wait()
         finally:
             timer.cancel()
         err.seek(0)
-        return done, returncode, err.read()
+        return done, returncode, err.read(), killed.is_set()
 
 
 def _parse_seeds(text: str) -> list[int]:

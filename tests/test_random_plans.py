@@ -38,3 +38,10 @@ def test_random_plans_compile_exactly_and_match(model):
         assert low <= r["compiled_fusions"] <= r["planned_fusions"], r
         assert r["compiled_allreduces"] == r["planned_allreduces"], r
     assert sum(r["planned_fusions"] for r in rows) > 0
+
+
+def test_a_plan_past_its_time_is_reported_as_timed_out_and_the_rest_go_on():
+    logged = []
+    rows = run_isolated("vgg", [0, 1], MOVES, timeout_s=0.5, on_row=logged.append)
+    assert [(r["seed"], r["status"]) for r in rows] == [(0, "timeout"), (1, "timeout")]
+    assert logged == rows
