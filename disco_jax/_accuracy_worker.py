@@ -14,7 +14,7 @@ variants interleaved. ``screen``: compiles one variant alone (one process, two h
 devices) to find out whether it aborts XLA:CPU. With ``keep_awake`` in the spec, ``launch``
 also runs one ``SCHED_IDLE`` busy loop per CPU for the job's lifetime (see
 :func:`_start_spinners`); with ``pin_cpus``, each ``run`` process is pinned to a CPU of
-its own (:func:`pin_to_own_cpu`).
+its own (:func:`estimator.allreduce.pin_to_own_cpu`).
 
 Timing. Each sample is ``K`` back-to-back calls waited for at the end, divided by ``K``
 (``K`` per variant, agreed by the processes, so that a sample lasts about
@@ -385,6 +385,8 @@ def _run(args: argparse.Namespace) -> None:
     pid, nproc = args.process_id, int(spec["num_processes"])
     tag = f"{spec['model']} p{pid}"
     if spec.get("pin_cpus"):
+        from estimator.allreduce import pin_to_own_cpu
+
         pin_to_own_cpu(pid)
     import jax
 
@@ -413,23 +415,6 @@ def _run(args: argparse.Namespace) -> None:
     _write_json(args.out, result)
     coord.barrier("end")
     jax.distributed.shutdown()
-
-
-def pin_to_own_cpu(process_id: int) -> int:
-    """Pins this process (and the threads it starts later) to CPU ``process_id`` modulo
-    the CPU count; returns that CPU.
-
-    Each process then behaves like one device with a core of its own: its compute never
-    competes with the other process's, and how long a gloo receive waits for the CPU no
-    longer depends on where the scheduler happened to place the two processes. Unpinned,
-    on this 2-vCPU VM the latency of one small all-reduce flips between about 0.3 ms and
-    about 3.5 ms (one scheduler tick, waiting behind a spinning thread) from run to run;
-    pinned, it is about 3.8 ms every time (``benchmarks/simulator_accuracy.py``).
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    cpu = cpus[process_id % len(cpus)]
-    os.sched_setaffinity(0, {cpu})
-    return cpu
 
 
 def _phase(spec: Mapping[str, Any], setup: Mapping[str, Any], runs: Mapping[str, Any],

@@ -36,7 +36,7 @@ def _facts() -> dict[str, Any]:
 
 def _measure(args: argparse.Namespace) -> None:
     if args.pin_cpus:
-        from disco_jax._accuracy_worker import pin_to_own_cpu
+        from estimator.allreduce import pin_to_own_cpu
 
         pin_to_own_cpu(args.process_id)
     import jax

@@ -234,7 +234,7 @@ def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
     import subprocess
 
     code = ("import os, threading\n"
-            "from disco_jax._accuracy_worker import pin_to_own_cpu\n"
+            "from estimator.allreduce import pin_to_own_cpu\n"
             "cpu = pin_to_own_cpu(3)\n"
             "seen = []\n"
             "t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))\n"

@@ -131,13 +131,17 @@ def _mutated(text: str, cuts: list[tuple[int, int, str]]) -> str:
     return text
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    which=st.integers(0, len(_REAL) - 1),
-    cuts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40),
-                            st.text(alphabet="{}()[],=%\"\n abfx0123.-", max_size=6)),
-                  min_size=1, max_size=4),
-)
+def _cuts(alphabet: str) -> st.SearchStrategy:
+    """1 to 4 ``(position, length, insert)`` cuts for :func:`_mutated`."""
+    return st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40),
+                              st.text(alphabet=alphabet, max_size=6)), min_size=1, max_size=4)
+
+
+_FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_FUZZ
+@given(which=st.integers(0, len(_REAL) - 1), cuts=_cuts("{}()[],=%\"\n abfx0123.-"))
 def test_fuzz_parser_raises_only_parse_errors(which, cuts):
     text = _mutated(_REAL[which], cuts)
     try:
@@ -246,12 +250,7 @@ def test_fast_mode_equals_exact_mode_on_edits(old, new):
     _assert_modes_agree(SMALL.replace(old, new, 1))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    which=st.integers(0, len(_REAL) - 1),
-    cuts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40),
-                            st.text(alphabet="{}()[],=%\"\\\n abfx0123.-", max_size=6)),
-                  min_size=1, max_size=4),
-)
+@_FUZZ
+@given(which=st.integers(0, len(_REAL) - 1), cuts=_cuts("{}()[],=%\"\\\n abfx0123.-"))
 def test_fuzz_fast_mode_equals_exact_mode(which, cuts):
     _assert_modes_agree(_mutated(_REAL[which], cuts))
