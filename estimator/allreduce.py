@@ -514,11 +514,11 @@ def pin_to_own_cpu(process_id: int) -> int:
     the CPU count; returns that CPU.
 
     Each process then behaves like one device with a core of its own: its compute never
-    competes with the other process's, and how long a gloo receive waits for the CPU no
-    longer depends on where the scheduler happened to place the two processes. Unpinned,
+    competes with the other process's, and how long a gloo receive waits for the CPU
+    depends less on where the scheduler happened to place the two processes. Unpinned,
     on this 2-vCPU VM the latency of one small all-reduce flips between about 0.3 ms and
     about 3.5 ms (one scheduler tick, waiting behind a spinning thread) from run to run;
-    pinned, it is about 3.8 ms every time (``benchmarks/simulator_accuracy.py``).
+    pinned, it was about 3.8 ms in six runs in a row, 0.7 ms in a later one.
     """
     cpus = sorted(os.sched_getaffinity(0))
     cpu = cpus[process_id % len(cpus)]
