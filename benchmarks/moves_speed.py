@@ -2,13 +2,16 @@
 model. Prints a table and writes ``benchmarks/results/moves_speed.json``.
 
     python benchmarks/moves_speed.py [--model transformer] [--size small] [--moves 20000]
+                                     [--backend auto|python]
 
 Each kind of move (and the mix ``random_moves`` draws, 0.6/0.15/0.25) is applied
 ``--moves`` times, each time to one of 201 plans along a random walk (realistic, partly
 fused starting points), as a search does with its candidates. The ``walk`` row instead
 applies mixed moves one after the other, each to the plan the previous one made, as
 ``random_plan`` does. Rates are the best of ``--repeat`` runs (other processes share this
-machine; the load average is recorded with them), in wall-clock and in CPU time.
+machine; the load average is recorded with them), in wall-clock and in CPU time. The
+moves run in their C kernel when it can be built (``--backend python``: the pure-Python
+moves, as ``DISCO_PLAN_BACKEND=python`` selects them); the backend is recorded too.
 """
 
 from __future__ import annotations
@@ -80,7 +83,12 @@ def main() -> None:
     parser.add_argument("--size", default="small")
     parser.add_argument("--moves", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backend", choices=("auto", "python"), default=None,
+                        help="the moves' backend (default: $DISCO_PLAN_BACKEND, else auto)")
     args = parser.parse_args()
+    if args.backend:
+        os.environ["DISCO_PLAN_BACKEND"] = args.backend
+    backend = "c" if P.c_kernel_available() else "python"
     step, fargs = zoo.get(args.model)(4, args.size)
     module = hlo_tools.parse(hlo_tools.extract(step, *fargs))
     graph = hlo_tools.device_graph(module)
@@ -109,7 +117,7 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
     apply_s = min(times)
     print(f"model {args.model}-{args.size}: {graph.num_nodes} nodes, "
-          f"{len(space.allreduces)} gradient all-reduces; load average "
+          f"{len(space.allreduces)} gradient all-reduces; {backend} moves; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'move':24} {'moves':>7} {'seconds':>8} {'moves/s':>9} {'per CPU s':>9} "
           f"{'changed':>8}")
@@ -124,6 +132,7 @@ def main() -> None:
     tmp.write_text(json.dumps({
         "model": f"{args.model}-{args.size}", "nodes": graph.num_nodes,
         "gradient_allreduces": len(space.allreduces), "repeat": args.repeat,
+        "backend": backend,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "load_avg_1min": os.getloadavg()[0], "python": platform.python_version()},
         "rows": rows, "apply_plan_s": apply_s}, indent=2))

@@ -35,6 +35,15 @@ drawing the very same numbers (:func:`_chooser`). The moves decide exactly what 
 original, straightforward implementation decided, down to the random draws and the
 iteration order of ``dups`` (``tests/test_plan.py`` checks this against fingerprints
 recorded from it).
+
+The tries of the three moves and the arrays of their merges run in a C kernel
+(``_plan_kernel.c``, a CPython extension built with the system C compiler on first use,
+see :mod:`hlo_tools._plan_kernel`) when it can be built: it makes the same draws through
+the rng's own ``getrandbits`` and the same decisions as the Python code here, which stays
+the reference and runs otherwise (or with ``DISCO_PLAN_BACKEND=python``); it calls back
+that code for the rare cases it leaves to it (groups holding copies), and the Python code
+keeps the plans' private facts (copy index, all-reduce state, ``dups``). The tests run
+both.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hlo_tools import _plan_kernel
 from hlo_tools.graph import DeviceGraph, NodeKind
 
 __all__ = [
@@ -73,6 +83,7 @@ __all__ = [
     "random_moves",
     "random_plan",
     "UNFUSIBLE_OPCODES",
+    "c_kernel_available",
 ]
 
 #: Opcodes we never fuse on XLA:CPU although they are ordinary kernels.
@@ -118,6 +129,12 @@ _EXPOSES_MEMBER = Decision(False, "the copy would read a value inside another fu
                            "that fusion a second output (multi-output fusion is disabled)")
 _LAYOUT_UNSAFE = Decision(False, "the consumer reads the producer at an operand position this "
                           "backend cannot fuse (e.g. a select's on-true/on-false value)")
+
+_COMPARES_COPY = Decision(False, "a compare in the fusion would read a duplicated copy (or a "
+                          "value computed from one): a copy recomputed inside a fusion may "
+                          "differ from the original in the last bit (XLA:CPU contracts a "
+                          "multiply and an add into one FMA there), and a compare of the two "
+                          "versions can take the other branch")
 
 # Where the work of a merge moves from Python loops to numpy (the results are the same).
 _I32 = np.dtype(np.int32)
@@ -207,10 +224,20 @@ class FusionSpace:
                     bad[c] = (bad[c] or frozenset()) | shared
         self._bad = tuple(bad)
         self._any_bad = any(b is not None for b in bad)
+        #: compare nodes (a compare may not read a duplicated copy: _compare_reads_copy)
+        self._compare = tuple(op == "compare" for op in graph.opcodes)
+        self._any_compare = any(self._compare)
+        self._reduce = tuple(op == "reduce" for op in graph.opcodes)
         self._arange = np.arange(self.n, dtype=np.int32)
         self._descendants: dict[int, tuple[tuple[int, ...], bool]] = {}
         #: members of a bucket (``order`` bytes) -> their descendants (_bucket_descendants)
         self._buckets: dict[bytes, tuple | np.ndarray | None] = {}
+        #: the C kernel and this space's tables for it, False without it (see _kernel)
+        self._ks: tuple[Any, Any] | bool | None = None
+        #: the kernel's all-reduce tables and the _ArTables they were made from
+        self._kar: tuple[_ArTables, Any] | None = None
+        #: like _buckets, as array('i') for the kernel (_descendants_i32)
+        self._kbuckets: dict[bytes, array | None] = {}
 
     @property
     def allreduces(self) -> tuple[int, ...]:
@@ -604,9 +631,10 @@ def can_fuse(space: FusionSpace, plan: Plan, producer: int, consumer: int) -> De
             return Decision(False, "producer has users outside the consumer group: that "
                             "needs a multi-output fusion (disabled on this backend; "
                             "duplicate the producer instead)")
-        return LEGAL
-    if _window_reach(space, plan, index, gp, users, gc, sc) is None:
+    elif _window_reach(space, plan, index, gp, users, gc, sc) is None:
         return Decision(False, "fusing would create a cycle (another path joins them)")
+    if space._any_compare and _compare_reads_copy(space, plan, index, gp, sp, ep, gc, sc, ec):
+        return _COMPARES_COPY
     return LEGAL
 
 
@@ -627,6 +655,42 @@ def _layout_safe(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ga: i
         return True
     inside = set(nodes)
     return all(bad[c] is None or bad[c].isdisjoint(inside) for c in inside)
+
+
+def _compare_reads_copy(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ga: int,
+                        sa: int, ea: int, gb: int, sb: int, eb: int,
+                        extra: int | None = None) -> bool:
+    """Whether a compare in a would-be fusion of groups ``ga`` (span ``sa:ea``) and ``gb``
+    (members, their copies and ``extra``, a new copy) reads a copy, directly or through
+    values computed from one inside the fusion.
+
+    A copy is a second version of its producer's value, computed in another kernel: on
+    XLA:CPU a fused ``y - x * x`` is one FMA, the unfused original two roundings. Where a
+    compare sets the two versions against each other (jax's gradient of ``max`` compares
+    ``x`` with ``max(x, 0)``; LayerNorm's variance is such an ``x``), a last-bit difference
+    becomes another branch and a different gradient (reformer, plan_check seed 63)."""
+    held = index[0]
+    copies = [*held.get(ga, ()), *(held.get(gb, ()) if gb != ga else ())]
+    if extra is not None:
+        copies.append(extra)
+    if not copies:
+        return False
+    is_compare, dops = space._compare, space._dops
+    nodes = [*plan.order[sa:ea], *(plan.order[sb:eb] if gb != ga else ()), *copies]
+    if not any(is_compare[c] for c in nodes):
+        return False
+    inside = set(nodes)
+    tainted = {c for c in copies if space._reduce[c] or not inside.isdisjoint(dops[c])}
+    if not tainted:
+        return False
+    grew = True
+    while grew:
+        grew = False
+        for c in nodes:
+            if c not in tainted and any(o in tainted for o in dops[c]):
+                tainted.add(c)
+                grew = True
+    return any(is_compare[c] and any(o in tainted for o in dops[c]) for c in nodes)
 
 
 def _unfusible(space: FusionSpace, node: int, role: str) -> Decision:
@@ -693,6 +757,9 @@ def _duplicate_rest(space: FusionSpace, plan: Plan, index: tuple[dict, dict], pr
         return _NO_OTHER_USERS
     if not space.multi_output and _exposes_member(space, plan, index, producer, gc):
         return _EXPOSES_MEMBER
+    if space._any_compare and _compare_reads_copy(space, plan, index, gc, sc, ec, gc, sc, sc,
+                                                  producer):
+        return _COMPARES_COPY
     return LEGAL
 
 
@@ -759,6 +826,12 @@ def _combine_plan(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ga: 
     first, second = (ga, gb) if plan.pos[ga] < plan.pos[gb] else (gb, ga)
     s1, e1 = _span(plan, first)
     s2, e2 = _span(plan, second)
+    return _combine_spans(space, plan, index, first, s1, e1, second, s2, e2)
+
+
+def _combine_spans(space: FusionSpace, plan: Plan, index: tuple[dict, dict], first: int,
+                   s1: int, e1: int, second: int, s2: int, e2: int) -> Plan | None:
+    """:func:`_combine_plan` given the buckets in schedule order and their spans."""
     single = _single_output(plan)
     reached = _descendant_groups(space, plan, first, s1, e1, s2, e2) if single else _WALK
     if reached is _WALK:
@@ -973,10 +1046,21 @@ def _merge_runs(space: FusionSpace, plan: Plan, index: tuple[dict, dict], first:
             new_group[order[k]] = gid
     else:
         np.frombuffer(new_group, _I32)[np.frombuffer(order, _I32)[s:e]] = gid
+    return _finish_merge(plan, index, first, second, new_order, new_pos, new_group, lo, hi,
+                         False, single)
+
+
+def _finish_merge(plan: Plan, index: tuple[dict, dict], first: int, second: int,
+                  new_order: array, new_pos: array, new_group: array, lo: int, hi: int,
+                  ar_kept: bool, single: bool) -> Plan:
+    """The plan merging ``first`` and ``second`` into new arrays (whose positions changed
+    only in ``lo:hi``): its copies and all-reduce state follow the merge (``ar_kept``: the
+    kernel found that the state stays as it is)."""
+    gid, other = (first, second) if first < second else (second, first)
     dups, new_index, stable = _merged_dups(plan, index, first, second, gid, other)
     state = getattr(plan, "_ars", None)
-    if state is not None:
-        state = _merged_ar_state(state, pos, new_pos, lo, hi, first, second, gid, other)
+    if state is not None and not ar_kept:
+        state = _merged_ar_state(state, plan.pos, new_pos, lo, hi, first, second, gid, other)
     return _plan(new_order, new_pos, new_group, dups, new_index, single, state, stable)
 
 
@@ -1019,20 +1103,12 @@ def _merged_dups(plan: Plan, index: tuple[dict, dict], first: int, second: int, 
     held, holders = index
     moved = held.get(other, ())
     kept = held.get(gid, ())
+    if not moved and not kept:  # (so nothing is dropped)
+        return _rebuilt_dups(plan, index)
     group = plan.group
     dropped = {p for p in moved + kept if group[p] == first or group[p] == second}
     if not moved and not dropped:
-        if getattr(plan, "_stable", False):
-            return dups, index, True
-        rebuilt = getattr(plan, "_rebuilt", None)  # the same for every merge of plan
-        if rebuilt is None:
-            again = frozenset(iter(frozenset(iter(dups))))
-            rebuilt = again, list(again) == list(dups)
-            try:
-                plan._rebuilt = rebuilt
-            except AttributeError:  # not a Plan instance
-                pass
-        return rebuilt[0], index, rebuilt[1]
+        return _rebuilt_dups(plan, index)
     if moved:
         dups = frozenset([(p, gid if g == other else g) for p, g in dups])
     else:
@@ -1057,6 +1133,23 @@ def _merged_dups(plan: Plan, index: tuple[dict, dict], first: int, second: int, 
         else:
             del holders[p]
     return dups, ((held, holders) if held else _NO_COPIES), False
+
+
+def _rebuilt_dups(plan: Plan, index: tuple[dict, dict]) -> tuple[frozenset, tuple[dict, dict],
+                                                                 bool]:
+    """:func:`_merged_dups` of a merge that changes no copies: ``dups`` rebuilt twice (the
+    same for every such merge of ``plan``, so kept on it) or, if stable, as it is."""
+    if getattr(plan, "_stable", False):
+        return plan.dups, index, True
+    rebuilt = getattr(plan, "_rebuilt", None)
+    if rebuilt is None:
+        again = frozenset(iter(frozenset(iter(plan.dups))))
+        rebuilt = again, list(again) == list(plan.dups)
+        try:
+            plan._rebuilt = rebuilt
+        except AttributeError:  # not a Plan instance
+            pass
+    return rebuilt[0], index, rebuilt[1]
 
 
 def _with_copy(space: FusionSpace, plan: Plan, index: tuple[dict, dict], producer: int,
@@ -1097,19 +1190,86 @@ def combine(space: FusionSpace, plan: Plan, a: int, b: int) -> Plan:
     return _combine_plan(space, plan, _index(plan), plan.group[a], plan.group[b])
 
 
+# --------------------------------------------------------------------------- C kernel
+
+
+def c_kernel_available() -> bool:
+    """Whether the moves run in the C kernel (built on first call; see the module doc)."""
+    return _plan_kernel.load() is not None
+
+
+def _kernel(space: FusionSpace) -> tuple[Any, Any] | bool:
+    """The C kernel (:mod:`hlo_tools._plan_kernel`) and ``space``'s tables for it, made on
+    first use and kept as ``space._ks``; False when the pure-Python code runs."""
+    kernel = _plan_kernel.load()
+    if kernel is None:
+        space._ks = False
+    else:
+        space._ks = kernel, kernel.new_space(
+            space.n, space.root, space.multi_output, space.users, space._dops, space._fops,
+            space._bad, space.compute_nodes, _outside_fops, _neighbours_of,
+            [i for i, r in enumerate(space._reduce) if r],
+            _compare_reads_copy if space._any_compare else None)
+    return space._ks
+
+
+def _kernel_ar(space: FusionSpace, tables: _ArTables, kernel) -> Any:
+    """The kernel's copy of ``tables`` (kept as ``space._kar`` while they are current)."""
+    kar = space._kar
+    if kar is None or kar[0] is not tables:
+        n = space.n
+        rank, key, index = [-1] * n, [-1] * n, [-1] * n
+        for b, k in tables.index.items():
+            rank[b], key[b], index[b] = tables.rank[b], tables.key[b], k
+        kar = space._kar = tables, kernel.new_ar_tables(
+            n, tuple(tables.index), rank, key, index, tables.by_rank, tables.is_allreduce,
+            tables.skip_buckets, tables.in_order)
+    return kar[1]
+
+
+def _kernel_ar_of(space: FusionSpace, state: _ArState | None, kernel) -> Any:
+    """The kernel's copy of the all-reduce tables ``state`` (a plan's :class:`_ArState`, or
+    None) was made with, if it has one or they are the space's current tables; else None."""
+    if state is None:
+        return None
+    kar = space._kar
+    if kar is not None and kar[0] is state.tables:
+        return kar[1]
+    tables = _ar(space)
+    return _kernel_ar(space, tables, kernel) if state.tables is tables else None
+
+
+def _outside_fops(space: FusionSpace, plan: Plan, index: tuple[dict, dict], gid: int, s: int,
+                  e: int):
+    """The kernel's call back for a group holding copies: its fusible outside operands."""
+    return _outside_operands(space, plan, index, gid, s, e, space._fops)
+
+
+def _neighbours_of(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ar: int):
+    """The kernel's call back for a rank node that is fused or holds copies."""
+    return _neighbours(space, plan, index, _ar(space), ar)
+
+
 # --------------------------------------------------------------------------- moves
+
+
+def _bits(rng: random.Random) -> Callable[[int], int] | None:
+    """``rng.getrandbits`` when ``rng.choice`` draws as :class:`random.Random`'s does
+    (``choice`` picks ``seq[_randbelow(len(seq))]``, and ``_randbelow`` draws
+    ``n.bit_length()`` bits until they are below ``n``), else None."""
+    cls = type(rng)
+    if (cls.choice is not random.Random.choice
+            or cls._randbelow is not random.Random._randbelow_with_getrandbits):
+        return None
+    return rng.getrandbits
 
 
 def _chooser(rng: random.Random) -> Callable[[Sequence], Any]:
     """``rng.choice``, or when ``rng`` draws as :class:`random.Random` does, a function
-    making exactly the same draws without its two method calls (``choice`` picks
-    ``seq[_randbelow(len(seq))]``, and ``_randbelow`` draws ``n.bit_length()`` bits until
-    they are below ``n``)."""
-    cls = type(rng)
-    if (cls.choice is not random.Random.choice
-            or cls._randbelow is not random.Random._randbelow_with_getrandbits):
+    making exactly the same draws without its two method calls (see :func:`_bits`)."""
+    bits = _bits(rng)
+    if bits is None:
         return rng.choice
-    bits = rng.getrandbits
 
     def choice(seq):
         n = len(seq)
@@ -1133,6 +1293,17 @@ def op_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
     if space.multi_output:
         return _multi_output_fusion_move(space, plan, rng, tries)
     index = _index(plan)
+    ks = space._ks if space._ks is not None else _kernel(space)
+    if ks:
+        bits = _bits(rng)
+        if bits is not None:
+            state = getattr(plan, "_ars", None)
+            found = ks[0].op_fusion(ks[1], _kernel_ar_of(space, state, ks[0]), state, space,
+                                    plan, index, bits, tries)
+            if found is None:
+                return plan
+            if found is not NotImplemented:
+                return _finish_merge(plan, index, *found, _single_output(plan))
     held, holders = index
     order, pos, group = plan.order, plan.pos, plan.group
     nodes, fops, n = space.compute_nodes, space._fops, len(order)
@@ -1175,6 +1346,9 @@ def op_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
                     continue
             elif not _layout_safe(space, plan, index, gp, sp, ep, gc, sc, ec):
                 continue
+        if held and space._any_compare and _compare_reads_copy(space, plan, index, gp, sp, ep,
+                                                               gc, sc, ec):
+            continue
         return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, None,
                            _single_output(plan))
     return plan
@@ -1198,7 +1372,8 @@ def _multi_output_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random
             continue
         succ.discard(gc)
         reached = _window_reach(space, plan, index, gp, succ, gc, sc)
-        if reached is not None:
+        if reached is not None and not (space._any_compare and _compare_reads_copy(
+                space, plan, index, gp, sp, ep, gc, sc, ec)):
             return _merge_runs(space, plan, index, gp, sp, ep, gc, sc, ec, reached, False)
     return plan
 
@@ -1254,6 +1429,15 @@ def duplicate_fusion_move(space: FusionSpace, plan: Plan, rng: random.Random,
     if not space.compute_nodes:
         return plan
     index = _index(plan)
+    ks = space._ks if space._ks is not None else _kernel(space)
+    if ks:
+        bits = _bits(rng)
+        if bits is not None:
+            found = ks[0].duplicate(ks[1], space, plan, index, bits, tries)
+            if found is None:
+                return plan
+            if found is not NotImplemented:
+                return _with_copy(space, plan, index, *found)
     choice = _chooser(rng)
     for _ in range(tries):
         edge = _random_edge(space, plan, index, choice)
@@ -1445,15 +1629,24 @@ def allreduce_move(space: FusionSpace, plan: Plan, rng: random.Random,
     ars = space.allreduces
     if len(ars) < 2:
         return plan
-    group = plan.group
     tables = _ar(space)
+    ks = space._ks if space._ks is not None else _kernel(space)
+    if ks:
+        bits = _bits(rng)
+        if bits is not None:
+            return _allreduce_move_c(space, plan, tables, ks, rng, bits, tries)
     choice = _chooser(rng)
     if _ar_state(plan, tables).buckets == 1:
         for _ in range(tries):  # one bucket: no try finds a neighbour
             choice(ars)
         return plan
-    index = _index(plan)
-    key = tables.key
+    return _allreduce_tries(space, plan, _index(plan), tables, choice, tries)
+
+
+def _allreduce_tries(space: FusionSpace, plan: Plan, index: tuple[dict, dict],
+                     tables: _ArTables, choice: Callable[[Sequence], Any], tries: int) -> Plan:
+    """The tries of :func:`allreduce_move` (of a plan with two buckets or more)."""
+    ars, group, key = space.allreduces, plan.group, tables.key
     for _ in range(tries):
         a = choice(ars)
         ga = group[a]
@@ -1467,6 +1660,61 @@ def allreduce_move(space: FusionSpace, plan: Plan, rng: random.Random,
         if merged is not None:
             return merged
     return plan
+
+
+def _allreduce_move_c(space: FusionSpace, plan: Plan, tables: _ArTables, ks: tuple[Any, Any],
+                      rng: random.Random, bits: Callable[[int], int], tries: int) -> Plan:
+    """:func:`allreduce_move` with the C kernel making the tries (and the Python code the
+    tries left when the kernel declines the plan, or is busy in another thread)."""
+    state = _ar_state(plan, tables)
+    kernel = ks[0]
+    if state.buckets == 1:
+        kernel.draws(bits, len(space.allreduces), tries)  # no try finds a neighbour
+        return plan
+    index = _index(plan)
+    kar = _kernel_ar(space, tables, kernel)
+    while tries > 0:
+        found = kernel.allreduce_pick(ks[1], kar, space, plan, index, state, bits, tries)
+        if found is None:
+            return plan
+        if found is NotImplemented:
+            return _allreduce_tries(space, plan, index, tables, _chooser(rng), tries)
+        tries, first, s1, e1, second, s2, e2 = found
+        merged = _combine_c(space, plan, index, ks, first, s1, e1, second, s2, e2)
+        if merged is not None:
+            return merged
+    return plan
+
+
+def _combine_c(space: FusionSpace, plan: Plan, index: tuple[dict, dict], ks: tuple[Any, Any],
+               first: int, s1: int, e1: int, second: int, s2: int, e2: int) -> Plan | None:
+    """:func:`_combine_spans` with the C kernel's merge when the descendants of ``first``
+    decide (see :func:`_descendant_groups`)."""
+    if _single_output(plan):
+        nodes = _descendants_i32(space, plan.order[s1:e1])
+        if nodes is not None:
+            state = getattr(plan, "_ars", None)
+            found = ks[0].merge(ks[1], _kernel_ar_of(space, state, ks[0]), state, plan, first,
+                                s1, e1, second, s2, e2, nodes)
+            if found is None:
+                return None
+            if found is not NotImplemented:
+                return _finish_merge(plan, index, *found, True)
+    return _combine_spans(space, plan, index, first, s1, e1, second, s2, e2)
+
+
+def _descendants_i32(space: FusionSpace, members: array) -> array | None:
+    """:func:`_bucket_descendants` as an array('i') for the kernel (cached likewise)."""
+    key = members.tobytes()
+    found = space._kbuckets.get(key, False)
+    if found is False:
+        parts = [_descendants(space, m) for m in members]
+        found = None if any(through for _, through in parts) else array(
+            "i", chain.from_iterable(nodes for nodes, _ in parts))
+        if len(space._kbuckets) >= _BUCKET_CACHE:
+            space._kbuckets.clear()
+        space._kbuckets[key] = found
+    return found
 
 
 MOVES = (op_fusion_move, duplicate_fusion_move, allreduce_move)

@@ -11,7 +11,7 @@ from array import array
 
 import pytest
 
-from hlo_tools import parse, to_text
+from hlo_tools import _plan_kernel, parse, to_text
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 from hlo_tools.rewrite import apply_plan
@@ -260,6 +260,8 @@ GOLDEN = {
         "ba33a6dfdb762b6699c47f3c3d9f66518eb32946f92907b99761d06b0b9a94cb",
     ("shard_map", 20, 300, 0, 1):
         "2e05fc3abdc06aaac2917c3a197fc6deed3e9b6a230237d6a12dfd06f93ad68a",
+    # recorded from the original implementation with the compare rule added (eb3ee6a)
+    ("compare", 100, 30, 30, 5): "2903db1cf8b97c9e54dbba301df818e48613974bbcd096e7dd7da46f033322e4",
 }
 GOLDEN_PATHS = {
     ("inline", 30, 30, 10, 5):
@@ -272,6 +274,9 @@ GOLDEN_PATHS = {
 def _setup(name: str, P=P):
     """(module, graph, space) of a test configuration: the inline MODULE (all-reduces as
     in ``env``) or the shard_map fixture, with multi-output fusion if ``-multi``."""
+    if name == "compare":  # compares next to copies: the rule of _compare_reads_copy
+        module = parse((FIXTURES / "snippets" / "compare_copy.hlo").read_text())
+        return module, device_graph(module), P.FusionSpace(device_graph(module))
     if name.startswith("inline"):
         module = parse(MODULE)
         graph = device_graph(module)
@@ -332,14 +337,25 @@ def fingerprint(P, name: str, seeds: int, moves: int, answer_seeds: int = 0,
     return h.hexdigest()
 
 
+@pytest.fixture(params=["c", "python"])
+def backend(request, monkeypatch):
+    """Runs a test with the C kernel of the moves (skipped where it cannot be built) and
+    with the pure-Python moves."""
+    if request.param == "python":
+        monkeypatch.setattr(_plan_kernel, "load", lambda: None)
+    elif _plan_kernel.load() is None:
+        pytest.skip("the C kernel of the moves cannot be built here")
+    return request.param
+
+
 @pytest.mark.parametrize("config", sorted(GOLDEN))
-def test_moves_decide_as_before(config):
+def test_moves_decide_as_before(config, backend):
     assert fingerprint(P, *config) == GOLDEN[config]
 
 
 @pytest.mark.parametrize("config", sorted(GOLDEN_PATHS))
 @pytest.mark.parametrize("path", ["numpy", "walk"])
-def test_every_path_of_a_merge_decides_as_before(config, path, monkeypatch):
+def test_every_path_of_a_merge_decides_as_before(config, path, backend, monkeypatch):
     """The numpy paths of merges (forced on even for tiny windows) and the walk of the
     window that finds the groups a bucket reaches (instead of the graph's descendants)
     make the same plans."""
@@ -432,7 +448,7 @@ def test_random_moves_draws_like_choices(env, weights):
     assert P.random_moves(space, plan, a, 0, (0, 0, 0)) is plan
 
 
-def test_derived_facts_match_fresh_ones():
+def test_derived_facts_match_fresh_ones(backend):
     """Spans (found by galloping), the all-reduce state merges keep and the copy index
     built on demand equal what is computed from scratch."""
     _, graph, space = _setup("shard_map")
@@ -463,3 +479,130 @@ def test_derived_facts_match_fresh_ones():
                 g: sorted(v) for g, v in fresh_held.items()}
             assert {p: sorted(v) for p, v in holders.items()} == {
                 p: sorted(v) for p, v in fresh_holders.items()}
+
+
+# ------------------------------------------------ the C kernel decides as the Python moves
+
+
+def test_the_backend_makes_the_moves(backend):
+    """The ``backend`` fixture selects what makes the moves: the kernel or the Python code."""
+    _, graph, space = _setup("shard_map")
+    P.random_moves(space, P.initial_plan(graph), random.Random(0), 10)
+    assert bool(space._ks) == (backend == "c")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.pre.hlo")))
+@pytest.mark.parametrize("multi_output", [False, True])
+def test_kernel_moves_as_python_does(name, multi_output, monkeypatch):
+    """On every fixture, walks of each kind of move (and of the mix) make the same plans
+    and the same draws with the C kernel as without it."""
+    if _plan_kernel.load() is None:
+        pytest.skip("the C kernel of the moves cannot be built here")
+    graph = device_graph(parse((FIXTURES / name).read_text()))
+
+    def walks():
+        space = P.FusionSpace(graph, multi_output=multi_output)
+        out = []
+        for seed in range(12):
+            for move in (lambda s, p, r: P.random_moves(s, p, r, 1), *P.MOVES):
+                rng, plan = random.Random(seed), P.initial_plan(graph)
+                for _ in range(60):
+                    plan = move(space, plan, rng)
+                    out.append(_plan_bytes(plan))
+                out.append(rng.getstate())
+        return out, bool(space._ks)
+
+    with_kernel, used = walks()
+    monkeypatch.setattr(_plan_kernel, "load", lambda: None)
+    assert used and walks() == (with_kernel, False)
+
+
+def test_kernel_takes_only_int32_arrays(env):
+    """A plan of 64-bit arrays is moved by the Python code (the kernel declines it before
+    drawing anything), with the same result."""
+    if _plan_kernel.load() is None:
+        pytest.skip("the C kernel of the moves cannot be built here")
+    _, graph, space = env
+    plan = P.random_moves(space, P.initial_plan(graph), random.Random(2), 8)
+    wide = P.Plan(*(array("q", x) for x in plan[:3]), plan.dups)
+    ks = P._kernel(space)
+    rng = random.Random(0)
+    assert ks[0].op_fusion(ks[1], None, None, space, wide, P._index(wide), rng.getrandbits,
+                           8) is NotImplemented
+    assert rng.getstate() == random.Random(0).getstate()
+    for move in P.MOVES:
+        a, b = move(space, plan, random.Random(5)), move(space, wide, random.Random(5))
+        assert [list(x) for x in a[:3]] == [list(x) for x in b[:3]] and a.dups == b.dups
+
+
+def _reset_kernel(monkeypatch):
+    monkeypatch.setattr(_plan_kernel, "_module", None)
+    monkeypatch.setattr(_plan_kernel, "_tried", False)
+
+
+def test_moves_fall_back_to_python_without_a_compiler(monkeypatch, env):
+    def no_cc():
+        raise OSError("no C compiler (cc) found")
+
+    _reset_kernel(monkeypatch)
+    monkeypatch.setattr(_plan_kernel, "build", no_cc)
+    with pytest.warns(RuntimeWarning, match="C kernel unavailable"):
+        assert _plan_kernel.load() is None
+    assert _plan_kernel.load() is None  # (warns once)
+    _, graph, _ = env
+    space = P.FusionSpace(graph)
+    P.random_moves(space, P.initial_plan(graph), random.Random(0), 20)
+    assert space._ks is False
+
+
+def test_backend_python_selects_the_python_moves(monkeypatch):
+    _reset_kernel(monkeypatch)
+    monkeypatch.setenv("DISCO_PLAN_BACKEND", "python")
+    assert _plan_kernel.load() is None
+
+
+def test_kernel_builds_into_cache_dir(monkeypatch, tmp_path):
+    if _plan_kernel.load() is None:
+        pytest.skip("the C kernel of the moves cannot be built here")
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
+    path = _plan_kernel.build()
+    assert path.parent == tmp_path and path.exists()
+    assert _plan_kernel.build() == path
+
+
+def test_allreduce_tries_go_on_in_python_when_the_kernel_declines(env, monkeypatch):
+    """When the kernel declines a plan after a try (its scratch busy in another thread),
+    the Python code makes the tries left: the same plans and draws."""
+    kernel = _plan_kernel.load()
+    if kernel is None:
+        pytest.skip("the C kernel of the moves cannot be built here")
+
+    class Declining:
+        """The kernel, declining every all-reduce pick after the first of a move."""
+
+        picks = declined = 0
+
+        def __getattr__(self, name):
+            return getattr(kernel, name)
+
+        def allreduce_pick(self, *args):
+            self.picks += 1
+            if self.picks > 1:
+                self.declined += 1
+                return NotImplemented
+            return kernel.allreduce_pick(*args)
+
+    _, graph, _ = env
+    space, declining = P.FusionSpace(graph), Declining()
+    space._ks = declining, P._kernel(space)[1]
+    python = P.FusionSpace(graph)
+    python._ks = False
+    for seed in range(40):
+        a, b = random.Random(seed), random.Random(seed)
+        plan = expected = P.initial_plan(graph)
+        for _ in range(6):
+            declining.picks = 0
+            plan, expected = P.allreduce_move(space, plan, a), P.allreduce_move(python, expected, b)
+            assert _plan_bytes(plan) == _plan_bytes(expected)
+        assert a.getstate() == b.getstate()
+    assert declining.declined
