@@ -55,7 +55,8 @@ RTOL, ATOL = 1e-5, 1e-6
 # "fusion" and "dot-library-rewriter" are both disabled and the mesh has >= 2 devices
 # (6.8e-5 absolute on the momentum trace; the float64 result agrees with the default
 # compile to 1e-7). Compiling jax's own lowering with exact=True gives the same, bitwise:
-# it is not a round-trip error, which test_execution_round_trip checks.
+# it is not a round-trip error, which test_execution_round_trip checks. It depends on the
+# CPU: on the AMD EPYC VM of session 3 XLA's exact compile matched jax.jit (1.2e-7).
 XLA_EXACT_DEVIATES = {"resnet"}
 
 pytestmark = pytest.mark.skipif(
@@ -151,23 +152,25 @@ def test_execution_round_trip(name, exact, record_property):
     print(f"\n{name} exact={exact}: bitwise={bitwise} max|diff|={diff:.3g} (vs same options)")
 
 
-def _jit_cases() -> list:
-    """(name, exact) cases, those where XLA itself deviates marked xfail(strict)."""
-    reason = "XLA:CPU exact-mode numerics (see XLA_EXACT_DEVIATES), not a round-trip error"
-    mark = pytest.mark.xfail(reason=reason, strict=True, raises=AssertionError)
-    return [
-        pytest.param(name, exact, marks=[mark] if exact and name in XLA_EXACT_DEVIATES else [])
-        for name in NAMES
-        for exact in (False, True)
-    ]
-
-
-@pytest.mark.parametrize("name, exact", _jit_cases())
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+@pytest.mark.parametrize("name", NAMES)
 def test_execution_matches_jit(name, exact, record_property):
-    """Our text compiled with ``compile_hlo`` gives ``jax.jit(step)``'s outputs."""
-    bitwise, diff = _assert_close(_ours(name, exact), _model(name).expected)
+    """Our text compiled with ``compile_hlo`` gives ``jax.jit(step)``'s outputs.
+
+    Where XLA's own exact-mode compile of the unchanged step already deviates from
+    ``jax.jit`` on this CPU (``XLA_EXACT_DEVIATES``), the case is an xfail: ours then
+    matches that compile instead (``test_execution_round_trip``)."""
+    want = _model(name).expected
+    if exact and name in XLA_EXACT_DEVIATES and not _all_close(_xla_own(name, True), want):
+        pytest.xfail("XLA:CPU's exact-mode numerics on this CPU (see XLA_EXACT_DEVIATES), "
+                     "not a round-trip error")
+    bitwise, diff = _assert_close(_ours(name, exact), want)
     record_property("bitwise", bitwise)
     print(f"\n{name} exact={exact}: bitwise={bitwise} max|diff|={diff:.3g} (vs jax.jit)")
+
+
+def _all_close(got: Any, want: Any) -> bool:
+    return all(np.allclose(g, w, rtol=RTOL, atol=ATOL) for g, w in _leaves(got, want))
 
 
 @pytest.mark.parametrize("name", NAMES)
