@@ -3,9 +3,12 @@
 Prints a table (module, instructions, parse s, print s, instr/s) and writes
 ``benchmarks/results/parse_speed.json``. Each figure is the best of ``--repeats`` runs,
 timed both by the wall clock and by the CPU time of this process (``time.process_time``),
-which other jobs on a shared machine disturb less. Run from the repository root:
+which other jobs on a shared machine disturb less. Each row names the parser backend
+that ran (``c``: the fast mode's C kernel; ``python``: the pure-Python loop), which
+``--backend`` (or ``$DISCO_PARSE_BACKEND``) selects. Run from the repository root:
 
     python benchmarks/parse_speed.py [--sizes 1000,10000,100000] [--zoo MODEL ...]
+        [--repeats N] [--backend auto|c|python]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import hlo_tools  # noqa: E402
+from hlo_tools.parser import parse_backend  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -54,7 +58,8 @@ def measure(name: str, text: str, repeats: int = 5) -> dict:
     module = hlo_tools.parse(text)
     print_s, print_cpu_s = _best(lambda: hlo_tools.to_text(module), repeats)
     n = module.instruction_count
-    return {"module": name, "instructions": n, "parse_s": parse_s, "print_s": print_s,
+    return {"module": name, "instructions": n, "parse_backend": parse_backend(),
+            "parse_s": parse_s, "print_s": print_s,
             "parse_instr_per_s": n / parse_s, "print_instr_per_s": n / print_s,
             "parse_cpu_s": parse_cpu_s, "print_cpu_s": print_cpu_s,
             "parse_cpu_instr_per_s": n / parse_cpu_s, "print_cpu_instr_per_s": n / print_cpu_s}
@@ -91,15 +96,20 @@ def main() -> None:
     parser.add_argument("--zoo", nargs="*", default=["transformer"],
                         help="zoo models to measure (default: transformer)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (best kept)")
+    parser.add_argument("--backend", choices=["auto", "c", "python"],
+                        help="parser backend (default: $DISCO_PARSE_BACKEND, else auto)")
     args = parser.parse_args()
+    if args.backend:
+        os.environ["DISCO_PARSE_BACKEND"] = args.backend
     texts = {f"synthetic-{n}": synthetic_module(int(n)) for n in args.sizes.split(",")}
     if args.zoo:
         texts.update(zoo_texts(args.zoo))
     rows = [measure(name, text, args.repeats) for name, text in texts.items()]
-    print(f"{'module':28} {'instrs':>7} {'parse s':>8} {'print s':>8} {'parse/s':>9} "
-          f"{'cpu parse/s':>11} {'print/s':>9} {'cpu print/s':>11}")
+    print(f"{'module':28} {'backend':>7} {'instrs':>7} {'parse s':>8} {'print s':>8} "
+          f"{'parse/s':>9} {'cpu parse/s':>11} {'print/s':>9} {'cpu print/s':>11}")
     for r in rows:
-        print(f"{r['module']:28} {r['instructions']:>7} {r['parse_s']:>8.4f} {r['print_s']:>8.4f} "
+        print(f"{r['module']:28} {r['parse_backend']:>7} {r['instructions']:>7} "
+              f"{r['parse_s']:>8.4f} {r['print_s']:>8.4f} "
               f"{r['parse_instr_per_s']:>9.0f} {r['parse_cpu_instr_per_s']:>11.0f} "
               f"{r['print_instr_per_s']:>9.0f} {r['print_cpu_instr_per_s']:>11.0f}")
     RESULTS.mkdir(exist_ok=True)

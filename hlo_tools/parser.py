@@ -7,16 +7,35 @@ attribute values. Every error is an :class:`HloParseError` naming line and colum
 Parsing runs in one of two modes. The *exact* mode checks every line completely as it
 reads it, so the first error in the text is the one raised. The *fast* mode (tried
 first) builds lines in XLA's canonical form straight from one regular expression and
-batches the checks that cost most per line (attribute brackets, operand names, unique
-names) into a few whole-module passes; when anything is off it gives up and
+batches the checks that cost most per line (operand names and unique names per body,
+attribute brackets and callees per module); when anything is off it gives up and
 :func:`parse` re-runs the exact mode, so results and error messages are the same.
+
+The fast mode's hot loop also exists as a small C kernel (see ``_KERNEL_SOURCE`` at the
+end), built on first use when a C compiler and the Python headers are there. It builds
+the same instructions as the Python loop and leaves it every line it is not sure about,
+so the results never depend on it; ``DISCO_PARSE_BACKEND=python`` turns it off.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
 import re
-from itertools import chain
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import warnings
+from itertools import chain, compress
+from pathlib import Path
+from types import ModuleType
 
 from hlo_tools.ir import (
     CALLED_COMPUTATION_ATTRS,
@@ -28,7 +47,7 @@ from hlo_tools.ir import (
     Shape,
 )
 
-__all__ = ["HloParseError", "parse", "parse_shape"]
+__all__ = ["HloParseError", "parse", "parse_backend", "parse_shape"]
 
 
 class HloParseError(ValueError):
@@ -215,19 +234,37 @@ def _matching_paren(line: str, pos: int, lineno: int) -> int:
                         text_line=line)
 
 
+_ODD_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # (ASCII, but "\n")
+
+
+def _split_lines(text: str) -> list[str]:
+    """``text.splitlines()``, faster for the usual text (ASCII, no line break but "\\n")."""
+    if not text.isascii() or any(c in text for c in _ODD_LINE_BREAKS):
+        return text.splitlines()
+    lines = text.split("\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
+
+
 class _Retry(Exception):
     """Raised by the fast mode when the exact mode has to decide (usually: an error)."""
 
 
 class _Parser:
     def __init__(self, text: str, source: str | None, fast: bool = False):
-        self.lines = text.splitlines()
+        self.lines = _split_lines(text)
         self.source = source
         self.fast = fast
         self.i = 0
         self.line_of: dict[str, int] = {}  # exact mode only
         self.first_instr_line = -1  # 0-based line of the module's first instruction
-        self.deferred_attrs: list[str] = []  # fast mode: attribute texts not checked yet
+        # fast mode: attribute texts not checked yet, and the instruction names seen so
+        # far with their count (to find duplicates across computations at the end)
+        self.attr_texts: list[str] = []
+        self.names: set[str] = set()
+        self.name_count = 0
+        self.kernel_run = _kernel_run() if fast else None  # the C kernel, if any
 
     def error(self, message: str, column: int = 1, expected: str = "") -> HloParseError:
         lineno = min(self.i, len(self.lines) - 1) if self.lines else 0
@@ -261,8 +298,7 @@ class _Parser:
             self._skip_blank()
         module = HloModule(m.group(1), header_attrs, computations, sections)
         if self.fast:
-            _check_attr_texts(self.deferred_attrs)
-            _check_module_fast(module)
+            _check_module_fast(module, self.attr_texts, len(self.names) == self.name_count)
         else:
             self._check_module(module)
         first = module.computations[0].instructions[0].name
@@ -335,26 +371,33 @@ class _Parser:
         """Fast mode: :meth:`_body` for the common case (the hot loop: kept tight).
 
         A line that ``_CANONICAL_INSTR`` matches is built here with the same result as
-        ``_parse_instruction``, except that three checks move to the end of the module:
-        the attribute text's brackets (collected in ``deferred_attrs``), that operands
-        name defined instructions (which also catches operand lists that are not
-        ``a, b, ...``) and that names are unique. Any other line goes through
-        ``_parse_instruction`` as in the exact mode. Errors need no line numbers here:
+        ``_parse_instruction`` (by the C kernel when there is one: ``_KERNEL_SOURCE``);
+        any other line goes through ``_parse_instruction`` as in the exact mode. The
+        checks that cost most per line are batched: per body (one ROOT, unique names,
+        operands defined, in :meth:`_check_body`) and per module (attribute brackets,
+        callees, names unique across computations). Errors need no line numbers here:
         any error makes :func:`parse` re-run the exact mode.
         """
         lines, opcodes, shapes = self.lines, HLO_OPCODES, _SHAPE_CACHE
-        match, defer = _CANONICAL_INSTR.match, self.deferred_attrs.append
-        instructions: list[HloInstruction] = []
-        append = instructions.append
-        root_name = None
-        for k in range(self.i + 1, len(lines)):
+        match, no_operands = _CANONICAL_INSTR.match, _NO_OPERAND_OPCODES
+        run = self.kernel_run
+        body = instructions, roots, names, operand_lists, texts = [], [], [], [], []
+        add_instr, add_name, add_ops, add_text = (
+            instructions.append, names.append, operand_lists.append, texts.append)
+        k, n = self.i + 1, len(lines)
+        while k < n:
+            if run is not None:  # builds lines k, k + 1, ... as below, as far as it can
+                k = run(lines, k, body, _KERNEL_CONTEXT)
+                if k == n:
+                    break
             line = lines[k]
-            m = match(line) if "/*" not in line else None
+            k += 1
+            m = match(line)
             if m is not None:
-                is_root, name, shape_text, opcode, inner, text = m.groups()
-                shape = shapes.get(shape_text) or _shape_at(shape_text, line, m.start(3), k + 1)
+                is_root, name, shape_text, opcode, inner, text = m.groups("")
+                shape = shapes.get(shape_text) or _shape_at(shape_text, line, m.start(3), k)
                 payload = ""
-                if opcode in _NO_OPERAND_OPCODES:
+                if opcode in no_operands:
                     payload, operands = inner.strip(), []
                     if opcode == "parameter" and not payload.isdigit():
                         raise _Retry  # a bad parameter number
@@ -364,26 +407,42 @@ class _Parser:
                     operands = inner.replace("%", "").split(", ")
                 else:
                     operands = inner.split(", ")
-                if text is None:
-                    text = ""
-                else:
-                    defer(text)
-                instr = HloInstruction(name, opcode, shape, operands, None, payload, text)
+                add_instr(HloInstruction(name, opcode, shape, operands, None, payload, text))
+                if opcode not in opcodes:
+                    raise _Retry
             elif not line or line.isspace():
                 continue
             elif line.strip() == "}":
-                self.i = k + 1
-                return instructions, root_name
+                self.i = k
+                return self._check_body(*body)
             else:
-                instr, is_root = _parse_instruction(_INDEX_COMMENT.sub("", line), k + 1)
-            if instr.opcode not in opcodes:
-                raise _Retry
-            append(instr)
+                instr, is_root = _parse_instruction(_INDEX_COMMENT.sub("", line), k)
+                if instr.opcode not in opcodes:
+                    raise _Retry
+                add_instr(instr)
+                name, operands, text = instr.name, instr.operands, instr.attr_text
+            add_name(name)
+            add_ops(operands)
+            add_text(text)
             if is_root:
-                if root_name is not None:
-                    raise _Retry  # a second ROOT
-                root_name = instr.name
+                roots.append(name)
         raise _Retry  # end of input inside the computation
+
+    def _check_body(self, instructions: list[HloInstruction], roots: list[str],
+                    names: list[str], operand_lists: list[list[str]],
+                    texts: list[str]) -> tuple[list[HloInstruction], str | None]:
+        """Fast mode: the checks of one body (one ROOT at most, unique names, operands
+        defined in it); keeps names and attribute texts for the module-wide checks."""
+        local = set(names)
+        if (len(roots) > 1 or len(local) != len(names)
+                or not local.issuperset(chain.from_iterable(operand_lists))):
+            raise _Retry  # (an operand list not like "a, b" has an undefined operand)
+        if len(local) > len(self.names):  # (the smaller set goes into the larger)
+            self.names, local = local, self.names
+        self.names |= local
+        self.name_count += len(names)
+        self.attr_texts += texts
+        return instructions, (roots[0] if roots else None)
 
     def _with_source(self, e: HloParseError) -> HloParseError:
         if self.source is None:
@@ -422,29 +481,22 @@ class _Parser:
                              self.lines[line - 1])
 
 
-def _check_module_fast(module: HloModule) -> None:
-    """The checks of ``_check_module`` and of unique names, as whole-set operations.
+def _check_module_fast(module: HloModule, attr_texts: list[str], unique_names: bool) -> None:
+    """The module-wide checks of the fast mode; raises _Retry when one fails.
 
-    Raises _Retry when one fails, so that the exact mode reports it.
+    Those of ``_check_module`` not done per body (computation names, one ENTRY, callees
+    defined), that instruction names are unique across computations
+    (``unique_names``), and the bracket check of ``_attr_text`` for ``attr_texts``.
     """
     computations = module.computations
     comps = {c.name for c in computations}
-    if len(comps) != len(computations) or sum(c.is_entry for c in computations) != 1:
+    if (len(comps) != len(computations) or sum(c.is_entry for c in computations) != 1
+            or not unique_names):
         raise _Retry
-    names: set[str] = set()
-    count = 0
-    for comp in computations:
-        instrs = comp.instructions
-        local = {i.name for i in instrs}
-        names |= local
-        count += len(instrs)
-        if not local.issuperset(chain.from_iterable([i.operands for i in instrs])):
-            raise _Retry  # an undefined operand, or an operand list not like "a, b"
-    if len(names) != count:
-        raise _Retry  # a duplicate instruction name
-    texts = "\n".join([i.attr_text for c in computations for i in c.instructions])
+    texts = "\n".join(attr_texts)
     if not comps.issuperset(_called_in(texts)):
         raise _Retry
+    _check_attr_texts(texts)
 
 
 _CALLEE_KEYS = "|".join(rf"(?<={key}=)" for key in CALLED_COMPUTATION_ATTRS)
@@ -468,7 +520,7 @@ def _called_in(attr_texts: str) -> list[str]:
 # Deleting all bytes but these keeps what _balanced looks at (non-ASCII characters
 # are never among them).
 _SKELETON_DELETE = bytes(c for c in range(256) if chr(c) not in '{}()[]"\\\n')
-_S = r'"(?:[^"\\]|\\.)*+"'
+_S = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'  # a string: (?:[^"\\]|\\.)*+ unrolled (faster in re)
 
 
 def _nested(inner: str) -> str:
@@ -486,21 +538,19 @@ _ATTR = rf"[A-Za-z_][\w\-]*={_TOP}(?:{_nested(_IN2)}{_TOP})*+"
 _WELL_FORMED_ATTRS = re.compile(rf"{_ATTR}(?:, {_ATTR})*+")
 
 
-def _check_attr_texts(texts: list[str]) -> None:
-    """The bracket check of ``_attr_text`` for many texts at once.
+def _check_attr_texts(texts: str) -> None:
+    """The bracket check of ``_attr_text`` for many newline-joined texts at once.
 
     ``_balanced`` only counts brackets, quotes and backslashes, so it is decided per
     distinct *skeleton* (the text without other characters), and few skeletons occur.
     Texts it rejects must split without error (else the exact mode reports it).
     """
-    if not texts:
-        return
-    joined = "\n".join(texts).encode("utf-8", "surrogatepass")
-    skeletons = joined.translate(None, _SKELETON_DELETE).split(b"\n")
+    skeletons = texts.encode("utf-8", "surrogatepass").translate(None, _SKELETON_DELETE)
+    skeletons = skeletons.split(b"\n")
     bad = {s for s in set(skeletons) if not _balanced(s.decode())}
     if not bad:
         return
-    for text in {text for text, skeleton in zip(texts, skeletons) if skeleton in bad}:
+    for text in set(compress(texts.split("\n"), map(bad.__contains__, skeletons))):
         if not _WELL_FORMED_ATTRS.fullmatch(text):
             try:
                 _parse_attrs(text, 1, text)
@@ -522,10 +572,13 @@ _FAST_INSTR = re.compile(
 # The subset of _FAST_INSTR lines XLA prints: ", " before the first ``key=`` attribute
 # and nothing after the last non-blank character. Same groups, but the last one is the
 # attribute text exactly as _attr_text would return it (None when there is none).
-# (Single spaces and possessive repeats only make it faster.)
+# Narrower still: ASCII names, and no "*" anywhere, so that a line with an index
+# comment (which the exact mode deletes first) never matches. (Single spaces, ASCII
+# classes and possessive repeats only make it faster.)
 _CANONICAL_INSTR = re.compile(
-    r" *(ROOT )?%?([A-Za-z_][\w.\-]*+) = ([a-z][a-z0-9]*+\[[^\]]*+\](?:\{[^}]*+\})?)"
-    r" ([a-z][a-z0-9\-]*+)\(([^(){}\[\]\"]*+)\)(?:, ([A-Za-z_][\w\-]*+=.*\S))?$")
+    r" *(ROOT )?%?([A-Za-z_][0-9A-Za-z_.\-]*+) = ([a-z][a-z0-9]*+\[[^\]*]*+\](?:\{[^}*]*+\})?)"
+    r" ([a-z][a-z0-9\-]*+)\(([^(){}\[\]\"*]*+)\)"
+    r"(?:, ([A-Za-z_][0-9A-Za-z_\-]*+=[^*]*[^*\s]))?$")
 _OPERAND_LIST = re.compile(r"[A-Za-z_][\w.\-]*(?:,[A-Za-z_][\w.\-]*)*")
 _ATTR_BOUNDARY = re.compile(r",\s*(?=[A-Za-z_][\w\-]*=)")
 
@@ -659,3 +712,455 @@ def _balanced(part: str) -> bool:
         return False
     return (part.count("{") == part.count("}") and part.count("(") == part.count(")")
             and part.count("[") == part.count("]"))
+
+
+# --- The C kernel ----------------------------------------------------------------------
+# The fast mode's hot loop as a CPython extension, compiled with the system C compiler on
+# first use (as the simulator's kernel is) into the cache directory ($DISCO_CACHE_DIR, or
+# disco_jax in $XDG_CACHE_HOME, default ~/.cache/disco_jax). It builds exactly what the
+# Python code of _Parser._body_fast builds and leaves to that code every line it is not
+# sure about, so results never depend on it (the tests compare both). The environment
+# variable DISCO_PARSE_BACKEND selects: auto (the default: the kernel when it can be
+# built, else the Python code, with one warning), c (the kernel or an error) or python.
+
+_KERNEL_SOURCE = r"""/* The fast mode's hot loop of hlo_tools.parser, as a CPython extension.
+
+   run(lines, k, body, context) builds the instructions of lines[k], lines[k + 1], ...
+   exactly as _Parser._body_fast's Python code does, for as long as each line is ASCII
+   and canonical (_CANONICAL_INSTR matches it), its shape text is in the shape cache, its
+   opcode is known and a parameter's number is a number; it returns the index of the
+   first line it leaves to the Python code. It appends to the lists of
+   body = (instructions, roots, names, operand_lists, texts), where texts only gets the
+   attribute texts the module-wide checks need: those _balanced rejects and those with a
+   callee key right before a '='. context = (shapes, opcodes, make, callee_keys), make
+   being HloInstruction.
+
+   groups(line) is _CANONICAL_INSTR.match(line).groups("") as the kernel reads it, or
+   None where it leaves the line to Python (for the tests). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+/* Character classes of _CANONICAL_INSTR (ASCII only) and of Python's \s and str.strip. */
+static int is_lower(Py_UCS1 c) { return c >= 'a' && c <= 'z'; }
+static int is_digit(Py_UCS1 c) { return c >= '0' && c <= '9'; }
+static int is_first(Py_UCS1 c) { return is_lower(c) || (c >= 'A' && c <= 'Z') || c == '_'; }
+static int is_key(Py_UCS1 c) { return is_first(c) || is_digit(c) || c == '-'; }
+static int is_name(Py_UCS1 c) { return is_key(c) || c == '.'; }
+static int is_space(Py_UCS1 c) {
+    return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+}
+static int is_inner(Py_UCS1 c) {  /* [^(){}\[\]"*] */
+    return c != '(' && c != ')' && c != '{' && c != '}' && c != '[' && c != ']' && c != '"'
+        && c != '*';
+}
+
+typedef struct {  /* where the groups of _CANONICAL_INSTR are: s[name0:name1], ... */
+    int root;
+    Py_ssize_t name0, name1, shape0, shape1, op0, op1, in0, in1, attr0;
+} Groups;
+
+/* _CANONICAL_INSTR after "(ROOT )?", from s[i] to the end of s[0:n]:
+   %?NAME = SHAPE OPCODE(INNER)(, KEY=VALUE)?$ with its possessive repeats. */
+static int match_rest(const Py_UCS1 *s, Py_ssize_t n, Py_ssize_t i, Groups *g) {
+    Py_ssize_t j;
+    if (i < n && s[i] == '%') i++;
+    if (i >= n || !is_first(s[i])) return 0;
+    g->name0 = i;
+    for (i++; i < n && is_name(s[i]); i++) {}
+    g->name1 = i;
+    if (n - i < 3 || memcmp(s + i, " = ", 3) != 0) return 0;
+    g->shape0 = i += 3;
+    if (i >= n || !is_lower(s[i])) return 0;
+    for (i++; i < n && (is_lower(s[i]) || is_digit(s[i])); i++) {}
+    if (i >= n || s[i] != '[') return 0;
+    for (i++; i < n && s[i] != ']' && s[i] != '*'; i++) {}
+    if (i >= n || s[i] != ']') return 0;
+    i++;
+    if (i < n && s[i] == '{') {  /* the layout (without it, "{" cannot follow) */
+        for (j = i + 1; j < n && s[j] != '}' && s[j] != '*'; j++) {}
+        if (j >= n || s[j] != '}') return 0;
+        i = j + 1;
+    }
+    g->shape1 = i;
+    if (i >= n || s[i] != ' ') return 0;
+    g->op0 = ++i;
+    if (i >= n || !is_lower(s[i])) return 0;
+    for (i++; i < n && (is_lower(s[i]) || is_digit(s[i]) || s[i] == '-'); i++) {}
+    g->op1 = i;
+    if (i >= n || s[i] != '(') return 0;
+    g->in0 = ++i;
+    for (; i < n && is_inner(s[i]); i++) {}
+    if (i >= n || s[i] != ')') return 0;
+    g->in1 = i++;
+    g->attr0 = i;
+    if (i == n) return 1;  /* no attributes */
+    if (n - i < 2 || s[i] != ',' || s[i + 1] != ' ') return 0;
+    g->attr0 = i += 2;
+    if (i >= n || !is_first(s[i])) return 0;
+    for (i++; i < n && is_key(s[i]); i++) {}
+    if (i >= n || s[i] != '=') return 0;
+    i++;  /* then [^*]*[^*\s]$: a character at least, no '*', no space at the end */
+    return i < n && memchr(s + i, '*', n - i) == NULL && !is_space(s[n - 1]);
+}
+
+/* _CANONICAL_INSTR.match on s[0:n], trying "ROOT " first as the regex does. */
+static int match_line(const Py_UCS1 *s, Py_ssize_t n, Groups *g) {
+    Py_ssize_t i = 0;
+    while (i < n && s[i] == ' ') i++;
+    g->root = n - i >= 5 && memcmp(s + i, "ROOT ", 5) == 0 && match_rest(s, n, i + 5, g);
+    return g->root || match_rest(s, n, i, g);
+}
+
+static PyObject *ascii_str(const Py_UCS1 *s, Py_ssize_t n) {
+    PyObject *str = PyUnicode_New(n, 127);
+    if (str != NULL) memcpy(PyUnicode_1BYTE_DATA(str), s, n);
+    return str;
+}
+
+/* inner.replace("%", "").split(", ") */
+static PyObject *split_operands(const Py_UCS1 *s, Py_ssize_t n) {
+    Py_UCS1 stack[512], *buf = n <= 512 ? stack : PyMem_Malloc(n);
+    Py_ssize_t m = 0, i, start = 0;
+    PyObject *list, *item;
+    if (buf == NULL) return PyErr_NoMemory();
+    for (i = 0; i < n; i++)
+        if (s[i] != '%') buf[m++] = s[i];
+    list = PyList_New(0);
+    for (i = 0; list != NULL && i <= m; i++) {
+        if (i < m && !(buf[i] == ',' && i + 1 < m && buf[i + 1] == ' ')) continue;
+        item = ascii_str(buf + start, i - start);
+        if (item == NULL || PyList_Append(list, item) < 0) Py_CLEAR(list);
+        Py_XDECREF(item);
+        start = ++i + 1;  /* past the ", " (or the end) */
+    }
+    if (buf != stack) PyMem_Free(buf);
+    return list;
+}
+
+/* inner.strip() of a constant or parameter; NULL without an exception for a parameter
+   number that is not a number (the Python code raises then). */
+static PyObject *payload(PyObject *line, const Py_UCS1 *s, Py_ssize_t a, Py_ssize_t b,
+                         int parameter) {
+    Py_ssize_t i;
+    while (a < b && is_space(s[a])) a++;
+    while (b > a && is_space(s[b - 1])) b--;
+    if (parameter) {
+        if (a == b) return NULL;
+        for (i = a; i < b; i++)
+            if (!is_digit(s[i])) return NULL;
+    }
+    return PyUnicode_Substring(line, a, b);
+}
+
+typedef struct {  /* the callee keys of one run() call; ends[c]: some key ends with c */
+    Py_ssize_t count, len[16];
+    const char *key[16];
+    char ends[256];
+} Keys;
+
+static int read_keys(PyObject *keys, Keys *out) {
+    Py_ssize_t j;
+    if (!PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) > 16) {
+        PyErr_SetString(PyExc_TypeError, "callee keys: a tuple of at most 16 str");
+        return -1;
+    }
+    out->count = PyTuple_GET_SIZE(keys);
+    memset(out->ends, 0, sizeof out->ends);
+    for (j = 0; j < out->count; j++) {
+        out->key[j] = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, j), &out->len[j]);
+        if (out->key[j] == NULL) return -1;
+        if (out->len[j] == 0) {
+            PyErr_SetString(PyExc_ValueError, "callee keys: empty key");
+            return -1;
+        }
+        out->ends[(unsigned char)out->key[j][out->len[j] - 1]] = 1;
+    }
+    return 0;
+}
+
+/* Whether a callee key ends right before s[i] (a '='). */
+static int callee_key_before(const Py_UCS1 *s, Py_ssize_t i, const Keys *keys) {
+    Py_ssize_t j;
+    if (i == 0 || !keys->ends[s[i - 1]]) return 0;
+    for (j = 0; j < keys->count; j++)
+        if (keys->len[j] <= i && memcmp(s + i - keys->len[j], keys->key[j], keys->len[j]) == 0)
+            return 1;
+    return 0;
+}
+
+static const char SPECIAL[256] = {  /* the characters needs_check looks at */
+    ['{'] = 1, ['}'] = 1, ['('] = 1, [')'] = 1, ['['] = 1, [']'] = 1, ['"'] = 1, ['\\'] = 1,
+    ['='] = 1,
+};
+
+/* Whether the module-wide checks need the attribute text s[0:n]: _balanced(text) is
+   false, or a callee key stands right before a '='. */
+static int needs_check(const Py_UCS1 *s, Py_ssize_t n, const Keys *keys) {
+    Py_ssize_t curly = 0, round = 0, square = 0, quotes = 0, backslashes = 0, i;
+    for (i = 0; i < n; i++) {
+        if (!SPECIAL[s[i]]) continue;
+        switch (s[i]) {
+        case '{': curly++; break;
+        case '}': curly--; break;
+        case '(': round++; break;
+        case ')': round--; break;
+        case '[': square++; break;
+        case ']': square--; break;
+        case '"': quotes++; break;
+        case '\\': backslashes++; break;
+        default:
+            if (callee_key_before(s, i, keys)) return 1;
+        }
+    }
+    return curly || round || square || (quotes && (quotes % 2 || backslashes));
+}
+
+typedef struct {
+    PyObject *instructions, *roots, *names, *operand_lists, *texts;  /* borrowed */
+    PyObject *shapes, *opcodes, *make;
+    Keys keys;
+} Context;
+
+static int read_context(PyObject *body, PyObject *context, Context *c) {
+    if (!PyTuple_Check(body) || PyTuple_GET_SIZE(body) != 5 || !PyTuple_Check(context)
+            || PyTuple_GET_SIZE(context) != 4) {
+        PyErr_SetString(PyExc_TypeError, "run(): body and context are tuples of 5 and 4");
+        return -1;
+    }
+    c->instructions = PyTuple_GET_ITEM(body, 0);
+    c->roots = PyTuple_GET_ITEM(body, 1);
+    c->names = PyTuple_GET_ITEM(body, 2);
+    c->operand_lists = PyTuple_GET_ITEM(body, 3);
+    c->texts = PyTuple_GET_ITEM(body, 4);
+    c->shapes = PyTuple_GET_ITEM(context, 0);
+    c->opcodes = PyTuple_GET_ITEM(context, 1);
+    c->make = PyTuple_GET_ITEM(context, 2);
+    if (!PyList_Check(c->instructions) || !PyList_Check(c->roots) || !PyList_Check(c->names)
+            || !PyList_Check(c->operand_lists) || !PyList_Check(c->texts)
+            || !PyDict_Check(c->shapes) || !PyAnySet_Check(c->opcodes)
+            || !PyCallable_Check(c->make)) {
+        PyErr_SetString(PyExc_TypeError, "run(): bad body or context");
+        return -1;
+    }
+    return read_keys(PyTuple_GET_ITEM(context, 3), &c->keys);
+}
+
+/* Appends a built instruction and its parts to the body's lists. */
+static int append(const Context *c, PyObject *instr, PyObject *name, PyObject *operands,
+                  PyObject *text, int root, int check) {
+    if (PyList_Append(c->instructions, instr) < 0 || PyList_Append(c->names, name) < 0
+            || PyList_Append(c->operand_lists, operands) < 0)
+        return -1;
+    if (root && PyList_Append(c->roots, name) < 0) return -1;
+    return check ? PyList_Append(c->texts, text) : 0;
+}
+
+/* Builds the instruction of a matched line: 1 if appended, 0 if left to Python, -1 on
+   an error. */
+static int build(PyObject *line, const Py_UCS1 *s, const Groups *g, const Context *c) {
+    PyObject *opcode, *key = NULL, *shape = NULL, *name = NULL, *operands = NULL;
+    PyObject *pay = NULL, *text = NULL, *instr = NULL;
+    Py_ssize_t oplen = g->op1 - g->op0, n = PyUnicode_GET_LENGTH(line);
+    int rc = -1, parameter;
+    opcode = PyUnicode_Substring(line, g->op0, g->op1);
+    if (opcode == NULL) return -1;
+    rc = PySet_Contains(c->opcodes, opcode);  /* 0: unknown, Python raises */
+    if (rc <= 0) goto done;
+    rc = -1;
+    key = PyUnicode_Substring(line, g->shape0, g->shape1);
+    if (key == NULL) goto done;
+    shape = PyDict_GetItemWithError(c->shapes, key);
+    if (shape == NULL) {  /* not cached: Python parses it */
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    Py_INCREF(shape);  /* (`make` runs Python code, which may clear the cache) */
+    parameter = oplen == 9 && memcmp(s + g->op0, "parameter", 9) == 0;
+    if (parameter || (oplen == 8 && memcmp(s + g->op0, "constant", 8) == 0)) {
+        pay = payload(line, s, g->in0, g->in1, parameter);
+        if (pay == NULL) {
+            rc = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        operands = PyList_New(0);
+    } else {
+        pay = PyUnicode_New(0, 127);
+        operands = g->in0 == g->in1 ? PyList_New(0) : split_operands(s + g->in0, g->in1 - g->in0);
+    }
+    name = PyUnicode_Substring(line, g->name0, g->name1);
+    text = PyUnicode_Substring(line, g->attr0, n);
+    if (pay == NULL || operands == NULL || name == NULL || text == NULL) goto done;
+    {
+        PyObject *args[7] = {name, opcode, shape, operands, Py_None, pay, text};
+        instr = PyObject_Vectorcall(c->make, args, 7, NULL);
+    }
+    if (instr != NULL && append(c, instr, name, operands, text, g->root,
+                                needs_check(s + g->attr0, n - g->attr0, &c->keys)) == 0)
+        rc = 1;
+done:
+    Py_DECREF(opcode);
+    Py_XDECREF(key);
+    Py_XDECREF(shape);
+    Py_XDECREF(name);
+    Py_XDECREF(operands);
+    Py_XDECREF(pay);
+    Py_XDECREF(text);
+    Py_XDECREF(instr);
+    return rc;
+}
+
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Context c;
+    Py_ssize_t k;
+    (void)self;
+    if (nargs != 4 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "run(lines: list, k, body, context)");
+        return NULL;
+    }
+    k = PyLong_AsSsize_t(args[1]);
+    if ((k == -1 && PyErr_Occurred()) || read_context(args[2], args[3], &c) < 0) return NULL;
+    for (; k >= 0 && k < PyList_GET_SIZE(args[0]); k++) {
+        PyObject *line = PyList_GET_ITEM(args[0], k);
+        Groups g;
+        int rc;
+        if (!PyUnicode_Check(line) || !PyUnicode_IS_ASCII(line)
+                || !match_line(PyUnicode_1BYTE_DATA(line), PyUnicode_GET_LENGTH(line), &g))
+            break;
+        Py_INCREF(line);
+        rc = build(line, PyUnicode_1BYTE_DATA(line), &g, &c);
+        Py_DECREF(line);
+        if (rc < 0) return NULL;
+        if (rc == 0) break;
+    }
+    return PyLong_FromSsize_t(k);
+}
+
+static PyObject *groups(PyObject *self, PyObject *line) {
+    Groups g;
+    Py_ssize_t n;
+    (void)self;
+    if (!PyUnicode_Check(line)) {
+        PyErr_SetString(PyExc_TypeError, "groups(line: str)");
+        return NULL;
+    }
+    n = PyUnicode_GET_LENGTH(line);
+    if (!PyUnicode_IS_ASCII(line) || !match_line(PyUnicode_1BYTE_DATA(line), n, &g))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(sNNNNN)", g.root ? "ROOT " : "",
+                         PyUnicode_Substring(line, g.name0, g.name1),
+                         PyUnicode_Substring(line, g.shape0, g.shape1),
+                         PyUnicode_Substring(line, g.op0, g.op1),
+                         PyUnicode_Substring(line, g.in0, g.in1),
+                         PyUnicode_Substring(line, g.attr0, n));
+}
+
+static PyMethodDef methods[] = {
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "Builds canonical lines."},
+    {"groups", groups, METH_O, "The groups of a canonical line, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hlo_parse_kernel", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hlo_parse_kernel(void) { return PyModule_Create(&module); }
+"""
+_KERNEL_NAME = "_hlo_parse_kernel"  # (its init function is PyInit__hlo_parse_kernel)
+_KERNEL_CFLAGS = ("-O2", "-shared", "-fPIC", "-fno-strict-aliasing",
+                  *(("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()))
+#: what the kernel's ``run`` needs besides the lines and the body's lists
+_KERNEL_CONTEXT = (_SHAPE_CACHE, HLO_OPCODES, HloInstruction, CALLED_COMPUTATION_ATTRS)
+_kernel: ModuleType | None = None
+_kernel_tried = False
+_kernel_lock = threading.Lock()
+
+
+def parse_backend() -> str:
+    """What runs the fast mode's hot loop now: ``"c"`` (the C kernel) or ``"python"``."""
+    return "python" if _kernel_run() is None else "c"
+
+
+def _kernel_run():
+    """The kernel's ``run`` for the backend ``$DISCO_PARSE_BACKEND`` selects, or None."""
+    choice = os.environ.get("DISCO_PARSE_BACKEND", "auto")
+    if choice == "python":
+        return None
+    if choice not in ("auto", "c"):
+        raise ValueError(f"unknown parser backend {choice!r} (auto | c | python)")
+    kernel = _load_kernel()
+    if kernel is None and choice == "c":
+        raise RuntimeError("parser backend 'c' requested but the C kernel is unavailable")
+    return None if kernel is None else kernel.run
+
+
+def _load_kernel() -> ModuleType | None:
+    """Builds (first use) and imports the kernel; None, with one warning, if impossible."""
+    global _kernel, _kernel_tried
+    if _kernel_tried:
+        return _kernel
+    with _kernel_lock:
+        if _kernel_tried:
+            return _kernel
+        _kernel_tried = True
+        try:
+            path = _build_kernel()
+            loader = importlib.machinery.ExtensionFileLoader(_KERNEL_NAME, str(path))
+            module = importlib.util.module_from_spec(
+                importlib.util.spec_from_loader(_KERNEL_NAME, loader))
+            loader.exec_module(module)
+            _kernel = module
+        except (OSError, ImportError, subprocess.SubprocessError) as err:
+            warnings.warn(f"hlo_tools parser: C kernel unavailable ({err}); using the "
+                          "slower pure-Python parser", RuntimeWarning, stacklevel=5)
+    return _kernel
+
+
+def _build_kernel() -> Path:
+    """Compiles the kernel into the cache directory unless it is there already (into a
+    fresh private temporary directory if the cache is not writable); its path.
+
+    Raises:
+        OSError | subprocess.SubprocessError: no compiler or headers, or a failed compile.
+    """
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        raise OSError("no C compiler (cc) found")
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        raise OSError(f"no Python.h in {include}")
+    tag = "\0".join([_KERNEL_SOURCE, cc, *_KERNEL_CFLAGS, include, sys.version,
+                     platform.machine()]).encode()
+    name = (f"parsekernel-{hashlib.sha256(tag).hexdigest()[:16]}"
+            f"{importlib.machinery.EXTENSION_SUFFIXES[0]}")
+    out = _kernel_cache_dir() / name
+    if out.exists():
+        return out
+    try:
+        _compile_kernel(cc, include, out)
+    except PermissionError:
+        out = Path(tempfile.mkdtemp(prefix="disco_jax-")) / name
+        _compile_kernel(cc, include, out)
+    return out
+
+
+def _kernel_cache_dir() -> Path:
+    """``$DISCO_CACHE_DIR``, or ``disco_jax`` in the user's cache directory."""
+    if os.environ.get("DISCO_CACHE_DIR"):
+        return Path(os.environ["DISCO_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "disco_jax"
+
+
+def _compile_kernel(cc: str, include: str, out: Path) -> None:
+    """Compiles ``_KERNEL_SOURCE`` into the extension ``out``, atomically (build, rename)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        src = Path(tmp) / "parse_kernel.c"
+        src.write_text(_KERNEL_SOURCE)
+        lib = Path(tmp) / out.name
+        subprocess.run([cc, *_KERNEL_CFLAGS, f"-I{include}", "-o", str(lib), str(src)],
+                       check=True, capture_output=True, timeout=120)
+        os.replace(lib, out)

@@ -254,3 +254,115 @@ def test_fast_mode_equals_exact_mode_on_edits(old, new):
 @given(which=st.integers(0, len(_REAL) - 1), cuts=_cuts("{}()[],=%\"\\\n abfx0123.-"))
 def test_fuzz_fast_mode_equals_exact_mode(which, cuts):
     _assert_modes_agree(_mutated(_REAL[which], cuts))
+
+
+# --- the C kernel (the fast mode's hot loop) gives exactly what the Python loop gives ----
+
+def _kernel():
+    """The parser's C kernel, or a skip when it cannot be built here."""
+    from hlo_tools.parser import _load_kernel
+
+    kernel = _load_kernel()
+    if kernel is None:
+        pytest.skip("no C kernel (no C compiler or Python headers)")
+    return kernel
+
+
+def _assert_kernel_reads_like_the_regex(kernel, line: str) -> None:
+    """The kernel's groups are the regex's, and it leaves a canonical line to Python only
+    where the line is not ASCII or holds a newline (which parsed lines never do)."""
+    from hlo_tools.parser import _CANONICAL_INSTR
+
+    m = _CANONICAL_INSTR.match(line)
+    groups = kernel.groups(line)
+    if groups is not None or (line.isascii() and "\n" not in line):
+        assert groups == (m.groups("") if m else None), line
+
+
+def test_kernel_reads_every_fixture_line_like_the_regex():
+    kernel = _kernel()
+    lines = [line for path in FIXTURES for line in path.read_text().splitlines()]
+    lines += SMALL.splitlines()
+    for line in lines:
+        _assert_kernel_reads_like_the_regex(kernel, line)
+    assert sum(kernel.groups(line) is not None for line in lines) > 1000
+
+
+_LINE_PIECES = list(" %=,(){}[]\"*.-_\\\t\x1c\x00\nR") + [
+    "ROOT ", " = ", "f32[4]{0}", "f32[]", "s32[2,<=3]", " add", "parameter", "constant",
+    "(a, b)", "(%a, %b)", ", x=", ", calls=", "1", "é"]
+
+
+@_FUZZ
+@given(which=st.integers(0, len(_REAL) - 1), start=st.integers(0, 10**6),
+       edits=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 3),
+                                st.sampled_from(_LINE_PIECES)), max_size=4))
+def test_fuzz_kernel_reads_lines_like_the_regex(which, start, edits):
+    lines = _REAL[which].splitlines()
+    line = lines[start % len(lines)]
+    for pos, length, piece in edits:
+        line = line[:pos] + piece + line[pos + length:]
+    _assert_kernel_reads_like_the_regex(_kernel(), line)
+
+
+def _parse_with(backend: str, text: str, monkeypatch):
+    """``_parse_mode(text, fast=True)`` with the parser backend ``backend``, starting from
+    an empty shape cache (so that the kernel meets shapes it leaves to Python)."""
+    from hlo_tools.parser import _SHAPE_CACHE
+
+    monkeypatch.setenv("DISCO_PARSE_BACKEND", backend)
+    _SHAPE_CACHE.clear()
+    return _parse_mode(text, fast=True)
+
+
+@pytest.mark.parametrize("path", FIXTURES + [SMALL], ids=lambda p: getattr(p, "name", "SMALL"))
+def test_kernel_builds_like_the_python_loop(path, monkeypatch):
+    _kernel()
+    text = path if isinstance(path, str) else path.read_text()
+    with_kernel = _parse_with("c", text, monkeypatch)
+    without = _parse_with("python", text, monkeypatch)
+    assert not isinstance(with_kernel, Exception), with_kernel
+    assert _snapshot(with_kernel) == _snapshot(without)
+    assert to_text(with_kernel) == to_text(without)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("c = f32[] constant(2)", "c = f32[] constant( 2 )"),
+    ("c = f32[] constant(2)", "c = f32[] constant(%2)"),
+    ("b = f32[] parameter(1)", "b = f32[] parameter( 1)"),
+    ("b = f32[] parameter(1)", "b = f32[] parameter(1x)"),
+    ("multiply(p, bc)", "multiply(%p, %bc)"),
+    ("multiply(p, bc)", "multiply(p,, bc)"),
+    ("multiply(p, bc)", "multiply(%)"),
+    ("multiply(p, bc)", "multiply()"),
+    ("bc = f32[4]{0} broadcast", "bc = f64[4]{0} broadcast"),
+    ("bc = f32[4]{0} broadcast", "bc = f32[4]{0} broadcastt"),
+    ("bc = f32[4]{0} broadcast", "bé = f32[4]{0} broadcast"),       # not ASCII
+    ("dimensions={}", "dimensions={}, x=\"a\\\"b\""),
+    ("dimensions={}", "dimensions={}, calls=add_f32"),
+    ("dimensions={}", "dimensions={}, calls=nope"),
+    ("dimensions={}", "dimensions={}, x=(}"),
+    ("  m = f32[4]{0}", "  ROOT m = f32[4]{0}"),
+    ("  m = f32[4]{0}", "  ROOT = f32[4]{0}"),
+    ("ENTRY main {\n", "ENTRY main {\n\n"),
+])
+def test_kernel_and_python_loop_agree_on_edits(old, new, monkeypatch):
+    _kernel()
+    assert old in SMALL
+    text = SMALL.replace(old, new, 1)
+    with_kernel = _parse_with("c", text, monkeypatch)
+    without = _parse_with("python", text, monkeypatch)
+    if isinstance(without, Exception):
+        assert type(with_kernel) is type(without) and str(with_kernel) == str(without)
+    else:
+        assert _snapshot(with_kernel) == _snapshot(without)
+    monkeypatch.setenv("DISCO_PARSE_BACKEND", "c")
+    _assert_modes_agree(text)
+
+
+@_FUZZ
+@given(which=st.integers(0, len(_REAL) - 1), cuts=_cuts("{}()[],=%\"\\\n abfx0123.-*"))
+def test_fuzz_fast_mode_equals_exact_mode_without_kernel(which, cuts):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("DISCO_PARSE_BACKEND", "python")
+        _assert_modes_agree(_mutated(_REAL[which], cuts))
