@@ -536,8 +536,8 @@ def test_kernel_takes_only_int32_arrays(env):
 
 
 def _reset_kernel(monkeypatch):
-    monkeypatch.setattr(_plan_kernel, "_module", None)
-    monkeypatch.setattr(_plan_kernel, "_tried", False)
+    monkeypatch.setattr(_plan_kernel.KERNEL, "module", None)
+    monkeypatch.setattr(_plan_kernel.KERNEL, "tried", False)
 
 
 def test_moves_fall_back_to_python_without_a_compiler(monkeypatch, env):
@@ -545,7 +545,7 @@ def test_moves_fall_back_to_python_without_a_compiler(monkeypatch, env):
         raise OSError("no C compiler (cc) found")
 
     _reset_kernel(monkeypatch)
-    monkeypatch.setattr(_plan_kernel, "build", no_cc)
+    monkeypatch.setattr(_plan_kernel.KERNEL, "build", no_cc)
     with pytest.warns(RuntimeWarning, match="C kernel unavailable"):
         assert _plan_kernel.load() is None
     assert _plan_kernel.load() is None  # (warns once)
