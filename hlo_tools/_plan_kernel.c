@@ -296,15 +296,32 @@ static int enter(Space *S, PyObject *plan, PyObject *index, PyObject *state, Vie
     return opened;
 }
 
-/* Ends a call that ``enter`` started. */
-static void leave(Space *S, View *V) {
+/* Ends a call that ``enter`` started, which answers ``result``. */
+static PyObject *leave(Space *S, View *V, PyObject *result) {
     S->busy = 0;
     close_view(V);
+    return result;
 }
 
 /* What a call answers when ``enter`` did not start it. */
 static PyObject *not_entered(int entered) {
     return entered < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+}
+
+/* ``enter`` for a move's tries: reads their count from ``arg`` into ``*tries``, then enters
+   where there is something to draw (``any``; else 0); 1, 0 or -1. */
+static int enter_tries(Space *S, PyObject *arg, long *tries, int any, PyObject *plan,
+                       PyObject *index, PyObject *state, View *V) {
+    *tries = PyLong_AsLong(arg);
+    if (*tries == -1 && PyErr_Occurred()) return -1;
+    return any ? enter(S, plan, index, state, V) : 0;
+}
+
+/* Checks the argument count of the call ``name`` (a TypeError if not ``want``); 0 or -1. */
+static int check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, want);
+    return -1;
 }
 
 static Space *get_space(PyObject *capsule) {
@@ -334,14 +351,40 @@ static PyObject *lookup(Space *S, PyObject *dict, int32_t key) {
     return PyDict_GET_SIZE(dict) ? PyDict_GetItemWithError(dict, S->ints[key]) : NULL;
 }
 
-/* Whether the tuple of ints ``t`` (or NULL: empty) holds ``v``; -1 on error. */
-static int tuple_has(PyObject *t, long v) {
+/* Whether group ``g`` holds copies (is a key of the copy index's ``held``); -1 on error. */
+static int holds_copies(Space *S, PyObject *held, int32_t g) {
+    return PyDict_GET_SIZE(held) ? PyDict_Contains(held, S->ints[g]) : 0;
+}
+
+/* Whether node ``c`` may not read ``o`` inside its fusion (``o`` is one of its bad operands). */
+static int reads_bad(const Space *S, int32_t c, int32_t o) {
+    for (int32_t j = S->bad_at[c]; j < S->bad_at[c + 1]; j++) {
+        if (S->bad[j] == o) return 1;
+    }
+    return 0;
+}
+
+/* The length of ``t``, a tuple of ints (0 if NULL); -1 with a TypeError if not a tuple. */
+static Py_ssize_t tuple_len(PyObject *t) {
     if (!t) return 0;
     if (!PyTuple_Check(t)) {
         PyErr_SetString(PyExc_TypeError, "expected a tuple of ints");
         return -1;
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+    return PyTuple_GET_SIZE(t);
+}
+
+/* The int ``t[i]`` of a tuple into ``*v``; 0, or -1 on error. */
+static inline int tuple_int(PyObject *t, Py_ssize_t i, long *v) {
+    *v = PyLong_AsLong(PyTuple_GET_ITEM(t, i));
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Whether the tuple of ints ``t`` (or NULL: empty) holds ``v``; -1 on error. */
+static int tuple_has(PyObject *t, long v) {
+    Py_ssize_t n = tuple_len(t);
+    if (n < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
         long x = PyLong_AsLong(PyTuple_GET_ITEM(t, i));
         if (x == v) return 1;
         if (x == -1 && PyErr_Occurred()) return -1;
@@ -390,6 +433,15 @@ static Py_ssize_t ints_into(PyObject *seq, int32_t *out, Py_ssize_t cap) {
     return len;
 }
 
+/* ints_into for a callback's answer ``found``, a new reference released here (NULL: the
+   call failed, -1). */
+static Py_ssize_t answer_into(PyObject *found, int32_t *out, Py_ssize_t cap) {
+    if (!found) return -1;
+    Py_ssize_t len = ints_into(found, out, cap);
+    Py_DECREF(found);
+    return len;
+}
+
 /* ------------------------------------------------------------------ legality */
 
 /* plan._outside_operands over the fusible operands, for a group ``gid`` (span s:e) that
@@ -418,6 +470,43 @@ static Py_ssize_t outside_fops(Space *S, const View *V, int32_t gid, int32_t s, 
     return len;
 }
 
+/* Whether a user of ``node`` would read this copy of ``t`` (``t`` in holders of a user):
+   1 if some group in tuple ``t`` (or NULL) is neither ``ga`` nor ``gb`` nor in ``own``;
+   -1 on error. */
+static int other_than(PyObject *t, int32_t ga, int32_t gb, PyObject *own) {
+    Py_ssize_t n = tuple_len(t);
+    if (n < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long h;
+        if (tuple_int(t, i, &h) < 0) return -1;
+        if (h != ga && h != gb) {
+            int has = tuple_has(own, h);
+            if (has <= 0) return has < 0 ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether ``node``'s value is read in a group other than ``ga`` and ``gb`` (by a user, or by a
+   copy of one, in a group that holds no copy of ``node``); 1, 0 or -1. */
+static int read_beyond(Space *S, const View *V, PyObject *holders, int32_t node, int32_t ga,
+                       int32_t gb) {
+    PyObject *own = lookup(S, holders, node);
+    if (!own && PyErr_Occurred()) return -1;
+    for (int32_t j = S->users_at[node]; j < S->users_at[node + 1]; j++) {
+        int32_t u = S->users[j], gu = V->group[u];
+        if (gu != ga && gu != gb) {
+            int has = tuple_has(own, gu);
+            if (has <= 0) return has < 0 ? -1 : 1;
+        }
+        PyObject *hu = lookup(S, holders, u);
+        if (!hu && PyErr_Occurred()) return -1;
+        int other = other_than(hu, ga, gb, own);
+        if (other) return other;
+    }
+    return 0;
+}
+
 /* plan._feeds_only_node: whether no group but ``gp`` and ``gc`` reads ``node`` (a member
    of ``gp``); 1, 0 or -1 on error. */
 static int feeds_only_node(Space *S, const View *V, PyObject *holders, int32_t node, int32_t gp,
@@ -430,47 +519,17 @@ static int feeds_only_node(Space *S, const View *V, PyObject *holders, int32_t n
         }
         return 1;
     }
-    PyObject *own = lookup(S, holders, node);
-    if (!own && PyErr_Occurred()) return -1;
-    for (int32_t j = S->users_at[node]; j < S->users_at[node + 1]; j++) {
-        int32_t u = S->users[j], gu = group[u];
-        if (gu != gp && gu != gc) {
-            int has = tuple_has(own, gu);
-            if (has < 0) return -1;
-            if (!has) return 0;
-        }
-        PyObject *hu = lookup(S, holders, u);
-        if (!hu) {
-            if (PyErr_Occurred()) return -1;
-            continue;
-        }
-        if (!PyTuple_Check(hu)) {
-            PyErr_SetString(PyExc_TypeError, "expected a tuple of ints");
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hu); i++) {
-            long g = PyLong_AsLong(PyTuple_GET_ITEM(hu, i));
-            if (g == -1 && PyErr_Occurred()) return -1;
-            if (g != gp && g != gc) {
-                int has = tuple_has(own, g);
-                if (has < 0) return -1;
-                if (!has) return 0;
-            }
-        }
-    }
-    return 1;
+    int beyond = read_beyond(S, V, holders, node, gp, gc);
+    return beyond < 0 ? -1 : !beyond;
 }
 
 /* Appends the ints of tuple ``t`` (or NULL) to ``out``; the new length, or -1. */
 static Py_ssize_t append_tuple(PyObject *t, int32_t *out, Py_ssize_t len) {
-    if (!t) return len;
-    if (!PyTuple_Check(t)) {
-        PyErr_SetString(PyExc_TypeError, "expected a tuple of ints");
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
-        long v = PyLong_AsLong(PyTuple_GET_ITEM(t, i));
-        if (v == -1 && PyErr_Occurred()) return -1;
+    Py_ssize_t n = tuple_len(t);
+    if (n < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v;
+        if (tuple_int(t, i, &v) < 0) return -1;
         out[len++] = (int32_t)v;
     }
     return len;
@@ -648,27 +707,25 @@ static ArTables *ar_tables_arg(PyObject *arg) {
 
 /* ------------------------------------------------------------------ moves */
 
-/* plan._compare_reads_copy (by the Python function) for a would-be fusion of groups ``ga``
-   (span sa:ea) and ``gb`` (span sb:eb) and the new copy ``extra`` (-1: none); asked only
-   where it can say yes: a group holds copies, or ``extra`` is a reduce or reads a member
-   (a copy of one elementwise op whose operands are all outside is the original; a
-   producer reading a member of its consumer's group is possible where it reads its own
-   copy of that member). 1, 0 or -1. */
-static int compare_reads_copy(Space *S, const View *V, PyObject *space, PyObject *plan,
-                              PyObject *index, PyObject *held, int32_t ga, int32_t sa,
-                              int32_t ea, int32_t gb, int32_t sb, int32_t eb, int32_t extra) {
-    if (!S->any_compare) return 0;
+/* Whether plan._compare_reads_copy (the Python function) says no (1), yes (0) or fails (-1)
+   for a would-be fusion of groups ``ga`` (span sa:ea) and ``gb`` (span sb:eb) and the new
+   copy ``extra`` (-1: none); asked only where it can say yes: a group holds copies, or
+   ``extra`` is a reduce or reads a member (a copy of one elementwise op whose operands are
+   all outside is the original; a producer reading a member of its consumer's group is
+   possible where it reads its own copy of that member). */
+static int compare_safe(Space *S, const View *V, PyObject *space, PyObject *plan,
+                        PyObject *index, PyObject *held, int32_t ga, int32_t sa, int32_t ea,
+                        int32_t gb, int32_t sb, int32_t eb, int32_t extra) {
+    if (!S->any_compare) return 1;
     int ask = extra >= 0 && S->reduce[extra];
     for (int32_t j = extra >= 0 ? S->dops_at[extra] : 0; extra >= 0 && !ask
          && j < S->dops_at[extra + 1]; j++) {
         int32_t g = V->group[S->dops[j]];
         ask = g == ga || g == gb;
     }
-    if (!ask && PyDict_GET_SIZE(held)) {
-        if ((ask = PyDict_Contains(held, S->ints[ga])) < 0) return -1;
-        if (!ask && gb != ga && (ask = PyDict_Contains(held, S->ints[gb])) < 0) return -1;
-    }
-    if (!ask) return 0;
+    if (!ask && (ask = holds_copies(S, held, ga)) < 0) return -1;
+    if (!ask && gb != ga && (ask = holds_copies(S, held, gb)) < 0) return -1;
+    if (!ask) return 1;
     long v[7] = {ga, sa, ea, gb, sb, eb, extra};
     PyObject *args[11] = {space, plan, index};
     int ok = 1;
@@ -681,7 +738,7 @@ static int compare_reads_copy(Space *S, const View *V, PyObject *space, PyObject
     if (!found) return -1;
     int truth = PyObject_IsTrue(found);
     Py_DECREF(found);
-    return truth;
+    return truth < 0 ? -1 : !truth;
 }
 
 /* Candidate producers of a consumer group (span sc:ec) into S->buf: plan._outside_operands
@@ -689,7 +746,7 @@ static int compare_reads_copy(Space *S, const View *V, PyObject *space, PyObject
 static Py_ssize_t candidates(Space *S, const View *V, PyObject *space, PyObject *plan,
                              PyObject *index, PyObject *held, int32_t gc, int32_t sc,
                              int32_t ec) {
-    int in_held = PyDict_GET_SIZE(held) ? PyDict_Contains(held, S->ints[gc]) : 0;
+    int in_held = holds_copies(S, held, gc);
     if (in_held < 0) return -1;
     if (!in_held) return outside_fops(S, V, gc, sc, ec, S->buf);
     PyObject *args[6] = {space, plan, index, S->ints[gc], NULL, NULL};
@@ -701,10 +758,7 @@ static Py_ssize_t candidates(Space *S, const View *V, PyObject *space, PyObject 
     }
     Py_XDECREF(s);
     Py_XDECREF(e);
-    if (!found) return -1;
-    Py_ssize_t len = ints_into(found, S->buf, S->cap);
-    Py_DECREF(found);
-    return len;
+    return answer_into(found, S->buf, S->cap);
 }
 
 /* The checks of plan.op_fusion_move after the draws: whether the producer's group ``gp``
@@ -717,73 +771,73 @@ static int fusion_legal(Space *S, const View *V, PyObject *held, PyObject *holde
         ok = feeds_only_node(S, V, holders, V->order[k], gp, gc);
     if (ok <= 0) return ok;
     if (!S->any_bad) return 1;
-    int gp_held = 0, gc_held = 0;
-    if (PyDict_GET_SIZE(held)) {
-        if ((gp_held = PyDict_Contains(held, S->ints[gp])) < 0
-            || (gc_held = PyDict_Contains(held, S->ints[gc])) < 0)
-            return -1;
-    }
-    if (ep - sp == 1 && ec - sc == 1 && !gp_held && !gc_held) {
-        for (int32_t j = S->bad_at[consumer]; j < S->bad_at[consumer + 1]; j++) {
-            if (S->bad[j] == producer) return 0;
-        }
-        return 1;
-    }
+    int gp_held, gc_held;
+    if ((gp_held = holds_copies(S, held, gp)) < 0 || (gc_held = holds_copies(S, held, gc)) < 0)
+        return -1;
+    if (ep - sp == 1 && ec - sc == 1 && !gp_held && !gc_held)
+        return !reads_bad(S, consumer, producer);
     return layout_safe(S, V, held, gp, sp, ep, gc, sc, ec, -1);
+}
+
+/* A try's draws (plan.op_fusion_move, plan.duplicate_fusion_move): a compute node
+   ``consumer`` (its group ``gc``, span sc:ec), then ``producer`` among its candidates. */
+typedef struct {
+    int32_t consumer, gc, sc, ec, producer;
+} Pick;
+
+/* Draws a try's ``Pick``: 1, 0 when the consumer has no candidate producers, -1 on error. */
+static int draw_pick(Space *S, const View *V, PyObject *space, PyObject *plan, PyObject *index,
+                     PyObject *held, PyObject *bits, Pick *p) {
+    int32_t r;
+    if (draw(bits, S->ncompute, &r) < 0) return -1;
+    p->consumer = S->compute[r];
+    p->gc = V->group[p->consumer];
+    span_at(S, V, V->pos[p->consumer], &p->sc, &p->ec);
+    Py_ssize_t ncand = candidates(S, V, space, plan, index, held, p->gc, p->sc, p->ec);
+    if (ncand <= 0) return (int)ncand;
+    if (draw(bits, (int32_t)ncand, &r) < 0) return -1;
+    p->producer = S->buf[r];
+    return 1;
 }
 
 /* op_fusion(kspace, kar, state, space, plan, index, bits, tries): plan.op_fusion_move's
    tries (single output). None if no try found a legal pair, else what merge answers (no
    group moves after the merged one). ``kar`` and ``state``: see merge_py. */
 static PyObject *op_fusion(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "op_fusion takes 8 arguments");
-        return NULL;
-    }
+    if (check_nargs("op_fusion", nargs, 8) < 0) return NULL;
     Space *S = get_space(args[0]);
     if (!S) return NULL;
     ArTables *T = ar_tables_arg(args[1]);
     if (!T && PyErr_Occurred()) return NULL;
     PyObject *state = T ? args[2] : NULL;
     PyObject *space = args[3], *plan = args[4], *index = args[5], *bits = args[6];
-    long tries = PyLong_AsLong(args[7]);
-    if (tries == -1 && PyErr_Occurred()) return NULL;
+    long tries;
     View V;
-    int entered = S->ncompute ? enter(S, plan, index, state, &V) : 0;
+    int entered = enter_tries(S, args[7], &tries, S->ncompute, plan, index, state, &V);
     if (entered <= 0) return not_entered(entered);
     PyObject *held = PyTuple_GET_ITEM(index, 0), *holders = PyTuple_GET_ITEM(index, 1);
     PyObject *result = NULL;
-    const int32_t *pos = V.pos, *group = V.group;
-    int32_t root_group = group[S->root];
+    int32_t root_group = V.group[S->root];
     for (long t = 0; t < tries; t++) {
-        int32_t r, consumer, gc, sc, ec, sp, ep;
-        if (draw(bits, S->ncompute, &r) < 0) goto done;
-        consumer = S->compute[r];
-        gc = group[consumer];
-        span_at(S, &V, pos[consumer], &sc, &ec);
-        Py_ssize_t ncand = candidates(S, &V, space, plan, index, held, gc, sc, ec);
-        if (ncand < 0) goto done;
-        if (!ncand) continue;
-        if (draw(bits, (int32_t)ncand, &r) < 0) goto done;
-        int32_t producer = S->buf[r], gp = group[producer];
+        Pick p;
+        int drawn = draw_pick(S, &V, space, plan, index, held, bits, &p);
+        if (drawn < 0) goto done;
+        if (!drawn) continue;
+        int32_t gp = V.group[p.producer], sp, ep;
         if (gp == root_group) continue;
-        span_at(S, &V, pos[producer], &sp, &ep);
-        int ok = fusion_legal(S, &V, held, holders, producer, gp, sp, ep, consumer, gc, sc, ec);
-        if (ok > 0) {
-            int bad = compare_reads_copy(S, &V, space, plan, index, held, gp, sp, ep, gc, sc, ec,
-                                         -1);
-            ok = bad < 0 ? -1 : !bad;
-        }
+        span_at(S, &V, V.pos[p.producer], &sp, &ep);
+        int ok = fusion_legal(S, &V, held, holders, p.producer, gp, sp, ep, p.consumer, p.gc,
+                              p.sc, p.ec);
+        if (ok > 0) ok = compare_safe(S, &V, space, plan, index, held, gp, sp, ep, p.gc, p.sc,
+                                      p.ec, -1);
         if (ok < 0) goto done;
         if (!ok) continue;
-        result = merge(S, &V, plan, gp, sp, ep, gc, sc, ec, NULL, 0, T, state);
+        result = merge(S, &V, plan, gp, sp, ep, p.gc, p.sc, p.ec, NULL, 0, T, state);
         goto done;
     }
-    result = Py_None;
-    Py_INCREF(result);
+    result = Py_NewRef(Py_None);
 done:
-    leave(S, &V);
-    return result;
+    return leave(S, &V, result);
 }
 
 /* Whether the node at position ``p`` is alone in its group (plan._alone). */
@@ -793,44 +847,10 @@ static int alone_at(const Space *S, const View *V, int32_t p) {
     return (!p || group[order[p - 1]] != g) && (p + 1 == S->n || group[order[p + 1]] != g);
 }
 
-/* Whether a user of ``node`` in ``node``'s group would read this copy of ``t`` (``t`` in
-   holders of a user): 1 if some group in tuple ``t`` (or NULL) is neither ``g`` nor in
-   ``own``; -1 on error. */
-static int other_than(PyObject *t, int32_t g, PyObject *own) {
-    if (!t) return 0;
-    if (!PyTuple_Check(t)) {
-        PyErr_SetString(PyExc_TypeError, "expected a tuple of ints");
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
-        long h = PyLong_AsLong(PyTuple_GET_ITEM(t, i));
-        if (h == -1 && PyErr_Occurred()) return -1;
-        if (h != g) {
-            int has = tuple_has(own, h);
-            if (has <= 0) return has < 0 ? -1 : 1;
-        }
-    }
-    return 0;
-}
-
 /* plan._is_read_outside: whether ``node``'s value leaves its group; 1, 0 or -1. */
 static int read_outside(Space *S, const View *V, PyObject *holders, int32_t node) {
     if (node == S->root) return 1;
-    int32_t g = V->group[node];
-    PyObject *own = lookup(S, holders, node);
-    if (!own && PyErr_Occurred()) return -1;
-    for (int32_t j = S->users_at[node]; j < S->users_at[node + 1]; j++) {
-        int32_t u = S->users[j], gu = V->group[u];
-        if (gu != g) {
-            int has = tuple_has(own, gu);
-            if (has <= 0) return has < 0 ? -1 : 1;
-        }
-        PyObject *hu = lookup(S, holders, u);
-        if (!hu && PyErr_Occurred()) return -1;
-        int other = other_than(hu, g, own);
-        if (other) return other;
-    }
-    return 0;
+    return read_beyond(S, V, holders, node, V->group[node], V->group[node]);
 }
 
 /* plan._exposes_member: whether a copy of ``producer`` in group ``gc`` would read a value
@@ -856,13 +876,10 @@ static int exposes_member(Space *S, const View *V, PyObject *holders, int32_t pr
 static int duplicate_legal(Space *S, const View *V, PyObject *held, PyObject *holders,
                            int32_t producer, int32_t gc, int32_t sc, int32_t ec) {
     if (S->any_bad) {
-        int gc_held = PyDict_GET_SIZE(held) ? PyDict_Contains(held, S->ints[gc]) : 0;
+        int gc_held = holds_copies(S, held, gc);
         if (gc_held < 0) return -1;
         if (ec - sc == 1 && !gc_held) {
-            int32_t c = V->order[sc];
-            for (int32_t j = S->bad_at[c]; j < S->bad_at[c + 1]; j++) {
-                if (S->bad[j] == producer) return 0;
-            }
+            if (reads_bad(S, V->order[sc], producer)) return 0;
         } else {
             int ok = layout_safe(S, V, held, gc, sc, ec, gc, sc, sc, producer);
             if (ok <= 0) return ok;
@@ -888,49 +905,33 @@ static int duplicate_legal(Space *S, const View *V, PyObject *held, PyObject *ho
 /* duplicate(kspace, space, plan, index, bits, tries): plan.duplicate_fusion_move's tries.
    None if no try found a legal pair, else (producer, consumer group). */
 static PyObject *duplicate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "duplicate takes 6 arguments");
-        return NULL;
-    }
+    if (check_nargs("duplicate", nargs, 6) < 0) return NULL;
     Space *S = get_space(args[0]);
     if (!S) return NULL;
     PyObject *space = args[1], *plan = args[2], *index = args[3], *bits = args[4];
-    long tries = PyLong_AsLong(args[5]);
-    if (tries == -1 && PyErr_Occurred()) return NULL;
+    long tries;
     View V;
-    int entered = S->ncompute ? enter(S, plan, index, NULL, &V) : 0;
+    int entered = enter_tries(S, args[5], &tries, S->ncompute, plan, index, NULL, &V);
     if (entered <= 0) return not_entered(entered);
     PyObject *held = PyTuple_GET_ITEM(index, 0), *holders = PyTuple_GET_ITEM(index, 1);
     PyObject *result = NULL;
     for (long t = 0; t < tries; t++) {
-        int32_t r, consumer, gc, sc, ec;
-        if (draw(bits, S->ncompute, &r) < 0) goto done;
-        consumer = S->compute[r];
-        gc = V.group[consumer];
-        span_at(S, &V, V.pos[consumer], &sc, &ec);
-        Py_ssize_t ncand = candidates(S, &V, space, plan, index, held, gc, sc, ec);
-        if (ncand < 0) goto done;
-        if (!ncand) continue;
-        if (draw(bits, (int32_t)ncand, &r) < 0) goto done;
-        int32_t producer = S->buf[r];
-        if (!alone_at(S, &V, V.pos[producer])) continue;
-        int ok = duplicate_legal(S, &V, held, holders, producer, gc, sc, ec);
-        if (ok > 0) {
-            int bad = compare_reads_copy(S, &V, space, plan, index, held, gc, sc, ec, gc, sc, sc,
-                                         producer);
-            ok = bad < 0 ? -1 : !bad;
-        }
+        Pick p;
+        int drawn = draw_pick(S, &V, space, plan, index, held, bits, &p);
+        if (drawn < 0) goto done;
+        if (!drawn || !alone_at(S, &V, V.pos[p.producer])) continue;
+        int ok = duplicate_legal(S, &V, held, holders, p.producer, p.gc, p.sc, p.ec);
+        if (ok > 0) ok = compare_safe(S, &V, space, plan, index, held, p.gc, p.sc, p.ec, p.gc,
+                                      p.sc, p.sc, p.producer);
         if (ok < 0) goto done;
         if (ok) {
-            result = Py_BuildValue("ii", producer, gc);
+            result = Py_BuildValue("ii", p.producer, p.gc);
             goto done;
         }
     }
-    result = Py_None;
-    Py_INCREF(result);
+    result = Py_NewRef(Py_None);
 done:
-    leave(S, &V);
-    return result;
+    return leave(S, &V, result);
 }
 
 /* merge(kspace, kar, state, plan, first, s1, e1, second, s2, e2, nodes): see merge above;
@@ -938,10 +939,7 @@ done:
    (new_ar_tables) that ``state``, the plan's all-reduce state, was made with, or None.
    NotImplemented if the plan's arrays are not array('i'). */
 static PyObject *merge_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "merge takes 11 arguments");
-        return NULL;
-    }
+    if (check_nargs("merge", nargs, 11) < 0) return NULL;
     Space *S = get_space(args[0]);
     if (!S) return NULL;
     ArTables *T = ar_tables_arg(args[1]);
@@ -964,9 +962,9 @@ static PyObject *merge_py(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *state = T ? args[2] : NULL, *result;
     int entered = enter(S, args[3], NULL, state, &V);
     if (entered > 0) {
-        result = merge(S, &V, args[3], v[0], v[1], v[2], v[3], v[4], v[5],
-                       with_nodes ? nodes.buf : NULL, with_nodes ? nodes.len / 4 : 0, T, state);
-        leave(S, &V);
+        result = leave(S, &V, merge(S, &V, args[3], v[0], v[1], v[2], v[3], v[4], v[5],
+                                    with_nodes ? nodes.buf : NULL, with_nodes ? nodes.len / 4 : 0,
+                                    T, state));
     } else {
         result = not_entered(entered);
     }
@@ -1060,19 +1058,13 @@ static Py_ssize_t near_groups(Space *S, const View *V, PyObject *holders, int32_
         int has = tuple_has(own, gu);
         if (has < 0) return -1;
         if (!has) add_near(S, st, near, &len, gu);
-        PyObject *hu = lookup(S, holders, u);
-        if (!hu) {
-            if (PyErr_Occurred()) return -1;
-            continue;
-        }
-        if (!PyTuple_Check(hu)) {
-            PyErr_SetString(PyExc_TypeError, "expected a tuple of ints");
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hu); i++) {
-            long g = PyLong_AsLong(PyTuple_GET_ITEM(hu, i));
-            if (g == -1 && PyErr_Occurred()) return -1;
-            if ((has = tuple_has(own, g)) < 0) return -1;
+        PyObject *hu = lookup(S, holders, u);  /* the groups holding copies of ``u`` */
+        if (!hu && PyErr_Occurred()) return -1;
+        Py_ssize_t nhu = tuple_len(hu);
+        if (nhu < 0) return -1;
+        for (Py_ssize_t i = 0; i < nhu; i++) {
+            long g;
+            if (tuple_int(hu, i, &g) < 0 || (has = tuple_has(own, g)) < 0) return -1;
             if (!has) add_near(S, st, near, &len, (int32_t)g);
         }
     }
@@ -1087,16 +1079,12 @@ static Py_ssize_t neighbours(Space *S, const ArTables *T, const View *V, PyObjec
                              PyObject *plan, PyObject *index, PyObject *state, int32_t ar) {
     PyObject *held = PyTuple_GET_ITEM(index, 0), *holders = PyTuple_GET_ITEM(index, 1);
     int32_t r = T->rank[ar], mine = V->group[r], q = V->pos[r], *out = S->buf;
-    int in_held = PyDict_GET_SIZE(held) ? PyDict_Contains(held, S->ints[mine]) : 0;
+    int in_held = holds_copies(S, held, mine);
     if (in_held < 0) return -1;
     if (in_held || (q && V->group[V->order[q - 1]] == mine)
         || (q + 1 < S->n && V->group[V->order[q + 1]] == mine)) {
         PyObject *args[4] = {space, plan, index, S->ints[ar]};
-        PyObject *found = PyObject_Vectorcall(S->neighbours_fn, args, 4, NULL);
-        if (!found) return -1;
-        Py_ssize_t len = ints_into(found, out, S->cap);
-        Py_DECREF(found);
-        return len;
+        return answer_into(PyObject_Vectorcall(S->neighbours_fn, args, 4, NULL), out, S->cap);
     }
     int32_t *near = S->buf2;
     Py_ssize_t nnear = near_groups(S, V, holders, r, near), len = 0;
@@ -1129,19 +1117,15 @@ static Py_ssize_t neighbours(Space *S, const ArTables *T, const View *V, PyObjec
    plan.allreduce_move up to a pair of buckets with equal keys. None if none, else
    (tries left, first, s1, e1, second, s2, e2): the buckets in schedule order and spans. */
 static PyObject *allreduce_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "allreduce_pick takes 8 arguments");
-        return NULL;
-    }
+    if (check_nargs("allreduce_pick", nargs, 8) < 0) return NULL;
     Space *S = get_space(args[0]);
     ArTables *T = PyCapsule_GetPointer(args[1], "plan_kernel.ar_tables");
     if (!S || !T) return NULL;
     PyObject *space = args[2], *plan = args[3], *index = args[4], *state = args[5];
     PyObject *bits = args[6];
-    long tries = PyLong_AsLong(args[7]);
-    if (tries == -1 && PyErr_Occurred()) return NULL;
+    long tries;
     View V;
-    int entered = T->nars ? enter(S, plan, index, state, &V) : 0;
+    int entered = enter_tries(S, args[7], &tries, T->nars, plan, index, state, &V);
     if (entered <= 0) return not_entered(entered);
     PyObject *result = NULL;
     const int32_t *group = V.group, *pos = V.pos;
@@ -1165,19 +1149,14 @@ static PyObject *allreduce_pick(PyObject *self, PyObject *const *args, Py_ssize_
         result = Py_BuildValue("liiiiii", t - 1, first, s1, e1, second, s2, e2);
         goto done;
     }
-    result = Py_None;
-    Py_INCREF(result);
+    result = Py_NewRef(Py_None);
 done:
-    leave(S, &V);
-    return result;
+    return leave(S, &V, result);
 }
 
 /* draws(bits, n, count): ``count`` draws of rng.choice over ``n`` items (results unused). */
 static PyObject *draws(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "draws takes 3 arguments");
-        return NULL;
-    }
+    if (check_nargs("draws", nargs, 3) < 0) return NULL;
     long n = PyLong_AsLong(args[1]), count = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) return NULL;
     for (long k = 0; k < count; k++) {
