@@ -132,6 +132,8 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from hlo_tools import _cext
+
 __all__ = [
     "SimGraph",
     "SimResult",
@@ -909,16 +911,8 @@ def _run_c(
 
 def _pick_backend(backend: Backend | None) -> ctypes.CDLL | None:
     """The C library to use, or None for the Python loop."""
-    choice = backend or os.environ.get("DISCO_SIM_BACKEND", "auto")
-    if choice == "python":
-        return None
-    if choice not in ("auto", "c"):
-        raise ValueError(f"unknown simulator backend {choice!r} (auto | c | python)")
-    lib = _load_kernel()
-    if lib is None and choice == "c":
-        raise RuntimeError("simulator backend 'c' requested but the C kernel is unavailable")
-    return lib
-
+    return _cext.choose(backend or os.environ.get("DISCO_SIM_BACKEND", "auto"), "simulator",
+                        _load_kernel)
 
 def simulate(
     graph: SimGraph,

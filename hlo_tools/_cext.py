@@ -23,8 +23,10 @@ import sysconfig
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 CFLAGS = ("-O2", "-shared", "-fPIC", "-fno-strict-aliasing",
           *(("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()))
@@ -102,6 +104,29 @@ def _import(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
     loader.exec_module(module)
     return module
+
+
+def choose(choice: str, what: str, load: Callable[[], Any]) -> Any:
+    """The kernel a backend choice selects: ``"python"`` None, ``"auto"`` whatever ``load``
+    gives (None without a kernel), ``"c"`` the kernel or an error.
+
+    Args:
+        choice: ``"auto"``, ``"c"`` or ``"python"``.
+        what: whose backend, for the messages (``"parser"``, ``"simulator"``).
+        load: returns the kernel, or None when it cannot be had.
+
+    Raises:
+        ValueError: another ``choice``.
+        RuntimeError: ``"c"`` without a kernel.
+    """
+    if choice == "python":
+        return None
+    if choice not in ("auto", "c"):
+        raise ValueError(f"unknown {what} backend {choice!r} (auto | c | python)")
+    kernel = load()
+    if kernel is None and choice == "c":
+        raise RuntimeError(f"{what} backend 'c' requested but the C kernel is unavailable")
+    return kernel
 
 
 class Kernel:

@@ -731,12 +731,6 @@ def parse_backend() -> str:
 
 def _kernel_run():
     """The kernel's ``run`` for the backend ``$DISCO_PARSE_BACKEND`` selects, or None."""
-    choice = os.environ.get("DISCO_PARSE_BACKEND", "auto")
-    if choice == "python":
-        return None
-    if choice not in ("auto", "c"):
-        raise ValueError(f"unknown parser backend {choice!r} (auto | c | python)")
-    kernel = _load_kernel()
-    if kernel is None and choice == "c":
-        raise RuntimeError("parser backend 'c' requested but the C kernel is unavailable")
+    kernel = _cext.choose(os.environ.get("DISCO_PARSE_BACKEND", "auto"), "parser",
+                          _load_kernel)
     return None if kernel is None else kernel.run
