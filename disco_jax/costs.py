@@ -236,6 +236,8 @@ class OpTimes:
             if inner is None or op_bench.op_status(inner)[0] != "bench":
                 continue
             info = pr.describe_instruction(view, inner)
+            if op_bench.is_library_fusion(instr):
+                info = dataclasses.replace(info, key=op_bench.library_key(info.key))
             one = total / max(profile.counts.get(name, 1.0), 1.0)
             by_key.setdefault(info.key.encode(), []).append(one)
             infos.setdefault(info.key.encode(), info)
@@ -252,9 +254,19 @@ class OpTimes:
             self._fallback = pr.OpCostModel.fit(self._rows)
         return self._fallback
 
-    def estimate(self, view: Any, instr: HloInstruction) -> pr.OpEstimate:
-        """The time of one op: measured if any source has its key, else the fallback."""
+    def estimate(self, view: Any, instr: HloInstruction, library: bool = False
+                 ) -> pr.OpEstimate:
+        """The time of one op: measured if any source has its key, else the fallback.
+
+        ``library``: the op runs inside a library fusion of XLA's plan; its time as the
+        library runs it (:func:`estimator.op_bench.library_key`) is used when known,
+        else the op's own time, as if it ran unwrapped.
+        """
         info = pr.describe_instruction(view, instr)
+        if library:
+            key = op_bench.library_key(info.key).encode()
+            if key in self.times:
+                return pr.OpEstimate(self.times[key], False, self.sources[key])
         key = info.key.encode()
         t = self.times.get(key)
         if t is not None:
@@ -288,17 +300,23 @@ def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
         for o in instr.operands:
             users.setdefault(o, []).append(instr.name)
     totals: dict[str, float] = {}
+    library: set[str] = set()
     for name, total in profile.times_s.items():
         target = _original_name(compiled, users, name)
         if target not in view.instr:
             continue
         one = total / max(profile.counts.get(name, 1.0), 1.0)
         totals[target] = totals.get(target, 0.0) + one
+        if op_bench.is_library_fusion(compiled.instr[name]):
+            library.add(target)
     out = []
     for target, one in totals.items():
         instr = view.instr[target]
         if op_bench.op_status(instr)[0] == "bench":
-            out.append((pr.describe_instruction(view, instr), one))
+            info = pr.describe_instruction(view, instr)
+            if target in library:
+                info = dataclasses.replace(info, key=op_bench.library_key(info.key))
+            out.append((info, one))
     return out
 
 
@@ -633,6 +651,7 @@ class CostModel:
         self._allreduce = measured or self.hardware.allreduce
         self._graphs: OrderedDict[int, tuple[DeviceGraph, GraphCosts]] = OrderedDict()
         self._views: dict[int, tuple[HloModule, Any]] = {}
+        self._libraries: dict[int, tuple[HloModule, frozenset[str]]] = {}
         self._comp_times: dict[tuple[int, str], tuple[float, bool]] = {}
         self._bodies: dict[tuple[int, str], tuple[HloModule, DeviceGraph]] = {}
 
@@ -725,6 +744,16 @@ class CostModel:
             self._views[id(module)] = hit
         return hit[1]
 
+    def _library_bodies(self, module: HloModule) -> frozenset[str]:
+        """Names of the fused computations of ``module``'s library fusions (cached)."""
+        hit = self._libraries.get(id(module))
+        if hit is None or hit[0] is not module:
+            names = frozenset(c for _, i in module.instructions()
+                              if op_bench.is_library_fusion(i) for c in i.called_computations)
+            hit = (module, names)
+            self._libraries[id(module)] = hit
+        return hit[1]
+
     def node_cost(self, graph: DeviceGraph, k: int, instr: HloInstruction
                   ) -> tuple[float, bool, str, bool, int]:
         """``(seconds, estimated, source, is_comm, out_bytes)`` of node ``k`` run alone."""
@@ -747,11 +776,13 @@ class CostModel:
         status, _ = op_bench.op_status(instr)
         if status == "free":
             return 0.0, False, "free", False, 0
-        e = self.op_times.estimate(self.view(graph.module), instr)
+        library = graph.computation.name in self._library_bodies(graph.module)
+        e = self.op_times.estimate(self.view(graph.module), instr, library)
         return e.time_s, e.estimated, e.source, False, nbytes
 
     def _fusion_cost(self, module: HloModule, instr: HloInstruction) -> tuple[float, bool]:
-        """An as-written fusion: the fused-op estimator on its fused computation."""
+        """An as-written fusion: the fused-op estimator on its fused computation (the
+        ops of a library fusion at their library times, see :meth:`OpTimes.estimate`)."""
         comp = module.computation(instr.called_computations[0])
         body = self._body_graph(module, comp)
         gc = self.graph_costs(body)

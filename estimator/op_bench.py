@@ -65,6 +65,7 @@ __all__ = [
     "OP_BENCH_VERSION",
     "OP_CACHE_SCHEMA",
     "FREE_OPCODES",
+    "LIBRARY_SUFFIX",
     "InputSpec",
     "OpStatus",
     "OpTiming",
@@ -74,13 +75,17 @@ __all__ = [
     "bench_module",
     "bench_ops",
     "cache_dir",
+    "is_library_fusion",
     "kernel_instructions",
+    "library_instructions",
+    "library_key",
     "module_view",
     "op_key",
     "op_status",
     "random_inputs",
     "standalone_op",
     "time_standalone",
+    "timing_key",
 ]
 
 OP_CACHE_SCHEMA = 1
@@ -144,6 +149,46 @@ def op_key(view: Any, instr: HloInstruction) -> pr.OpKey:
     return pr.describe_instruction(view, instr).key
 
 
+#: Appended to the opcode of an op's key when the op is timed as XLA's kernel library
+#: runs it (XLA:CPU's ``__ynn_fusion``, see :func:`library_key`).
+LIBRARY_SUFFIX = "@library"
+
+
+def library_key(key: pr.OpKey) -> pr.OpKey:
+    """The key of ``key``'s op run by XLA's kernel library instead of XLA's own emitter.
+
+    XLA's default CPU pipeline hands single ops (dots, some reduces) to a library
+    (YNNPACK) by wrapping each in a ``kind=kCustom`` fusion; a plan compiled with
+    ``exact=True`` does not (``configs/xla_passes.toml``). The two can differ several
+    fold on the same shapes, so their times are kept under different keys.
+    """
+    return dataclasses.replace(key, opcode=key.opcode + LIBRARY_SUFFIX)
+
+
+def is_library_fusion(instr: HloInstruction) -> bool:
+    """Whether ``instr`` is a library fusion (``fusion`` with ``kind=kCustom``)."""
+    return instr.opcode == "fusion" and instr.attrs.get("kind") == "kCustom"
+
+
+def library_instructions(module: HloModule) -> set[int]:
+    """``id()`` of every instruction inside the fused computation of a library fusion."""
+    comps = module.computations_by_name()
+    out: set[int] = set()
+    for _, instr in module.instructions():
+        if is_library_fusion(instr):
+            for name in instr.called_computations:
+                if name in comps:
+                    out.update(id(i) for i in comps[name].instructions)
+    return out
+
+
+def timing_key(view: Any, instr: HloInstruction, library: bool = False) -> str:
+    """The encoded key an op's time is stored under: :func:`op_key`, or its
+    :func:`library_key` when the op runs inside a library fusion."""
+    key = op_key(view, instr)
+    return (library_key(key) if library else key).encode()
+
+
 def op_status(instr: HloInstruction) -> tuple[OpStatus, str]:
     """Whether an op is timed standalone (``"bench"``), free, or skipped, with the reason.
 
@@ -205,11 +250,13 @@ class StandaloneOp:
     """A single op as a module of its own.
 
     Attributes:
-        key: the op's key.
+        key: the op's key (:func:`library_key` of it when ``library``).
         hlo_text: the module text (``HloModule disco_op_<hash>``).
         module_name: the module's name.
         inputs: what to feed each parameter, in order.
         info: the op's class, bytes and flops (for the analytic fallback).
+        library: compile it letting XLA hand the op to its kernel library (see
+            :func:`library_key`).
     """
 
     key: pr.OpKey
@@ -217,6 +264,7 @@ class StandaloneOp:
     module_name: str
     inputs: tuple[InputSpec, ...]
     info: pr.OpInfo
+    library: bool = False
 
 
 def _dims(text: str | None) -> list[int]:
@@ -289,7 +337,8 @@ def _called_closure(module: HloModule, instr: HloInstruction) -> list[HloComputa
 
 
 def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = None,
-                  module_instr: Mapping[str, HloInstruction] | None = None) -> StandaloneOp:
+                  module_instr: Mapping[str, HloInstruction] | None = None,
+                  library: bool = False) -> StandaloneOp:
     """Builds the standalone module of one op (see the module docstring).
 
     Args:
@@ -297,6 +346,7 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
         instr: an op whose :func:`op_status` is ``"bench"``.
         view: :func:`module_view` of ``module`` (built if None).
         module_instr: name -> instruction over the whole module (built if None).
+        library: time it as XLA's kernel library runs it (see :func:`library_key`).
 
     Returns:
         The :class:`StandaloneOp`.
@@ -304,6 +354,8 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
     view = view if view is not None else module_view(module)
     module_instr = module_instr if module_instr is not None else view.instr
     info = pr.describe_instruction(view, instr)
+    if library:
+        info = dataclasses.replace(info, key=library_key(info.key))
     bounds = _index_bounds(module_instr, instr)
     body: list[HloInstruction] = []
     inputs: list[InputSpec] = []
@@ -327,7 +379,7 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
     comps = [*_called_closure(module, instr),
              HloComputation("main", body, "op", is_entry=True)]
     text = to_text(HloModule(name, {}, comps, percent_names=module.percent_names))
-    return StandaloneOp(info.key, text, name, tuple(inputs), info)
+    return StandaloneOp(info.key, text, name, tuple(inputs), info, library)
 
 
 def random_inputs(op: StandaloneOp | Sequence[InputSpec], seed: int = 0) -> list[np.ndarray]:
@@ -497,7 +549,8 @@ def _measure_chunk(chunk: Sequence[StandaloneOp], replicas: int, repeats: int, w
     items = []
     for op in chunk:
         try:
-            exe = jax_bridge.compile_standalone(op.hlo_text, exact=True, replicas=replicas)
+            exe = jax_bridge.compile_standalone(op.hlo_text, exact=True, replicas=replicas,
+                                                library=op.library)
             seed = int(op.module_name.rsplit("_", 1)[-1][:8], 16)
             items.append((op, exe, exe.put(*random_inputs(op, seed=seed))))
         except Exception as err:  # an op XLA rejects standalone: analytic fallback
@@ -619,27 +672,29 @@ class OpTimeCache:
 
 
 def _unique_ops(module: HloModule, instrs: Iterable[HloInstruction],
-                view: Any) -> dict[str, HloInstruction]:
-    """Key -> first instruction with that key, for the benchable ops among ``instrs``."""
-    out: dict[str, HloInstruction] = {}
+                view: Any) -> dict[str, tuple[HloInstruction, bool]]:
+    """Key -> (first instruction with that key, whether it runs in a library fusion),
+    for the benchable ops among ``instrs``."""
+    library = library_instructions(module)
+    out: dict[str, tuple[HloInstruction, bool]] = {}
     for instr in instrs:
         if op_status(instr)[0] != "bench":
             continue
-        key = op_key(view, instr).encode()
-        out.setdefault(key, instr)
+        lib = id(instr) in library
+        out.setdefault(timing_key(view, instr, lib), (instr, lib))
     return out
 
 
-def _standalone_ops(module: HloModule, wanted: Mapping[str, HloInstruction],
+def _standalone_ops(module: HloModule, wanted: Mapping[str, tuple[HloInstruction, bool]],
                     known: Mapping[str, Any], view: Any
                     ) -> tuple[list[StandaloneOp], dict[str, OpTiming]]:
     """Standalone modules of the ops still to time, and failures to build one."""
     todo, failed = [], {}
-    for key, instr in wanted.items():
+    for key, (instr, lib) in wanted.items():
         if key in known:
             continue
         try:
-            todo.append(standalone_op(module, instr, view))
+            todo.append(standalone_op(module, instr, view, library=lib))
         except (KeyError, ValueError, IndexError) as err:
             failed[key] = _failed(pr.describe_instruction(view, instr),
                                   f"no standalone module: {err}")

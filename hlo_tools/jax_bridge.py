@@ -234,18 +234,24 @@ def _section(platform: str) -> str:
         ) from None
 
 
-def exact_compiler_options(platform: str, config: str | Path | None = None) -> dict[str, Any]:
+def exact_compiler_options(platform: str, config: str | Path | None = None,
+                           library: bool = False) -> dict[str, Any]:
     """Compiler options that make XLA compile fusions and collectives as written.
 
     Args:
         platform: jax platform name: ``cpu``, ``cuda``, ``rocm`` or ``gpu``.
         config: Pass config TOML; ``configs/xla_passes.toml`` when None.
+        library: keep the section's ``library_passes`` running (they hand a single op
+            to a kernel library, e.g. XLA:CPU's YNNPACK ``__ynn_fusion`` around a
+            ``dot``): used to time an op the way XLA's default pipeline runs it.
 
     Returns:
         ``{"xla_disable_hlo_passes": "a,b,..."}`` plus the section's ``exact_options``.
     """
     section = load_pass_config(config)[_section(platform)]
-    options: dict[str, Any] = {_DISABLE: ",".join(section["exact_disable"])}
+    kept = set(section.get("library_passes", ())) if library else set()
+    disabled = [name for name in section["exact_disable"] if name not in kept]
+    options: dict[str, Any] = {_DISABLE: ",".join(disabled)}
     options.update(section.get("exact_options", {}))
     return options
 
@@ -488,9 +494,10 @@ def _leaf_shapes(shape: Any) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
 
 
 def _standalone_options(platform: str, exact: bool, replicas: int,
-                        extra: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+                        extra: Mapping[str, Any] | None,
+                        library: bool = False) -> tuple[Any, dict[str, Any]]:
     """``CompileOptions`` for ``replicas`` replicas with the exact-mode pass list."""
-    options = exact_compiler_options(platform) if exact else {}
+    options = exact_compiler_options(platform, library=library) if exact else {}
     extra = dict(extra or {})
     disabled = [options.get(_DISABLE, ""), extra.pop(_DISABLE, "")]
     options.update(extra)
@@ -512,6 +519,7 @@ def compile_standalone(
     replicas: int = 1,
     platform: str | None = None,
     compiler_options: Mapping[str, Any] | None = None,
+    library: bool = False,
 ) -> StandaloneHlo:
     """Compiles a single-device HLO module on its own (no jax function needed).
 
@@ -528,6 +536,8 @@ def compile_standalone(
             gets the same inputs); 1 for a plain single-device run.
         platform: jax platform (default: ``jax.default_backend()``).
         compiler_options: extra XLA options (``xla_disable_hlo_passes`` is appended).
+        library: with ``exact``, still let XLA hand single ops to its kernel library
+            (``library_passes`` of the pass config), as its default pipeline does.
 
     Returns:
         A :class:`StandaloneHlo`: ``run(*numpy_arrays) -> tuple of numpy arrays``.
@@ -545,7 +555,8 @@ def compile_standalone(
     computation = _computation(hlo_text)
     program_shape = computation.program_shape()
     mlir_text = _to_mlir(computation)
-    compile_options, options = _standalone_options(platform, exact, replicas, compiler_options)
+    compile_options, options = _standalone_options(platform, exact, replicas, compiler_options,
+                                                   library)
     try:
         executable = client.compile_and_load(mlir_text, xc.DeviceList(devices), compile_options)
     except Exception as err:

@@ -458,3 +458,75 @@ def test_tuple_allreduce_pays_one_latency_per_buffer_and_tiny_ones_less():
     assert costs.allreduce_time(1028, [1024, 4]) == pytest.approx(1028e-9 + 1e-3 + 1e-4)
     assert costs.allreduce_time(1028, [4, 1024]) == pytest.approx(1028e-9 + 1e-3 + 1e-4)
     assert costs.allreduce_time(2048, [1024, 1024]) == pytest.approx(2048e-9 + 2e-3)
+
+
+# --------------------------------------------------------------------------- library ops
+
+# XLA:CPU's default pipeline hands this dot to YNNPACK inside a kCustom fusion; the
+# same dot as a plain instruction and as a kLoop fusion runs XLA's own dot thunk.
+LIBRARY = """HloModule library
+
+%lib_body (a: f32[8,512], b: f32[128,512]) -> f32[8,128] {
+  %a = f32[8,512] parameter(0)
+  %b = f32[128,512] parameter(1)
+  ROOT %d = f32[8,128] dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+%loop_body (x: f32[8,512], y: f32[128,512]) -> f32[8,128] {
+  %x = f32[8,512] parameter(0)
+  %y = f32[128,512] parameter(1)
+  ROOT %z = f32[8,128] dot(%x, %y), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+ENTRY %e (p0: f32[8,512], p1: f32[128,512]) -> (f32[8,128], f32[8,128]) {
+  %p0 = f32[8,512] parameter(0)
+  %p1 = f32[128,512] parameter(1)
+  %ynn = f32[8,128] fusion(%p0, %p1), kind=kCustom, calls=%lib_body, backend_config=YNN
+  %loop = f32[8,128] fusion(%p0, %p1), kind=kLoop, calls=%loop_body
+  ROOT %t = (f32[8,128], f32[8,128]) tuple(%ynn, %loop)
+}
+""".replace("YNN", '{"fusion_config":{"kind":"__ynn_fusion"}}')
+
+
+def test_ops_in_library_fusions_cost_their_library_time() -> None:
+    module = hlo_tools.parse(LIBRARY)
+    view = ob.module_view(module)
+    dot = module.computation("lib_body").root
+    plain = ob.op_key(view, dot)
+    assert ob.timing_key(view, dot, library=True) == ob.library_key(plain).encode()
+    assert ob.library_key(plain).opcode == "dot@library"
+    assert {i.name for _, i in module.instructions()
+            if id(i) in ob.library_instructions(module)} == {"a", "b", "d"}
+    times = C.OpTimes()
+    times.add(plain.encode(), 200e-6, "profile")
+    costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
+    sg = C.sim_graph_from_module(module, costs)
+    dur = dict(zip(sg.names, sg.duration_s))
+    assert dur["ynn"] == dur["loop"] == pytest.approx(200e-6)  # no library time: as unwrapped
+    times.add(ob.library_key(plain).encode(), 20e-6, "op_bench")
+    costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
+    sg = C.sim_graph_from_module(module, costs)
+    dur = dict(zip(sg.names, sg.duration_s))
+    assert dur["ynn"] == pytest.approx(20e-6) and dur["loop"] == pytest.approx(200e-6)
+
+
+def test_op_bench_times_library_ops_as_the_library_runs_them(tmp_path, monkeypatch) -> None:
+    from hlo_tools import jax_bridge
+
+    assert "dot-library-rewriter" in jax_bridge.exact_compiler_options("cpu")[
+        "xla_disable_hlo_passes"].split(",")
+    assert "dot-library-rewriter" not in jax_bridge.exact_compiler_options(
+        "cpu", library=True)["xla_disable_hlo_passes"].split(",")
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
+    module = hlo_tools.parse(LIBRARY)
+    view = ob.module_view(module)
+    timings = ob.bench_ops(module, repeats=3, warmup=1, progress=False)
+    plain = ob.op_key(view, module.computation("lib_body").root)
+    assert set(timings) == {plain.encode(), ob.library_key(plain).encode()}
+    assert all(t.ok and t.time_s > 0 for t in timings.values())
+    lib = ob.standalone_op(module, module.computation("lib_body").root, view, library=True)
+    exe = jax_bridge.compile_standalone(lib.hlo_text, exact=True, library=True)
+    plain_exe = jax_bridge.compile_standalone(lib.hlo_text, exact=True)
+    assert "kind=kCustom" in exe.as_text() and "kind=kCustom" not in plain_exe.as_text()
+    a, b = ob.random_inputs(lib, seed=1)
+    np.testing.assert_allclose(exe(a, b)[0], a @ b.T, rtol=1e-4, atol=1e-4)
