@@ -16,8 +16,10 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    the next seed).
 2. **predicts** each variant with :class:`disco_jax.costs.CostModel` on the setup's
    hardware file: single-op times from the in-context profile of the no-fusion program
-   (measured in the same job and setup), then standalone timings
-   (:mod:`estimator.op_bench`, cached) for ops only XLA's plan has; plans through
+   (measured in the same job and setup: one traced iteration after each timed round,
+   median over rounds, then over processes), then standalone timings
+   (:mod:`estimator.op_bench`, cached) for ops only XLA's plan has (the ops of its
+   library fusions as the library runs them); plans through
    :func:`disco_jax.costs.sim_graph`, XLA's default from its post-optimization HLO as
    written (:func:`disco_jax.costs.sim_graph_from_module`).
 3. **calibrates** the backend constants per setup -- overlap phi, per-kernel overhead
@@ -35,8 +37,10 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    gloo collectives reduce each buffer separately) and the ablation
    ``one_d_per_allreduce`` (one ``D`` per all-reduce).
 
-Per model and setup: MAPE mean and max and the Spearman rank correlation between
-predicted and measured medians; overall rows pool every variant. Writes
+Per model and setup: MAPE mean and max, the Spearman rank correlation between
+predicted and measured medians, and the pairs of variants that the measurement itself
+separates (p25..p75 ranges apart) which the prediction orders right (Spearman also
+counts the order of plans that tie within the noise); overall rows pool every variant. Writes
 ``benchmarks/results/simulator_accuracy.json`` atomically and prints the table.
 
 Run from the repository root (as root: ``unshare -n`` and ``tc``)::
@@ -313,6 +317,20 @@ def _program_profile(data: Mapping[str, Any]) -> Any:
         list(data["wall_times_s"]), list(data["trace_iteration_s"]))
 
 
+def merged_profile(profiles: Sequence[Any]) -> Any:
+    """One no-fusion profile from every process's: per instruction, the median of the
+    processes' per-iteration times (each process runs the same program on its own CPU,
+    so this halves the weight of one process's slow phase). None if there is none."""
+    import dataclasses
+
+    if not profiles:
+        return None
+    first = profiles[0]
+    times = {name: statistics.median(p.times_s[name] for p in profiles if name in p.times_s)
+             for name in first.times_s}
+    return dataclasses.replace(first, times_s=times)
+
+
 def load_measured(raw: Mapping[str, Any]) -> list[Measured]:
     """The per-setup views of one model's raw job output."""
     import hlo_tools
@@ -329,7 +347,9 @@ def load_measured(raw: Mapping[str, Any]) -> list[Measured]:
     for setup, s0 in p0["setups"].items():
         per = [p["setups"][setup]["samples_s"] for p in raw["processes"]]
         times = {n: summarize(merge_samples([p[n] for p in per])) for n in s0["samples_s"]}
-        prof = _program_profile(s0["program_profile"]) if "program_profile" in s0 else None
+        prof = merged_profile([_program_profile(p["setups"][setup]["program_profile"])
+                               for p in raw["processes"]
+                               if "program_profile" in p["setups"].get(setup, {})])
         out.append(Measured(raw["model"], setup, times, module, graph, plans, xla_module,
                             prof, s0.get("stats", {})))
     return out
@@ -367,21 +387,22 @@ class Constants:
 def _missing_ops(module: Any, times: Any) -> list[Any]:
     """Benchable kernel instructions of ``module`` whose op key has no time yet."""
     from estimator import op_bench
-    from estimator import profiler as pr
 
     view = op_bench.module_view(module)
+    library = op_bench.library_instructions(module)
     out = []
     for instr in op_bench.kernel_instructions(module):
         if op_bench.op_status(instr)[0] != "bench":
             continue
-        if pr.describe_instruction(view, instr).key.encode() not in times.times:
+        if op_bench.timing_key(view, instr, id(instr) in library) not in times.times:
             out.append(instr)
     return out
 
 
 def op_times_for(m: Measured, bench: bool = True) -> Any:
     """Single-op times: the in-context no-fusion profile, then standalone timings
-    (:mod:`estimator.op_bench`, cached) of the ops the profile lacks (both modules)."""
+    (:mod:`estimator.op_bench`, cached) of the ops the profile lacks (both modules; the
+    ops inside XLA's library fusions are timed as the library runs them)."""
     from disco_jax.costs import OpTimes
     from estimator import op_bench
 
@@ -498,7 +519,26 @@ def score(pred: Mapping[str, float], m: Measured) -> dict[str, Any]:
     errs = {n: abs(p - t) / t for n, p, t in zip(names, prd, meas)}
     return {"mape_mean": float(statistics.fmean(errs.values())),
             "mape_max": float(max(errs.values())), "spearman": spearman(prd, meas),
-            "ape": errs, "predicted_s": dict(zip(names, prd))}
+            **separated_pairs(pred, m), "ape": errs, "predicted_s": dict(zip(names, prd))}
+
+
+def separated_pairs(pred: Mapping[str, float], m: Measured) -> dict[str, int]:
+    """The ranking on the pairs that the measurement itself tells apart.
+
+    Two variants are *separated* when their measured interquartile ranges (p25..p75 of
+    the samples) do not overlap; such a pair is *ordered* when the prediction puts the
+    faster one first. Variants whose ranges overlap are ties within the noise, whose
+    order no model can be expected to get right (they still count in Spearman).
+    """
+    names = [n for n in sorted(pred) if n in m.times]
+    sep = ordered = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ta, tb = m.times[a], m.times[b]
+            if ta["p75_s"] < tb["p25_s"] or tb["p75_s"] < ta["p25_s"]:
+                sep += 1
+                ordered += (pred[a] < pred[b]) == (ta["median_s"] < tb["median_s"])
+    return {"separated_pairs": sep, "ordered_pairs": ordered}
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -521,6 +561,8 @@ def pooled(rows: Sequence[dict[str, Any]], ms: Sequence[Measured]) -> dict[str, 
     return {"mape_mean": float(statistics.fmean(errs)), "mape_max": float(max(errs)),
             "spearman_pooled": spearman(prd, meas),
             "spearman_mean": float(statistics.fmean(rhos)) if rhos else None,
+            "separated_pairs": sum(r["separated_pairs"] for r in rows),
+            "ordered_pairs": sum(r["ordered_pairs"] for r in rows),
             "variants": len(errs)}
 
 
@@ -739,13 +781,15 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
 # --------------------------------------------------------------------------- hardware files
 
 
-def costs_table(c: Constants, sim_model: str, free: Sequence[str]) -> str:
-    """The ``[costs]`` TOML block of calibrated constants, with where they come from."""
+def costs_table(c: Constants, sim_model: str, free: Sequence[str],
+                results: str = "benchmarks/results/simulator_accuracy.json") -> str:
+    """The ``[costs]`` TOML block of calibrated constants, with where they come from
+    (``results``: the JSON that holds the errors)."""
     ar = " / ".join(n for n in ("c_s_per_byte", "d_s") if n in free)
     lines = [
         f"# [costs] and [allreduce] {ar}: calibrated inside real training steps by",
         f"# benchmarks/simulator_accuracy.py ({sim_model} simulator model, fitted on every",
-        "# measured zoo model; benchmarks/results/simulator_accuracy.json has the",
+        f"# measured zoo model; {results} has the",
         "# leave-one-model-out errors). The microbenchmark fit is kept as [allreduce]",
         "# microbenchmark_c_s_per_byte / microbenchmark_d_s. Rerunning",
         "# benchmarks/allreduce_fit.py --write-config rewrites this file without them.",
@@ -760,7 +804,8 @@ def costs_table(c: Constants, sim_model: str, free: Sequence[str]) -> str:
 
 
 def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
-                 directory: Path | None = None) -> Path:
+                 directory: Path | None = None,
+                 results: str = "benchmarks/results/simulator_accuracy.json") -> Path:
     """Writes the calibrated constants into ``configs/hardware/<setup>.toml`` (atomically):
     a ``[costs]`` table and the in-program AllReduce ``C``/``D`` (previous values kept as
     ``microbenchmark_*`` keys)."""
@@ -781,7 +826,7 @@ def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
              f"microbenchmark_c_s_per_byte = {micro_c!r}\nmicrobenchmark_d_s = {micro_d!r}\n")
     text = re.sub(r"(?m)^c_s_per_byte = .*\nd_s = .*\n", block, text, count=1)
     text = re.sub(r'(?m)^time_metric = "op"$', 'time_metric = "program"', text, count=1)
-    text = text.rstrip("\n") + "\n\n" + costs_table(c, sim_model, free)
+    text = text.rstrip("\n") + "\n\n" + costs_table(c, sim_model, free, results)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -806,13 +851,18 @@ def _cell(row: Mapping[str, Any] | None) -> str:
     return f"{_pct(row['mape_mean'])} {_pct(row['mape_max'])} {_rho(rho)}"
 
 
+def _pairs(row: Mapping[str, Any]) -> str:
+    return f"{row['ordered_pairs']:>3}/{row['separated_pairs']:<3}"
+
+
 def print_table(result: Mapping[str, Any]) -> None:
     """Per simulator model: per model x setup MAPE mean/max and Spearman, shipped,
     in-sample and leave-one-model-out, then the overall rows."""
     for sim_model, per_setup in result["evaluation"].items():
         print(f"\nsimulator model: {sim_model}   (MAPE mean, MAPE max, Spearman)")
         print(f"{'model':16} {'setup':12} {'n':>3} {'measured ms':>15}  "
-              f"{'shipped constants':21}  {'in-sample fit':21}  {'leave-one-model-out':21}")
+              f"{'shipped constants':21}  {'in-sample fit':21}  {'leave-one-model-out':21}"
+              f"  {'pairs':>7}")
         for setup, ev in per_setup.items():
             for model, row in ev["in_sample"]["models"].items():
                 times = [result["measured"][model][setup][n]["median_s"] * 1e3
@@ -820,17 +870,21 @@ def print_table(result: Mapping[str, Any]) -> None:
                 rng = f"{min(times):6.1f}-{max(times):6.1f}"
                 lomo = ev.get("lomo", {}).get("models", {}).get(model)
                 print(f"{model:16} {setup:12} {len(times):3} {rng:>15}  "
-                      f"{_cell(ev['shipped']['models'][model])}  {_cell(row)}  {_cell(lomo)}")
+                      f"{_cell(ev['shipped']['models'][model])}  {_cell(row)}  {_cell(lomo)}"
+                      f"  {_pairs(lomo or row)}")
             lomo = ev.get("lomo", {}).get("overall")
             print(f"{'overall':16} {setup:12} {ev['in_sample']['overall']['variants']:3} "
                   f"{'':>15}  {_cell(ev['shipped']['overall'])}  "
-                  f"{_cell(ev['in_sample']['overall'])}  {_cell(lomo)}")
+                  f"{_cell(ev['in_sample']['overall'])}  {_cell(lomo)}"
+                  f"  {_pairs(lomo or ev['in_sample']['overall'])}")
         for setup, ev in per_setup.items():
             c = ev["in_sample"]["constants"]
             print(f"  {setup}: in-sample constants: phi {c['overlap']:.3f}, kernel_launch "
                   f"{c['kernel_launch_s'] * 1e6:.2f} us, compute_scale {c['compute_scale']:.3f},"
                   f" C {c['c_s_per_byte']:.3g} s/B, D {c['d_s'] * 1e3:.3f} ms")
-    print("\n(overall Spearman: mean of the per-model values; pooled values in the JSON)")
+    print("\n(overall Spearman: mean of the per-model values; pooled values in the JSON;"
+          "\n pairs: of the variant pairs whose measured p25..p75 ranges do not overlap,"
+          "\n how many the leave-one-model-out prediction orders right)")
 
 
 # --------------------------------------------------------------------------- main
@@ -991,7 +1045,16 @@ def _finish(result: dict[str, Any], raws: Sequence[Mapping[str, Any]], ms: Seque
                 for path in write_traces(raw, pred, fitted, args.out.parent, setup):
                     log(f"wrote {path}")
         if primary and args.write_config:
-            log(f"wrote {write_config(setup, fitted, 'costs', args.free)}")
+            path = write_config(setup, fitted, "costs", args.free, results=_shown(args.out))
+            log(f"wrote {path}")
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _meta(args: argparse.Namespace, raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

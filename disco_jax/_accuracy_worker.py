@@ -22,10 +22,12 @@ Timing. Each sample is ``K`` back-to-back calls waited for at the end, divided b
 per sample the *minimum over processes* (the last to arrive measures the iteration from
 the moment every participant is there, as :mod:`estimator.allreduce` does for single
 all-reduces). Rounds visit the variants in a seeded random order that every process
-shares. After the timed rounds each variant is traced (:mod:`jax.profiler`) for a few
-iterations: per iteration its span, busy compute, all-reduce time and kernel count are
-kept; for the no-fusion variant the per-instruction times (the cost model's in-context
-op times) and, on request, the events of one iteration (a measured trace).
+shares. After each round one iteration of the no-fusion variant is traced: its
+per-instruction times over all rounds are the cost model's in-context op times (every
+process keeps its own; the parent takes the median over processes). After the timed
+rounds each variant is traced (:mod:`jax.profiler`) for a few iterations: per iteration
+its span, busy compute, all-reduce time and kernel count are kept, and, on request, the
+events of one iteration (a measured trace).
 
 Compiling. Every process compiles every variant (in the same order). Compiles go
 through jax's persistent compilation cache, but only process 0 gains from it: jax
@@ -41,6 +43,7 @@ unfinished, screens them, and relaunches without the culprit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -255,21 +258,31 @@ def _choose_k(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, A
 
 def _rounds(runs: Mapping[str, Any], args: Sequence[Any], ks: Mapping[str, int],
             spec: Mapping[str, Any], coord: _Coord, phase: str,
-            tag: str) -> dict[str, list[float]]:
-    """The timed rounds: every variant once per round, in a shared seeded order."""
+            tag: str) -> tuple[dict[str, list[float]], list[Any]]:
+    """The timed rounds: every variant once per round, in a shared seeded order.
+
+    After each round (untimed) one iteration of the no-fusion program is traced, so that
+    its per-instruction profile is a median over the whole measurement, like the timed
+    samples, and not a picture of one moment (on this VM a process's kernels can run
+    ~25% slower for seconds at a time). Returns the samples and those traced events.
+    """
     names = sorted(runs)
     rng = random.Random(f"{spec['model']}/{phase}")
     samples: dict[str, list[float]] = {n: [] for n in names}
+    spread: list[Any] = []
     t_start = time.monotonic()
     for r in range(int(spec["repeats"])):
         rng.shuffle(names)
         for name in names:
             coord.barrier(phase)
             samples[name].append(_timed(runs[name], args, ks[name]))
+        if "no_fusion" in runs:
+            events = _trace_calls(runs["no_fusion"], args, 1, coord, f"{phase}_spread")
+            spread += [dataclasses.replace(ev, run_id=f"{r}/{ev.run_id}") for ev in events]
         if r == 0 or (r + 1) % 5 == 0:
             _log(tag, f"{phase}: round {r + 1}/{spec['repeats']} "
                       f"({time.monotonic() - t_start:.0f} s)")
-    return samples
+    return samples, spread
 
 
 # --------------------------------------------------------------------------- profiling
@@ -345,9 +358,11 @@ def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: _Coord,
 
 
 def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, Any],
-             coord: _Coord, phase: str, want_trace: str | None) -> dict[str, Any]:
+             coord: _Coord, phase: str, want_trace: str | None,
+             spread: Sequence[Any] = ()) -> dict[str, Any]:
     """Traced iterations of every variant: per-iteration stats, the no-fusion program's
-    per-instruction profile, and (on request) one iteration's events."""
+    per-instruction profile (from ``spread``, the iterations traced between the timed
+    rounds, when there are any), and (on request) one iteration's events."""
     from estimator.profiler import _summarize, iteration_order
 
     out: dict[str, Any] = {"stats": {}}
@@ -356,9 +371,11 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
         events = _trace_calls(runs[name], args, n, coord, phase)
         text = runs[name].as_text()
         out["stats"][name] = iteration_stats(events, _comm_names(text))
-        if name == "no_fusion" and events:
-            prof = _summarize(events[0].module, text, events, [])
+        if name == "no_fusion" and (spread or events):
+            picked = list(spread) or events
+            prof = _summarize(picked[0].module, text, picked, [])
             out["program_profile"] = _profile_json(prof)
+            out["program_profile_spread"] = bool(spread)
         if name == want_trace and events:
             stats = out["stats"][name]
             spans = [s["span_s"] for s in stats]
@@ -426,11 +443,11 @@ def _phase(spec: Mapping[str, Any], setup: Mapping[str, Any], runs: Mapping[str,
     coord.barrier(f"{phase}_net")
     ks = _choose_k(runs, fargs, spec, coord, pid, phase)
     t0 = time.monotonic()
-    samples = _rounds(runs, fargs, ks, spec, coord, phase, tag)
+    samples, spread = _rounds(runs, fargs, ks, spec, coord, phase, tag)
     timed_s = time.monotonic() - t0
     trace = spec.get("trace") or {}
     want = trace.get("variant") if trace.get("setup") == phase else None
-    prof = _profile(runs, fargs, spec, coord, phase, want)
+    prof = _profile(runs, fargs, spec, coord, phase, want, spread)
     return {"qdisc": qdisc, "k": ks, "samples_s": samples, "timed_s": timed_s, **prof}
 
 

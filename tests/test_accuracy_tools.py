@@ -129,6 +129,19 @@ def test_statistics_and_spearman() -> None:
     assert SA.spearman([1, 2], [1, 2]) is None and SA.spearman([1, 1, 1], [1, 2, 3]) is None
 
 
+def test_separated_pairs_count_only_pairs_the_measurement_tells_apart() -> None:
+    def t(p25: float, med: float, p75: float) -> dict[str, float]:
+        return {"p25_s": p25, "median_s": med, "p75_s": p75}
+
+    # a and b overlap (a tie within the noise); c is clear of both
+    m = SA.Measured("m", "gloo2", {"a": t(1.0, 1.5, 2.0), "b": t(1.8, 1.9, 2.5),
+                                   "c": t(3.0, 3.5, 4.0)}, None, None, {}, None, None, {})
+    right = SA.separated_pairs({"a": 2.0, "b": 1.0, "c": 5.0}, m)   # a/b swapped: a tie
+    assert right == {"separated_pairs": 2, "ordered_pairs": 2}
+    wrong = SA.separated_pairs({"a": 2.0, "b": 6.0, "c": 5.0}, m)   # b after c: wrong
+    assert wrong == {"separated_pairs": 2, "ordered_pairs": 1}
+
+
 def test_unfinished_compiles(tmp_path: Path) -> None:
     (tmp_path / "p0.log").write_text("start a\ndone a\nstart b\n")
     (tmp_path / "p1.log").write_text("start c\ndone c\nstart b\ndone b\nstart d\n")
