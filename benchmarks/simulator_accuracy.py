@@ -86,7 +86,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+#: Where the benchmark writes its results unless told otherwise (relative to REPO).
+DEFAULT_OUT = "benchmarks/results/simulator_accuracy.json"
 DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "rnnlm_unrolled", "bert",
                   "reformer")
 SETUP_RATES = {"gloo2": "", "gloo2-1gbit": "1gbit"}
@@ -321,8 +322,6 @@ def merged_profile(profiles: Sequence[Any]) -> Any:
     """One no-fusion profile from every process's: per instruction, the median of the
     processes' per-iteration times (each process runs the same program on its own CPU,
     so this halves the weight of one process's slow phase). None if there is none."""
-    import dataclasses
-
     if not profiles:
         return None
     first = profiles[0]
@@ -385,18 +384,12 @@ class Constants:
 
 
 def _missing_ops(module: Any, times: Any) -> list[Any]:
-    """Benchable kernel instructions of ``module`` whose op key has no time yet."""
+    """Benchable kernel instructions of ``module`` whose op key has no time yet (one
+    per key)."""
     from estimator import op_bench
 
-    view = op_bench.module_view(module)
-    library = op_bench.library_instructions(module)
-    out = []
-    for instr in op_bench.kernel_instructions(module):
-        if op_bench.op_status(instr)[0] != "bench":
-            continue
-        if op_bench.timing_key(view, instr, id(instr) in library) not in times.times:
-            out.append(instr)
-    return out
+    return [instr for key, (instr, _) in op_bench.benchable_ops(module).items()
+            if key not in times.times]
 
 
 def op_times_for(m: Measured, bench: bool = True) -> Any:
@@ -782,7 +775,7 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
 
 
 def costs_table(c: Constants, sim_model: str, free: Sequence[str],
-                results: str = "benchmarks/results/simulator_accuracy.json") -> str:
+                results: str = DEFAULT_OUT) -> str:
     """The ``[costs]`` TOML block of calibrated constants, with where they come from
     (``results``: the JSON that holds the errors)."""
     ar = " / ".join(n for n in ("c_s_per_byte", "d_s") if n in free)
@@ -804,8 +797,7 @@ def costs_table(c: Constants, sim_model: str, free: Sequence[str],
 
 
 def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
-                 directory: Path | None = None,
-                 results: str = "benchmarks/results/simulator_accuracy.json") -> Path:
+                 directory: Path | None = None, results: str = DEFAULT_OUT) -> Path:
     """Writes the calibrated constants into ``configs/hardware/<setup>.toml`` (atomically):
     a ``[costs]`` table and the in-program AllReduce ``C``/``D`` (previous values kept as
     ``microbenchmark_*`` keys)."""
@@ -930,7 +922,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trace-model", default="vgg", help="model whose traces are written")
     ap.add_argument("--trace-setup", default="gloo2", help="setup of the traces")
     ap.add_argument("--trace-variant", default="xla_default", help="variant of the traces")
-    ap.add_argument("--out", type=Path, default=RESULTS / "simulator_accuracy.json")
+    ap.add_argument("--out", type=Path, default=REPO / DEFAULT_OUT)
     ap.add_argument("--compile-cache", type=Path, default=None,
                     help="jax persistent compilation cache (default: next to the raw data)")
     args = ap.parse_args(argv)

@@ -237,7 +237,7 @@ class OpTimes:
                 continue
             info = pr.describe_instruction(view, inner)
             if op_bench.is_library_fusion(instr):
-                info = dataclasses.replace(info, key=op_bench.library_key(info.key))
+                info = op_bench.library_info(info)
             one = total / max(profile.counts.get(name, 1.0), 1.0)
             by_key.setdefault(info.key.encode(), []).append(one)
             infos.setdefault(info.key.encode(), info)
@@ -315,7 +315,7 @@ def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
         if op_bench.op_status(instr)[0] == "bench":
             info = pr.describe_instruction(view, instr)
             if target in library:
-                info = dataclasses.replace(info, key=op_bench.library_key(info.key))
+                info = op_bench.library_info(info)
             out.append((info, one))
     return out
 
@@ -748,9 +748,7 @@ class CostModel:
         """Names of the fused computations of ``module``'s library fusions (cached)."""
         hit = self._libraries.get(id(module))
         if hit is None or hit[0] is not module:
-            names = frozenset(c for _, i in module.instructions()
-                              if op_bench.is_library_fusion(i) for c in i.called_computations)
-            hit = (module, names)
+            hit = (module, op_bench.library_computations(module))
             self._libraries[id(module)] = hit
         return hit[1]
 

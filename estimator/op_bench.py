@@ -73,10 +73,13 @@ __all__ = [
     "StandaloneOp",
     "backend_fingerprint",
     "bench_module",
+    "benchable_ops",
     "bench_ops",
     "cache_dir",
     "is_library_fusion",
     "kernel_instructions",
+    "library_computations",
+    "library_info",
     "library_instructions",
     "library_key",
     "module_view",
@@ -157,12 +160,17 @@ LIBRARY_SUFFIX = "@library"
 def library_key(key: pr.OpKey) -> pr.OpKey:
     """The key of ``key``'s op run by XLA's kernel library instead of XLA's own emitter.
 
-    XLA's default CPU pipeline hands single ops (dots, some reduces) to a library
-    (YNNPACK) by wrapping each in a ``kind=kCustom`` fusion; a plan compiled with
+    XLA's default CPU pipeline hands dots, convolutions and reduces to a library
+    (YNNPACK) by wrapping them in a ``kind=kCustom`` fusion; a plan compiled with
     ``exact=True`` does not (``configs/xla_passes.toml``). The two can differ several
     fold on the same shapes, so their times are kept under different keys.
     """
     return dataclasses.replace(key, opcode=key.opcode + LIBRARY_SUFFIX)
+
+
+def library_info(info: pr.OpInfo) -> pr.OpInfo:
+    """``info`` with its key replaced by :func:`library_key` of it."""
+    return dataclasses.replace(info, key=library_key(info.key))
 
 
 def is_library_fusion(instr: HloInstruction) -> bool:
@@ -170,16 +178,17 @@ def is_library_fusion(instr: HloInstruction) -> bool:
     return instr.opcode == "fusion" and instr.attrs.get("kind") == "kCustom"
 
 
+def library_computations(module: HloModule) -> frozenset[str]:
+    """Names of the fused computations of ``module``'s library fusions."""
+    return frozenset(name for _, instr in module.instructions() if is_library_fusion(instr)
+                     for name in instr.called_computations)
+
+
 def library_instructions(module: HloModule) -> set[int]:
     """``id()`` of every instruction inside the fused computation of a library fusion."""
     comps = module.computations_by_name()
-    out: set[int] = set()
-    for _, instr in module.instructions():
-        if is_library_fusion(instr):
-            for name in instr.called_computations:
-                if name in comps:
-                    out.update(id(i) for i in comps[name].instructions)
-    return out
+    return {id(i) for name in library_computations(module) if name in comps
+            for i in comps[name].instructions}
 
 
 def timing_key(view: Any, instr: HloInstruction, library: bool = False) -> str:
@@ -355,7 +364,7 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
     module_instr = module_instr if module_instr is not None else view.instr
     info = pr.describe_instruction(view, instr)
     if library:
-        info = dataclasses.replace(info, key=library_key(info.key))
+        info = library_info(info)
     bounds = _index_bounds(module_instr, instr)
     body: list[HloInstruction] = []
     inputs: list[InputSpec] = []
@@ -671,10 +680,13 @@ class OpTimeCache:
 # --------------------------------------------------------------------------- driver
 
 
-def _unique_ops(module: HloModule, instrs: Iterable[HloInstruction],
-                view: Any) -> dict[str, tuple[HloInstruction, bool]]:
-    """Key -> (first instruction with that key, whether it runs in a library fusion),
-    for the benchable ops among ``instrs``."""
+def benchable_ops(module: HloModule, instrs: Iterable[HloInstruction] | None = None,
+                  view: Any | None = None) -> dict[str, tuple[HloInstruction, bool]]:
+    """:func:`timing_key` -> (first instruction with that key, whether it runs in a
+    library fusion), for the benchable ops among ``instrs`` (default:
+    :func:`kernel_instructions`)."""
+    view = view if view is not None else module_view(module)
+    instrs = instrs if instrs is not None else kernel_instructions(module)
     library = library_instructions(module)
     out: dict[str, tuple[HloInstruction, bool]] = {}
     for instr in instrs:
@@ -753,8 +765,7 @@ def bench_ops(
         their ``error``; their time is NaN).
     """
     view = module_view(module)
-    instrs = instructions if instructions is not None else kernel_instructions(module)
-    wanted = _unique_ops(module, instrs, view)
+    wanted = benchable_ops(module, instructions, view)
     if use_cache and cache is None:
         cache = OpTimeCache.for_backend(replicas)
     known = {k: cache.get(k) for k in wanted if cache is not None and k in cache} \
