@@ -85,6 +85,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hlo_tools import dirs
+
 REPO = Path(__file__).resolve().parents[1]
 #: Where the benchmark writes its results unless told otherwise (relative to REPO).
 DEFAULT_OUT = "benchmarks/results/simulator_accuracy.json"
@@ -119,9 +121,7 @@ def write_json(path: str | os.PathLike[str], data: Any, indent: int | None = 1) 
 
 def raw_dir() -> Path:
     """Where raw measurements are kept (``$DISCO_CACHE_DIR/accuracy``)."""
-    base = os.environ.get("DISCO_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "disco_jax")
-    return Path(base) / "accuracy"
+    return dirs.cache_dir("accuracy")
 
 
 # --------------------------------------------------------------------------- measuring

@@ -58,11 +58,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hlo_tools.opcodes import is_collective
+
 __all__ = ["main", "build_variant", "plan_for", "plan_json"]
 
 _BARRIER_MS = 600_000
-_COMM_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
-                  "all-to-all")
 
 
 def _log(tag: str, text: str) -> None:
@@ -289,7 +289,7 @@ def _rounds(runs: Mapping[str, Any], args: Sequence[Any], ks: Mapping[str, int],
 
 
 def _is_comm(name: str, comm: frozenset[str]) -> bool:
-    return name in comm or name.startswith(_COMM_PREFIXES)
+    return name in comm or is_collective(name)
 
 
 def _union_s(spans: Sequence[tuple[float, float]]) -> float:
@@ -331,7 +331,7 @@ def _comm_names(hlo_text: str) -> frozenset[str]:
     import hlo_tools
 
     return frozenset(i.name for _, i in hlo_tools.parse(hlo_text).instructions()
-                     if i.opcode.startswith(_COMM_PREFIXES))
+                     if is_collective(i.opcode))
 
 
 def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: _Coord,

@@ -50,7 +50,8 @@ from estimator.allreduce import HardwareConfig, load_hardware
 from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
 from hlo_tools.loops import known_trip_count
-from hlo_tools.plan import UNFUSIBLE_OPCODES, Plan, initial_plan
+from hlo_tools.opcodes import ASYNC_WRAPPER_OPCODES, READS_RESULT_SIZE_OPCODES, UNFUSIBLE_OPCODES
+from hlo_tools.plan import Plan, initial_plan
 
 __all__ = [
     "BackendConstants",
@@ -65,8 +66,6 @@ __all__ = [
     "simulate_plan",
 ]
 
-_READS_RESULT_SIZE = frozenset({"slice", "dynamic-slice", "gather"})
-_FREE_CONTROL = frozenset({"async-start", "async-update", "async-done"})
 
 
 # --------------------------------------------------------------------------- constants
@@ -535,7 +534,7 @@ class GraphCosts:
         wb = self.write_bytes
         reads = np.asarray(wb[self.op_idx], dtype=np.int64) if self.op_idx.size else \
             np.zeros(0, dtype=np.int64)
-        for k in np.flatnonzero([op in _READS_RESULT_SIZE for op in graph.opcodes]):
+        for k in np.flatnonzero([op in READS_RESULT_SIZE_OPCODES for op in graph.opcodes]):
             a, b = self.op_ptr[k], self.op_ptr[k + 1]
             reads[a:b] = np.minimum(reads[a:b], wb[k])
         free = np.array([s == "free" for s in self.source], dtype=np.bool_)
@@ -813,7 +812,7 @@ class CostModel:
         the callee. The trip count is XLA's (post-optimization ``known_trip_count``) or
         read off a counted loop (:func:`hlo_tools.loops.known_trip_count`); an unknown
         one counts once and is flagged as estimated."""
-        if instr.opcode in _FREE_CONTROL:
+        if instr.opcode in ASYNC_WRAPPER_OPCODES:
             return 0.0, False
         comps = [module.computation(c) for c in instr.called_computations]
         times = [self.computation_time(module, c) for c in comps]

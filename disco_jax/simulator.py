@@ -118,21 +118,13 @@ compute work, t_channel + remaining comm work)`` is a lower bound at every event
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import heapq
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-import warnings
-from pathlib import Path
 from typing import Literal, NamedTuple
 
 import numpy as np
 
-from hlo_tools import _cext
+from hlo_tools import native
 
 __all__ = [
     "SimGraph",
@@ -784,84 +776,17 @@ out:
 """
 
 _CFLAGS = ("-O2", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math")
-_kernel: ctypes.CDLL | None = None
-_kernel_tried = False
-_kernel_lock = threading.Lock()
+def _declare(lib: ctypes.CDLL) -> None:
+    fn = lib.disco_sim_run
+    fn.restype = ctypes.c_int
+    vp = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_int32, vp, vp, vp, vp, vp, ctypes.c_double, vp, vp, vp, vp, vp]
 
 
-def _cache_dir() -> Path:
-    """Directory for the compiled kernel: ``$DISCO_CACHE_DIR`` or the user cache dir."""
-    if os.environ.get("DISCO_CACHE_DIR"):
-        return Path(os.environ["DISCO_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "disco_jax"
-
-
-def _compile(cc: str, out: Path) -> None:
-    """Compiles ``_C_SOURCE`` into the shared library ``out``, atomically (build + rename)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        src = Path(tmp) / "simkernel.c"
-        src.write_text(_C_SOURCE)
-        lib = Path(tmp) / "simkernel.so"
-        subprocess.run(
-            [cc, *_CFLAGS, "-o", str(lib), str(src)], check=True, capture_output=True, timeout=120
-        )
-        os.replace(lib, out)
-
-
-def _build_kernel() -> Path:
-    """Compiles the C kernel into the cache directory unless it is already there.
-
-    If the cache directory is not writable, builds into a fresh private temporary
-    directory instead (never into a shared, guessable path).
-
-    Returns:
-        Path of the shared library.
-
-    Raises:
-        OSError | subprocess.SubprocessError: when no compiler is found or it fails.
-    """
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise OSError("no C compiler (cc) found")
-    tag = "\0".join([_C_SOURCE, cc, *_CFLAGS, platform.machine()]).encode()
-    name = f"simkernel-{hashlib.sha256(tag).hexdigest()[:16]}.so"
-    out = _cache_dir() / name
-    if out.exists():
-        return out
-    try:
-        _compile(cc, out)
-    except PermissionError:
-        out = Path(tempfile.mkdtemp(prefix="disco_jax-")) / name
-        _compile(cc, out)
-    return out
-
-
-def _load_kernel() -> ctypes.CDLL | None:
-    """Builds (first use) and loads the C kernel; None, with one warning, if impossible."""
-    global _kernel, _kernel_tried
-    if _kernel_tried:
-        return _kernel
-    with _kernel_lock:
-        if _kernel_tried:
-            return _kernel
-        try:
-            lib = ctypes.CDLL(str(_build_kernel()))
-            fn = lib.disco_sim_run
-            fn.restype = ctypes.c_int
-            vp = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_int32, vp, vp, vp, vp, vp, ctypes.c_double, vp, vp, vp, vp, vp]
-            _kernel = lib
-        except (OSError, subprocess.SubprocessError) as err:
-            warnings.warn(
-                f"disco_jax simulator: C kernel unavailable ({err}); using the slower "
-                "pure-Python simulator",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        _kernel_tried = True
-    return _kernel
+#: The C kernel, built by :mod:`hlo_tools.native` on first use.
+KERNEL = native.SharedLibrary(_C_SOURCE, "simkernel", _CFLAGS, setup=_declare,
+                              owner="disco_jax simulator", fallback="simulator", stacklevel=4)
+_load_kernel = KERNEL.load
 
 
 def c_kernel_available() -> bool:
@@ -911,7 +836,7 @@ def _run_c(
 
 def _pick_backend(backend: Backend | None) -> ctypes.CDLL | None:
     """The C library to use, or None for the Python loop."""
-    return _cext.choose(backend or os.environ.get("DISCO_SIM_BACKEND", "auto"), "simulator",
+    return native.choose(backend or os.environ.get("DISCO_SIM_BACKEND", "auto"), "simulator",
                         _load_kernel)
 
 def simulate(

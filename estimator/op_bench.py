@@ -58,7 +58,14 @@ from typing import Any, Literal
 import numpy as np
 
 from estimator import profiler as pr
+from hlo_tools import dirs
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
+from hlo_tools.opcodes import (
+    COLLECTIVE_PREFIXES,
+    CONTROL_FLOW_OPCODES,
+    FREE_OPCODES,
+    NOT_STANDALONE_OPCODES,
+)
 from hlo_tools.printer import to_text
 
 __all__ = [
@@ -96,19 +103,6 @@ OP_CACHE_SCHEMA = 1
 #: bumping it re-times everything (failed ops included).
 OP_BENCH_VERSION = 1
 
-#: Ops that run no kernel of their own on XLA:CPU (zero time).
-FREE_OPCODES = frozenset({
-    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "reshape",
-    "after-all", "add-dependency", "opt-barrier", "domain",
-})
-_COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                        "collective-", "ragged-all-to-all")
-_CONTROL_FLOW = frozenset({"while", "conditional", "call", "async-start", "async-update",
-                           "async-done"})
-_SIDE_EFFECT = frozenset({"infeed", "outfeed", "send", "send-done", "recv", "recv-done",
-                          "rng", "rng-get-and-update-state", "rng-bit-generator",
-                          "partition-id", "replica-id", "copy-start", "copy-done",
-                          "custom-call", "get-dimension-size", "set-dimension-size"})
 #: Attributes left out of a standalone op (they do not change what it computes).
 _DROP_ATTRS = frozenset({"metadata", "sharding", "frontend_attributes", "backend_config",
                          "control-predecessors", "statistics", "origin", "schedule_id"})
@@ -211,11 +205,11 @@ def op_status(instr: HloInstruction) -> tuple[OpStatus, str]:
         return "free", f"this {op} only adds or moves size-1 dimensions (a bitcast)"
     if op == "fusion":
         return "skip", "fusions are predicted from their members, never timed"
-    if op.startswith(_COLLECTIVE_PREFIXES):
+    if op.startswith(COLLECTIVE_PREFIXES):
         return "skip", f"{op} is a collective (AllReduce model)"
-    if op in _CONTROL_FLOW:
+    if op in CONTROL_FLOW_OPCODES:
         return "skip", f"{op} is control flow (its bodies' ops are timed)"
-    if op in _SIDE_EFFECT:
+    if op in NOT_STANDALONE_OPCODES:
         return "skip", f"{op} cannot run standalone"
     leaves = list(instr.shape.leaves())
     if any(leaf.element_type not in _NUMPY_DTYPES for leaf in leaves):
@@ -582,11 +576,8 @@ def _measure_chunk(chunk: Sequence[StandaloneOp], replicas: int, repeats: int, w
 
 
 def cache_dir() -> Path:
-    """``$DISCO_CACHE_DIR/ops``, else ``$XDG_CACHE_HOME/disco_jax/ops`` (``~/.cache``)."""
-    if os.environ.get("DISCO_CACHE_DIR"):
-        return Path(os.environ["DISCO_CACHE_DIR"]) / "ops"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "disco_jax" / "ops"
+    """Where single-op timings are cached: ``ops`` in :func:`hlo_tools.dirs.cache_dir`."""
+    return dirs.cache_dir("ops")
 
 
 def backend_fingerprint(replicas: int = 1, platform: str | None = None) -> dict[str, Any]:
@@ -725,7 +716,7 @@ def kernel_instructions(module: HloModule) -> list[HloInstruction]:
         comp = stack.pop()
         out.extend(comp.instructions)
         for instr in comp.instructions:
-            if instr.opcode != "fusion" and instr.opcode not in _CONTROL_FLOW:
+            if instr.opcode != "fusion" and instr.opcode not in CONTROL_FLOW_OPCODES:
                 continue
             for name in instr.called_computations:
                 if name in comps and name not in seen:

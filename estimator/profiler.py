@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from hlo_tools.opcodes import is_collective
+
 __all__ = [
     "OP_CLASSES",
     "OpEvent",
@@ -213,9 +215,6 @@ def _iteration_spans(events: Sequence[OpEvent]) -> list[float]:
     return [hi[r] - lo[r] for r in iteration_order(events)]
 
 
-#: Opcode prefixes of collectives: their events go on the communication thread.
-_COMM_OP_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                     "collective-permute", "collective-broadcast", "ragged-all-to-all")
 
 
 def measured_chrome_trace(events: Sequence[OpEvent], *, run_id: str | None = None,
@@ -254,7 +253,7 @@ def measured_chrome_trace(events: Sequence[OpEvent], *, run_id: str | None = Non
     if not evs:
         raise ValueError(f"no events of iteration {rid!r}")
     names = frozenset(comm) if comm is not None else None
-    is_comm = [e.name in names if names is not None else e.name.startswith(_COMM_OP_PREFIXES)
+    is_comm = [e.name in names if names is not None else is_collective(e.name)
                for e in evs]
     t0 = evs[0].start_s
     out: list[dict[str, Any]] = []

@@ -13,6 +13,13 @@ import enum
 from typing import NamedTuple
 
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
+from hlo_tools.opcodes import (
+    COLLECTIVE_OPCODES,
+    CONTROL_FLOW_OPCODES,
+    ELEMENTWISE_OPCODES,
+    PLUMBING_OPCODES,
+    SIDE_EFFECT_OPCODES,
+)
 
 __all__ = [
     "NodeKind",
@@ -38,27 +45,6 @@ class NodeKind(enum.IntEnum):
     FUSION = 8          #: an existing fusion instruction (post-optimization HLO)
 
 
-ELEMENTWISE_OPCODES = frozenset("""
-abs add and atan2 cbrt ceil clamp compare complex convert copy cosine count-leading-zeros
-divide erf exponential exponential-minus-one floor imag is-finite log log-plus-one logistic
-maximum minimum multiply negate not or popcnt power real remainder round-nearest-afz
-round-nearest-even rsqrt select shift-left shift-right-arithmetic shift-right-logical sign
-sine sqrt subtract tan tanh xor reduce-precision stochastic-convert
-""".split())
-
-_COLLECTIVES = frozenset({
-    "all-reduce", "all-reduce-start", "all-reduce-done", "all-gather", "all-gather-start",
-    "all-gather-done", "reduce-scatter", "all-to-all", "collective-permute",
-    "collective-permute-start", "collective-permute-done", "collective-broadcast",
-    "ragged-all-to-all",
-})
-_CONTROL_FLOW = frozenset({"while", "conditional", "call", "async-start", "async-update",
-                           "async-done"})
-_SIDE_EFFECT = frozenset({"infeed", "outfeed", "send", "send-done", "recv", "recv-done",
-                          "rng", "rng-get-and-update-state", "rng-bit-generator",
-                          "after-all", "add-dependency", "opt-barrier",
-                          "partition-id", "replica-id", "domain"})
-_PLUMBING = frozenset({"tuple", "get-tuple-element"})
 
 
 def classify(instr: HloInstruction) -> NodeKind:
@@ -68,15 +54,15 @@ def classify(instr: HloInstruction) -> NodeKind:
         return NodeKind.PARAMETER
     if op == "constant":
         return NodeKind.CONSTANT
-    if op in _COLLECTIVES:
+    if op in COLLECTIVE_OPCODES:
         return NodeKind.COLLECTIVE
-    if op in _CONTROL_FLOW:
+    if op in CONTROL_FLOW_OPCODES:
         return NodeKind.CONTROL_FLOW
     if op == "custom-call":
         return NodeKind.CUSTOM_CALL
-    if op in _SIDE_EFFECT:
+    if op in SIDE_EFFECT_OPCODES:
         return NodeKind.SIDE_EFFECT
-    if op in _PLUMBING or instr.shape.is_tuple or instr.shape.element_type == "token":
+    if op in PLUMBING_OPCODES or instr.shape.is_tuple or instr.shape.element_type == "token":
         return NodeKind.PLUMBING
     if op == "fusion":
         return NodeKind.FUSION

@@ -25,7 +25,7 @@ import re
 from itertools import chain, compress
 from pathlib import Path
 
-from hlo_tools import _cext
+from hlo_tools import native
 from hlo_tools.ir import (
     CALLED_COMPUTATION_ATTRS,
     ELEMENT_BYTES,
@@ -705,17 +705,16 @@ def _balanced(part: str) -> bool:
 
 # --- The C kernel ----------------------------------------------------------------------
 # The fast mode's hot loop as a CPython extension (_parse_kernel.c), compiled with the
-# system C compiler on first use (by hlo_tools._cext, as the plan's kernel is) into the
-# cache directory ($DISCO_CACHE_DIR, or disco_jax in $XDG_CACHE_HOME, default
-# ~/.cache/disco_jax). It builds exactly what the Python code of _Parser._body_fast builds
-# and leaves to that code every line it is not sure about, so results never depend on it
-# (the tests compare both). The environment variable DISCO_PARSE_BACKEND selects: auto (the
+# system C compiler on first use (by hlo_tools.native, as the plan's kernel is) into the
+# cache directory (hlo_tools.dirs.cache_dir). It builds exactly what the Python code of
+# _Parser._body_fast builds and leaves to that code every line it is not sure about, so
+# results never depend on it (the tests compare both). The environment variable DISCO_PARSE_BACKEND selects: auto (the
 # default: the kernel when it can be built, else the Python code, with one warning), c (the
 # kernel or an error) or python.
 
 #: the kernel (its init function is ``PyInit__hlo_parse_kernel``); the backend is selected
 #: by :func:`_kernel_run`
-_KERNEL = _cext.Kernel(Path(__file__).with_name("_parse_kernel.c"), "_hlo_parse_kernel",
+_KERNEL = native.Kernel(Path(__file__).with_name("_parse_kernel.c"), "_hlo_parse_kernel",
                        "parsekernel", owner="hlo_tools parser", fallback="parser",
                        stacklevel=5)
 #: what the kernel's ``run`` needs besides the lines and the body's lists
@@ -731,6 +730,6 @@ def parse_backend() -> str:
 
 def _kernel_run():
     """The kernel's ``run`` for the backend ``$DISCO_PARSE_BACKEND`` selects, or None."""
-    kernel = _cext.choose(os.environ.get("DISCO_PARSE_BACKEND", "auto"), "parser",
+    kernel = native.choose(os.environ.get("DISCO_PARSE_BACKEND", "auto"), "parser",
                           _load_kernel)
     return None if kernel is None else kernel.run

@@ -61,6 +61,7 @@ import numpy as np
 
 from hlo_tools import _plan_kernel
 from hlo_tools.graph import DeviceGraph, NodeKind
+from hlo_tools.opcodes import FUSED_OPERAND_POSITIONS, UNFUSIBLE_OPCODES
 
 __all__ = [
     "Decision",
@@ -86,28 +87,6 @@ __all__ = [
     "c_kernel_available",
 ]
 
-#: Opcodes we never fuse on XLA:CPU although they are ordinary kernels.
-#: * reshape, transpose, concatenate, bitcast, copy: a hand-written fusion reaches XLA
-#:   before layout assignment, which leaves fused computations without layouts, and the
-#:   emitter then aborts the process (``Check failed: input_shape.has_layout()``);
-#:   ``benchmarks/probe_cpu_fusion.py`` finds these by compiling each pair in a subprocess.
-#: * dot, convolution: XLA:CPU runs them as library calls; inside a loop fusion they
-#:   become slow elemental loops, and as kOutput fusions they abort the process.
-#: * the rest are emitted by dedicated emitters or library calls (sort, fft, scatter...).
-UNFUSIBLE_OPCODES = frozenset({
-    "reshape", "transpose", "concatenate", "bitcast", "copy", "dot", "convolution",
-    "sort", "fft", "cholesky", "triangular-solve", "custom-call", "rng", "rng-bit-generator",
-    "scatter", "select-and-scatter", "reduce-window", "gather", "while", "conditional",
-    "call", "map", "topk", "batch-norm-training", "batch-norm-inference",
-    "batch-norm-grad", "dynamic-update-slice", "iota", "pad", "reverse", "dynamic-slice",
-})
-
-
-#: Consumers that may read a value computed inside their fusion only at these operand
-#: positions on XLA:CPU: ``select`` with an on-true/on-false value computed in the same
-#: fusion aborts the emitter (the fused value has no layout; see UNFUSIBLE_OPCODES),
-#: while a fused predicate is fine.
-FUSED_OPERAND_POSITIONS = {"select": frozenset({0})}
 #: Likewise a fused ``reduce`` may not read a value computed in its fusion if that value
 #: has other users too (see ``FusionSpace.shared_reduce_operands``).
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hlo_tools.graph import ELEMENTWISE_OPCODES
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
+from hlo_tools.opcodes import ELEMENTWISE_OPCODES
 
 __all__ = ["HloVerifyError", "verify", "find_problems"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -386,9 +387,9 @@ def test_python_fallback_when_no_compiler(monkeypatch: pytest.MonkeyPatch) -> No
     def no_cc() -> None:
         raise OSError("no C compiler (cc) found")
 
-    monkeypatch.setattr(sim, "_kernel", None)
-    monkeypatch.setattr(sim, "_kernel_tried", False)
-    monkeypatch.setattr(sim, "_build_kernel", no_cc)
+    monkeypatch.setattr(sim.KERNEL, "library", None)
+    monkeypatch.setattr(sim.KERNEL, "tried", False)
+    monkeypatch.setattr(sim.KERNEL, "build", no_cc)
     with pytest.warns(RuntimeWarning, match="pure-Python"):
         r = simulate(graph([k(1.0), k(2.0, 0)]))
     assert r.iteration_s == 3.0
@@ -398,12 +399,12 @@ def test_python_fallback_when_no_compiler(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_kernel_builds_into_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The kernel compiles into $DISCO_CACHE_DIR and is reused from there."""
-    if sim.shutil.which("cc") is None:
+    if shutil.which("cc") is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
-    path = sim._build_kernel()
+    path = sim.KERNEL.build()
     assert path.parent == tmp_path and path.suffix == ".so"
-    assert sim._build_kernel() == path
+    assert sim.KERNEL.build() == path
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp leftovers
 
 

@@ -1,12 +1,18 @@
-"""Builds and loads the optional C kernels of :mod:`hlo_tools` (CPython extensions).
+"""Builds and loads the optional C kernels (the one builder of the project).
 
-A kernel's C source (a ``.c`` file shipped with the package) is compiled with the system
-C compiler (``$CC``, default ``cc``) on first use into a cache directory
-(``$DISCO_CACHE_DIR``, or ``disco_jax`` in ``$XDG_CACHE_HOME``, default ``~/.cache``),
-under a name keyed by a hash of the source, the compiler, its flags, the Python headers,
-the Python version and the machine, and is imported from there. A kernel is not built
-without a compiler or the Python headers (``Python.h``); the code that would use it then
-runs its pure-Python equivalent, after one warning.
+Two kinds of kernel, both compiled with the system C compiler (``$CC``, default ``cc``)
+on first use into the cache directory (:func:`hlo_tools.dirs.cache_dir`) under a name
+keyed by a hash of the source, the compiler and its flags (and, for extensions, the
+Python headers and version) and the machine:
+
+* CPython extensions (:class:`Kernel`, :func:`build`): the parser's and the plan moves'
+  kernels, imported as modules;
+* plain shared libraries (:class:`SharedLibrary`): the simulator's kernel, loaded with
+  ``ctypes``.
+
+A kernel is not built without a compiler (or, for an extension, the Python headers);
+the code that would use it then runs its pure-Python equivalent, after one warning.
+:func:`choose` turns a backend choice (``auto | c | python``) into a kernel or None.
 """
 
 from __future__ import annotations
@@ -28,16 +34,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hlo_tools.dirs import cache_dir
+
 CFLAGS = ("-O2", "-shared", "-fPIC", "-fno-strict-aliasing",
           *(("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()))
-
-
-def cache_dir() -> Path:
-    """``$DISCO_CACHE_DIR``, or ``disco_jax`` in the user's cache directory."""
-    if os.environ.get("DISCO_CACHE_DIR"):
-        return Path(os.environ["DISCO_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "disco_jax"
 
 
 def _toolchain() -> tuple[str, str]:
@@ -185,3 +185,78 @@ class Kernel:
                                   stacklevel=self.stacklevel)
             self.tried = True
         return self.module
+
+
+class SharedLibrary:
+    """A C kernel built as a plain shared library and loaded with ``ctypes`` by the first
+    :meth:`load` (once, thread-safe); None, with one warning, when it cannot be built.
+
+    Args:
+        source: the C text.
+        prefix: how the built file's name starts (a hash and ``.so`` follow).
+        cflags: compiler flags (``-shared -fPIC`` among them).
+        setup: called with the loaded ``ctypes.CDLL`` to declare argument types.
+        owner, fallback: for the warning, as in :class:`Kernel`.
+    """
+
+    def __init__(self, source: str, prefix: str, cflags: tuple[str, ...], *,
+                 setup: Callable[[Any], None], owner: str, fallback: str,
+                 stacklevel: int = 3) -> None:
+        self.source, self.prefix, self.cflags = source, prefix, cflags
+        self.setup, self.owner, self.fallback = setup, owner, fallback
+        self.stacklevel = stacklevel
+        self.library: Any = None
+        self.tried = False
+        self._lock = threading.Lock()
+
+    def _compile(self, cc: str, out: Path) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            src = Path(tmp) / f"{self.prefix}.c"
+            src.write_text(self.source)
+            lib = Path(tmp) / f"{self.prefix}.so"
+            subprocess.run([cc, *self.cflags, "-o", str(lib), str(src)], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(lib, out)
+
+    def build(self) -> Path:
+        """Compiles the library into the cache directory unless it is there already (into
+        a fresh private temporary directory if the cache is not writable); its path.
+
+        Raises:
+            OSError | subprocess.SubprocessError: no compiler, or a failed compile.
+        """
+        cc = shutil.which(os.environ.get("CC", "cc"))
+        if cc is None:
+            raise OSError("no C compiler (cc) found")
+        tag = "\0".join([self.source, cc, *self.cflags, platform.machine()]).encode()
+        name = f"{self.prefix}-{hashlib.sha256(tag).hexdigest()[:16]}.so"
+        out = cache_dir() / name
+        if out.exists():
+            return out
+        try:
+            self._compile(cc, out)
+        except PermissionError:
+            out = Path(tempfile.mkdtemp(prefix="disco_jax-")) / name
+            self._compile(cc, out)
+        return out
+
+    def load(self) -> Any:
+        """The loaded library (built on first call), or None after one warning."""
+        if self.tried:
+            return self.library
+        with self._lock:
+            if self.tried:
+                return self.library
+            try:
+                import ctypes
+
+                lib = ctypes.CDLL(str(self.build()))
+                self.setup(lib)
+                self.library = lib
+            except (OSError, subprocess.SubprocessError) as err:
+                warnings.warn(f"{self.owner}: C kernel unavailable ({err}); using the "
+                              f"slower pure-Python {self.fallback}", RuntimeWarning,
+                              stacklevel=self.stacklevel)
+            self.tried = True
+        return self.library
