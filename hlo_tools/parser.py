@@ -708,9 +708,9 @@ def _balanced(part: str) -> bool:
 # system C compiler on first use (by hlo_tools.native, as the plan's kernel is) into the
 # cache directory (hlo_tools.dirs.cache_dir). It builds exactly what the Python code of
 # _Parser._body_fast builds and leaves to that code every line it is not sure about, so
-# results never depend on it (the tests compare both). The environment variable DISCO_PARSE_BACKEND selects: auto (the
-# default: the kernel when it can be built, else the Python code, with one warning), c (the
-# kernel or an error) or python.
+# results never depend on it (the tests compare both). The environment variable
+# DISCO_PARSE_BACKEND selects: auto (the default: the kernel when it can be built, else the
+# Python code, with one warning), c (the kernel or an error) or python.
 
 #: the kernel (its init function is ``PyInit__hlo_parse_kernel``); the backend is selected
 #: by :func:`_kernel_run`
