@@ -51,7 +51,7 @@ from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
 from hlo_tools.loops import known_trip_count
 from hlo_tools.opcodes import ASYNC_WRAPPER_OPCODES, READS_RESULT_SIZE_OPCODES, UNFUSIBLE_OPCODES
-from hlo_tools.plan import Plan, initial_plan
+from hlo_tools.plan import Plan, copy_readers, group_outputs, initial_plan
 
 __all__ = [
     "BackendConstants",
@@ -553,9 +553,7 @@ class GraphCosts:
 
     def outputs(self, members: Sequence[int]) -> list[int]:
         """Members read outside the group (or the root): the fused op's outputs."""
-        inside = set(members)
-        return [m for m in members
-                if m == self.root or any(u not in inside for u in self.users[m])]
+        return list(group_outputs(self.graph, None, members))
 
     def fallback_fused(self, members: Sequence[int], copies: Sequence[int] = (),
                        outputs: Sequence[int] | None = None) -> float:
@@ -1030,11 +1028,11 @@ def _fill_fusions(gc: GraphCosts, plan: Plan, order: np.ndarray, starts: np.ndar
     if copies:
         group = plan.group
         keys = [(g, copies.get(group[g[0]], ())) for g in groups]
-        readers = _copy_readers(gc, plan)
+        readers = copy_readers(gc.graph, plan)
         special = {p for p, _ in plan.dups} | set(readers)
         for k, (g, c) in enumerate(keys):
             if not special.isdisjoint(g):
-                keys[k] = (g, c, _plan_outputs(gc, plan, g, readers))
+                keys[k] = (g, c, group_outputs(gc.graph, plan, g, readers))
     else:
         keys = [(g, ()) for g in groups]
     hits = list(map(gc.fused_cache.get, keys))
@@ -1044,30 +1042,6 @@ def _fill_fusions(gc: GraphCosts, plan: Plan, order: np.ndarray, starts: np.ndar
     at = sim_start[runs]
     t, ob, nm = zip(*hits)
     dur[at], nbytes[at], names[at] = t, ob, nm
-
-
-def _copy_readers(gc: GraphCosts, plan: Plan) -> dict[int, set[int]]:
-    """Node -> groups holding a copy of a producer that reads the node."""
-    readers: dict[int, set[int]] = {}
-    for p, g in plan.dups:
-        for o in gc.distinct_operands[p]:
-            readers.setdefault(o, set()).add(g)
-    return readers
-
-
-def _plan_outputs(gc: GraphCosts, plan: Plan, members: tuple[int, ...],
-                  readers: Mapping[int, set[int]]) -> tuple[int, ...]:
-    """Members whose value leaves the group, with the plan's copies in mind: read by a
-    node of a group that holds no copy of it, or by a copy held by another group."""
-    group, dups, inside = plan.group, plan.dups, set(members)
-    gid = group[members[0]]
-
-    def leaves(m: int) -> bool:
-        if m == gc.root or any(h != gid and (m, h) not in dups for h in readers.get(m, ())):
-            return True
-        return any(u not in inside and (m, group[u]) not in dups for u in gc.users[m])
-
-    return tuple(m for m in members if leaves(m))
 
 
 def _fill_buckets(gc: GraphCosts, costs: CostModel, order: np.ndarray, starts: np.ndarray,

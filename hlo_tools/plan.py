@@ -70,6 +70,8 @@ __all__ = [
     "initial_plan",
     "members",
     "dead_groups",
+    "copy_readers",
+    "group_outputs",
     "group_operands",
     "group_users",
     "can_fuse",
@@ -548,6 +550,49 @@ def group_users(space: FusionSpace, plan: Plan, gid: int) -> set[int]:
     producers that read a member."""
     s, e = _span(plan, gid)
     return _successors(space, plan, _index(plan), gid, s, e)
+
+
+def copy_readers(graph: DeviceGraph, plan: Plan) -> dict[int, set[int]]:
+    """Node -> the groups that hold a copy of a producer reading the node (a copy reads its
+    producer's operands from inside the group that holds it)."""
+    readers: dict[int, set[int]] = {}
+    for p, g in plan.dups:
+        for o in graph.operands[p]:
+            readers.setdefault(o, set()).add(g)
+    return readers
+
+
+def group_outputs(graph: DeviceGraph, plan: Plan | None, members: Sequence[int],
+                  readers: dict[int, set[int]] | None = None) -> tuple[int, ...]:
+    """Members of a fusion group whose values leave it: the outputs of its fusion.
+
+    The one rule of "which members are read outside their group": a member is an output
+    when it is the graph's root, when a node outside the group reads it and that node's
+    group holds no copy of it, or when a copy held by another group reads it. Without a
+    plan (``plan=None``) there are no copies and the group is ``members``.
+
+    Args:
+        graph: the per-device graph.
+        plan: the plan the group belongs to, or None.
+        members: the group's members.
+        readers: :func:`copy_readers` of ``plan`` (computed when None).
+    """
+    users, root = graph.users, graph.root
+    if plan is None:
+        inside = set(members)
+        return tuple(m for m in members
+                     if m == root or any(u not in inside for u in users[m]))
+    group, dups = plan.group, plan.dups
+    if readers is None:
+        readers = copy_readers(graph, plan)
+    gid = group[members[0]]
+
+    def leaves(m: int) -> bool:
+        if m == root or any(h != gid and (m, h) not in dups for h in readers.get(m, ())):
+            return True
+        return any(group[u] != gid and (m, group[u]) not in dups for u in users[m])
+
+    return tuple(m for m in members if leaves(m))
 
 
 def dead_groups(space: FusionSpace, plan: Plan) -> set[int]:
