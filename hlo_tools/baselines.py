@@ -1,7 +1,7 @@
 """The DisCo paper's four XLA baselines (section 6.1), and what XLA compiled for each.
 
 Each baseline is jax's normal compilation with some XLA passes disabled (the lists are
-``[cpu.baselines]`` / ``[gpu.baselines]`` of ``configs/xla_passes.toml``):
+``[cpu.baselines]`` / ``[gpu.baselines]`` of ``hlo_tools/xla_passes.toml``):
 
 * ``no_fusion``: fusion and AllReduce-combiner passes off; the same options as
   ``jax_bridge.compile_hlo(..., exact=True)`` (XLA:CPU still wraps single ops in
@@ -81,7 +81,6 @@ _FLAGS = {
     "allreduce_fusion": (False, True),
     "xla_default": (True, True),
 }
-_SECTIONS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu"}
 _DISABLE = "xla_disable_hlo_passes"
 _NOT_OPS = frozenset({"parameter", "tuple", "get-tuple-element"})
 
@@ -99,10 +98,9 @@ def _flags(name: str) -> tuple[bool, bool]:
 
 def _config(platform: str, config: str | Path | None) -> dict[str, Any]:
     """The ``[<backend>.baselines]`` table of the pass config for a jax platform name."""
-    try:
-        section = _SECTIONS[platform.lower()]
-    except KeyError:
-        raise ValueError(f"no baseline passes for platform {platform!r} (cpu, gpu)") from None
+    section = jb.platform_family(platform)
+    if section is None:
+        raise ValueError(f"no baseline passes for platform {platform!r} (cpu, gpu)")
     return jb.load_pass_config(config)[section]["baselines"]
 
 
@@ -132,7 +130,7 @@ def baseline_options(
         threshold_bytes: AllReduce combine threshold of the combining baselines. None:
             XLA's default (unlimited on CPU, 30 MiB on GPU); 0: no combining. Ignored by
             the baselines that do not combine.
-        config: pass config TOML (``configs/xla_passes.toml`` when None).
+        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
 
     Returns:
         Options for ``Lowered.compile(compiler_options=...)`` /
@@ -164,7 +162,7 @@ def baseline_options(
 
 def _unlimited(platform: str, threshold_bytes: int) -> bool:
     """Whether a threshold equals XLA:CPU's built-in one (no option needed)."""
-    cpu = _SECTIONS.get(platform.lower()) == "cpu"
+    cpu = jb.platform_family(platform) == "cpu"
     return cpu and threshold_bytes >= CPU_COMBINE_THRESHOLD_BYTES
 
 
@@ -201,7 +199,7 @@ def compile_baseline(
             all-reduces explicit before partitioning (a ``shard_map`` step).
         platform: jax platform (default ``jax.default_backend()``).
         kwargs: keyword arguments to lower ``fn`` on.
-        config: pass config TOML (``configs/xla_passes.toml`` when None).
+        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
 
     Returns:
         The bridge's ``CompiledHlo``: call it like ``fn``; ``.as_text()`` is XLA's

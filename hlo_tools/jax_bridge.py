@@ -13,7 +13,7 @@ Typical use::
     print(run.as_text())                            # what XLA actually compiled
 
 With ``exact=True`` the XLA passes that create fusions or combine collectives (listed per
-backend in ``configs/xla_passes.toml``) are disabled, so the compiled program keeps the
+backend in ``hlo_tools/xla_passes.toml``) are disabled, so the compiled program keeps the
 fusions and AllReduces of the text. On XLA:CPU every op left outside a fusion is still
 wrapped in its own single-op ``wrapped_*`` fusion by ``fusion-wrapper``.
 """
@@ -59,16 +59,18 @@ __all__ = [
     "extract",
     "hlo_text_to_mlir",
     "load_pass_config",
+    "platform_family",
     "lowered_text",
     "verify_hlo",
     "xla_parse_ok",
 ]
 
 PINNED_VERSION = "0.10.2"
-DEFAULT_PASS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "xla_passes.toml"
+#: The per-backend XLA pass lists (package data of hlo_tools).
+DEFAULT_PASS_CONFIG = Path(__file__).with_name("xla_passes.toml")
 
-# jax platform name -> section of configs/xla_passes.toml.
-_BACKEND_SECTIONS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu"}
+# jax platform name -> platform family (a section of xla_passes.toml, of a hardware file).
+_PLATFORM_FAMILIES = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu"}
 _DISABLE = "xla_disable_hlo_passes"
 
 
@@ -219,19 +221,26 @@ def verify_hlo(hlo_text: str) -> None:
 
 @functools.lru_cache(maxsize=8)
 def load_pass_config(path: str | Path | None = None) -> dict[str, Any]:
-    """Reads the per-backend XLA pass lists (``configs/xla_passes.toml`` by default)."""
+    """Reads the per-backend XLA pass lists (``hlo_tools/xla_passes.toml`` by default)."""
     with open(path or DEFAULT_PASS_CONFIG, "rb") as fh:
         return tomllib.load(fh)
 
 
+def platform_family(platform: str) -> str | None:
+    """``"cpu"`` or ``"gpu"`` for a jax platform name (cpu, cuda, rocm, gpu); None for
+    another. The one map from platforms to config sections (pass lists, hardware files,
+    backend constants)."""
+    return _PLATFORM_FAMILIES.get(platform.lower())
+
+
 def _section(platform: str) -> str:
     """Maps a jax platform name (cpu, cuda, rocm) to a config section."""
-    try:
-        return _BACKEND_SECTIONS[platform.lower()]
-    except KeyError:
+    family = platform_family(platform)
+    if family is None:
         raise HloCompileError(
             f"exact=True has no pass list for backend {platform!r} (known: cpu, gpu)"
-        ) from None
+        )
+    return family
 
 
 def exact_compiler_options(platform: str, config: str | Path | None = None,
@@ -240,7 +249,7 @@ def exact_compiler_options(platform: str, config: str | Path | None = None,
 
     Args:
         platform: jax platform name: ``cpu``, ``cuda``, ``rocm`` or ``gpu``.
-        config: Pass config TOML; ``configs/xla_passes.toml`` when None.
+        config: Pass config TOML; ``hlo_tools/xla_passes.toml`` when None.
         library: keep the section's ``library_passes`` running (they hand a single op
             to a kernel library, e.g. XLA:CPU's YNNPACK ``__ynn_fusion`` around a
             ``dot``): used to time an op the way XLA's default pipeline runs it.
@@ -362,7 +371,7 @@ def compile_hlo(
         hlo_text: HLO text with the same entry signature as ``fn``'s lowering; None compiles
             jax's own lowering (useful with ``exact=False`` for XLA's default plan).
         exact: Disable XLA's fusion and collective-combining passes for this backend
-            (``configs/xla_passes.toml``) so fusions and AllReduces stay as written.
+            (``hlo_tools/xla_passes.toml``) so fusions and AllReduces stay as written.
         kwargs: Keyword arguments to lower ``fn`` on.
         compiler_options: Extra XLA options. Their ``xla_disable_hlo_passes`` is added to
             the exact-mode list; other keys override it.
@@ -530,7 +539,7 @@ def compile_standalone(
 
     Args:
         hlo_text: HLO text of a module without cross-device collectives.
-        exact: disable XLA's fusion passes (``configs/xla_passes.toml``), so a
+        exact: disable XLA's fusion passes (``hlo_tools/xla_passes.toml``), so a
             hand-written fusion stays as written and single ops stay unfused.
         replicas: run the program on this many local devices at once (each replica
             gets the same inputs); 1 for a plain single-device run.
