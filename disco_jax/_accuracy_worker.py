@@ -127,41 +127,15 @@ def _model(spec: Mapping[str, Any]) -> tuple[Any, tuple[Any, ...], str, Any, Any
     """``(step, args, pre-optimization HLO text, module, graph)`` of the spec's model."""
     import hlo_tools
     from disco_jax import zoo
-    from hlo_tools.baselines import _fresh
+    from hlo_tools import jax_bridge
 
     step, args = zoo.get(spec["model"])(int(spec["num_devices"]), spec["size"])
-    text = hlo_tools.extract(_fresh(step), *args)
+    text = hlo_tools.extract(jax_bridge.fresh_function(step), *args)
     module = hlo_tools.parse(text)
     return step, args, text, module, hlo_tools.device_graph(module)
 
 
 # --------------------------------------------------------------------------- coordination
-
-
-class _Coord:
-    """Barriers and small key-value exchanges through jax's coordination service."""
-
-    def __init__(self) -> None:
-        from jax._src import distributed  # jax internal: the coordination client
-
-        self.client = distributed.global_state.client
-        self.count = 0
-
-    def barrier(self, tag: str) -> None:
-        self.count += 1
-        self.client.wait_at_barrier(f"acc_{tag}_{self.count}", _BARRIER_MS)
-
-    def share(self, key: str, value: Any, pid: int) -> Any:
-        """Process 0's ``value`` on every process."""
-        if pid == 0:
-            self.client.key_value_set(f"acc/{key}", json.dumps(value))
-        return json.loads(self.client.blocking_key_value_get(f"acc/{key}", _BARRIER_MS))
-
-    def all_values(self, key: str, value: Any, pid: int, n: int) -> list[Any]:
-        """Every process's ``value`` (index = process id)."""
-        self.client.key_value_set(f"acc/{key}/{pid}", json.dumps(value))
-        return [json.loads(self.client.blocking_key_value_get(f"acc/{key}/{i}", _BARRIER_MS))
-                for i in range(n)]
 
 
 # --------------------------------------------------------------------------- network
@@ -244,7 +218,7 @@ def _timed(run: Any, args: Sequence[Any], k: int) -> float:
 
 
 def _choose_k(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, Any],
-              coord: _Coord, pid: int, phase: str) -> dict[str, int]:
+              coord: Any, pid: int, phase: str) -> dict[str, int]:
     """Warm-up calls; process 0 picks K per variant (shared with every process)."""
     warm: dict[str, float] = {}
     for name, run in runs.items():
@@ -257,7 +231,7 @@ def _choose_k(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, A
 
 
 def _rounds(runs: Mapping[str, Any], args: Sequence[Any], ks: Mapping[str, int],
-            spec: Mapping[str, Any], coord: _Coord, phase: str,
+            spec: Mapping[str, Any], coord: Any, phase: str,
             tag: str) -> tuple[dict[str, list[float]], list[Any]]:
     """The timed rounds: every variant once per round, in a shared seeded order.
 
@@ -334,7 +308,7 @@ def _comm_names(hlo_text: str) -> frozenset[str]:
                      if is_collective(i.opcode))
 
 
-def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: _Coord,
+def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: Any,
                  phase: str) -> list[Any]:
     """Traces ``n`` blocked calls; returns the program's instruction events."""
     import jax
@@ -358,7 +332,7 @@ def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: _Coord,
 
 
 def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, Any],
-             coord: _Coord, phase: str, want_trace: str | None,
+             coord: Any, phase: str, want_trace: str | None,
              spread: Sequence[Any] = ()) -> dict[str, Any]:
     """Traced iterations of every variant: per-iteration stats, the no-fusion program's
     per-instruction profile (from ``spread``, the iterations traced between the timed
@@ -407,11 +381,13 @@ def _run(args: argparse.Namespace) -> None:
         pin_to_own_cpu(pid)
     import jax
 
+    from hlo_tools import jax_bridge
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     _setup_jax(spec)
     jax.distributed.initialize(args.coordinator, num_processes=nproc, process_id=pid,
                                initialization_timeout=120)
-    coord = _Coord()
+    coord = jax_bridge.Coordinator("acc", _BARRIER_MS)
     step, fargs, text, module, graph = _model(spec)
     runs, info = _compile_all(spec, pid, step, fargs, module, graph, tag)
     everywhere = coord.all_values("compiled", sorted(runs), pid, nproc)
@@ -435,7 +411,7 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def _phase(spec: Mapping[str, Any], setup: Mapping[str, Any], runs: Mapping[str, Any],
-           fargs: Sequence[Any], coord: _Coord, pid: int, tag: str,
+           fargs: Sequence[Any], coord: Any, pid: int, tag: str,
            parent_netns: str) -> dict[str, Any]:
     """One setup: set the loopback rate, warm up, timed rounds, traced iterations."""
     phase = setup["name"]

@@ -36,7 +36,6 @@ it: each fusion is one node and a combined (tuple) all-reduce is one collective 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -211,7 +210,7 @@ def compile_baseline(
         jax_bridge.HloCompileError: XLA rejected the program.
     """
     platform = platform or jax.default_backend()
-    step = _fresh(fn)
+    step = jb.fresh_function(fn)
     if not _emulated(name, platform, threshold_bytes, config):
         options = baseline_options(name, platform, threshold_bytes, config=config)
         return jb.compile_hlo(step, args, None, exact=False, kwargs=kwargs,
@@ -225,25 +224,6 @@ def compile_baseline(
     text = to_text(apply_buckets(module, combiner_buckets(module, threshold_bytes)))
     options = baseline_options(name, platform, 0, config=config)
     return jb.compile_hlo(step, args, text, exact=False, kwargs=kwargs, compiler_options=options)
-
-
-def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A new function object that calls ``fn`` (a jit-wrapped ``fn`` is returned as is).
-
-    jax caches the lowering of a function per argument signature, and
-    ``jax_bridge.compile_hlo`` with a text writes that text into the cached lowering (on
-    jax 0.10.2): afterwards ``jax.jit(fn)``, ``extract(fn, ...)`` and ``compile_hlo(fn,
-    ..., None)`` all see the text instead of ``fn``'s own program. Lowering a fresh
-    wrapper keeps the baselines from reading, or leaving behind, such a text.
-    """
-    if hasattr(fn, "lower"):
-        return fn
-
-    @functools.wraps(fn)
-    def step(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return step
 
 
 # ---------------------------------------------------------------- threshold emulation

@@ -47,6 +47,7 @@ else:  # pragma: no cover - exercised only on Python 3.10
 __all__ = [
     "PINNED_VERSION",
     "CompiledHlo",
+    "Coordinator",
     "HloCompileError",
     "StandaloneHlo",
     "check_versions",
@@ -57,6 +58,7 @@ __all__ = [
     "count_all_reduces",
     "exact_compiler_options",
     "extract",
+    "fresh_function",
     "hlo_text_to_mlir",
     "load_pass_config",
     "platform_family",
@@ -604,3 +606,65 @@ def backend_info(platform: str | None = None) -> dict[str, Any]:
         "num_devices": len(devices),
         "cpu_count": os.cpu_count() or 0,
     }
+
+
+def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A new function object that calls ``fn`` (a jit-wrapped ``fn`` is returned as is).
+
+    jax caches the lowering of a function per argument signature, and
+    :func:`compile_hlo` with a text writes that text into the cached lowering (on
+    jax 0.10.2): afterwards ``jax.jit(fn)``, ``extract(fn, ...)`` and ``compile_hlo(fn,
+    ..., None)`` all see the text instead of ``fn``'s own program. Lowering a fresh
+    wrapper keeps the baselines from reading, or leaving behind, such a text.
+    """
+    if hasattr(fn, "lower"):
+        return fn
+
+    @functools.wraps(fn)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return step
+
+
+class Coordinator:
+    """Barriers and small key-value exchanges between the processes of a
+    ``jax.distributed`` job, through jax's coordination service (its client is a jax
+    internal, which is why this lives here).
+
+    Args:
+        prefix: the keys' prefix (distinct per use, e.g. ``"acc"``).
+        timeout_ms: how long a barrier or a read waits for the other processes.
+    """
+
+    def __init__(self, prefix: str, timeout_ms: int = 600_000) -> None:
+        from jax._src import distributed  # jax internal: the coordination client
+
+        self.client = distributed.global_state.client
+        if self.client is None:
+            raise RuntimeError("jax.distributed.initialize() has not been called")
+        self.prefix, self.timeout_ms = prefix, timeout_ms
+        self.count = 0
+
+    def barrier(self, tag: str) -> None:
+        """Waits until every process has reached the barrier ``tag``."""
+        self.count += 1
+        self.client.wait_at_barrier(f"{self.prefix}_{tag}_{self.count}", self.timeout_ms)
+
+    def share(self, key: str, value: Any, pid: int) -> Any:
+        """Process 0's ``value`` (JSON-serializable) on every process."""
+        import json
+
+        if pid == 0:
+            self.client.key_value_set(f"{self.prefix}/{key}", json.dumps(value))
+        return json.loads(self.client.blocking_key_value_get(f"{self.prefix}/{key}",
+                                                             self.timeout_ms))
+
+    def all_values(self, key: str, value: Any, pid: int, n: int) -> list[Any]:
+        """Every process's ``value`` (index = process id)."""
+        import json
+
+        self.client.key_value_set(f"{self.prefix}/{key}/{pid}", json.dumps(value))
+        return [json.loads(self.client.blocking_key_value_get(f"{self.prefix}/{key}/{i}",
+                                                              self.timeout_ms))
+                for i in range(n)]
