@@ -25,11 +25,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax._src.lib import xla_client as xc  # noqa: E402
 
 from disco_jax import zoo  # noqa: E402
 from hlo_tools import HloModule, parse, to_text  # noqa: E402
-from hlo_tools.jax_bridge import compile_hlo, extract  # noqa: E402
+from hlo_tools.jax_bridge import compile_hlo, extract, xla_canonical_text  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 NUM_DEVICES = 4
@@ -51,7 +50,7 @@ def _count(module: HloModule, *opcodes: str) -> int:
 
 def _canonical(text: str) -> str:
     """XLA's own print of HLO text after parsing it with XLA's parser."""
-    return xc.hlo.hlo_module_from_text(text).to_string()
+    return xla_canonical_text(text)
 
 
 def text_stats(text: str) -> dict:

@@ -64,6 +64,7 @@ __all__ = [
     "platform_family",
     "lowered_text",
     "verify_hlo",
+    "xla_canonical_text",
     "xla_parse_ok",
 ]
 
@@ -170,6 +171,15 @@ def xla_parse_ok(hlo_text: str) -> None:
     catches them.
     """
     _parse(hlo_text)
+
+
+def xla_canonical_text(hlo_text: str) -> str:
+    """The text XLA's own parser and printer make of ``hlo_text`` (XLA's canonical print).
+
+    Raises:
+        HloCompileError: XLA's parser rejects the text.
+    """
+    return _parse(hlo_text).to_string()
 
 
 def _computation(hlo_text: str) -> Any:
