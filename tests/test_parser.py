@@ -7,10 +7,10 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax._src.lib import xla_client as xc
 
 import hlo_tools
 from hlo_tools import HloParseError, parse, parse_shape, to_text
+from hlo_tools.jax_bridge import xla_canonical_text
 
 FIXTURES = sorted((pathlib.Path(__file__).parent / "fixtures").glob("*.hlo"))
 
@@ -34,7 +34,7 @@ ENTRY main {
 
 
 def xla_canonical(text: str) -> str:
-    return xc.hlo.hlo_module_from_text(text).to_string()
+    return xla_canonical_text(text)
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)

@@ -30,11 +30,10 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from jax._src.lib import xla_client as xc
 
 from disco_jax import zoo
 from hlo_tools import parse, to_text
-from hlo_tools.jax_bridge import compile_hlo, extract, xla_parse_ok
+from hlo_tools.jax_bridge import compile_hlo, extract, xla_canonical_text, xla_parse_ok
 
 N = 4
 SIZE = "tiny"
@@ -124,7 +123,7 @@ def _assert_close(got: Any, want: Any) -> tuple[bool, float]:
 
 def _canonical(text: str) -> str:
     """XLA's own print of HLO text after parsing it with XLA's parser."""
-    return xc.hlo.hlo_module_from_text(text).to_string()
+    return xla_canonical_text(text)
 
 
 @pytest.mark.parametrize("stage", ["pre", "post"])
