@@ -2,7 +2,9 @@
 
 Runs each setup (``inproc4``, ``gloo2``, ``gloo2-1gbit``; see ``estimator.allreduce.SETUPS``)
 in child processes, prints a table and writes ``benchmarks/results/allreduce_fit.json``;
-with ``--write-config`` also ``configs/hardware/<setup>.toml``.
+with ``--write-config`` also the hardware file ``<setup>.toml``, into the user's hardware
+directory (``estimator.hardware.user_hardware_dir()``, searched before the shipped files) or
+into ``--config-dir`` (``--config-dir estimator/hardware_files`` refreshes the shipped ones).
 
     python benchmarks/allreduce_fit.py --quick
     python benchmarks/allreduce_fit.py --setups inproc4,gloo2,gloo2-1gbit --write-config
@@ -28,8 +30,8 @@ from estimator.allreduce import (
     STATISTICS,
     SetupResult,
     run_setup,
-    write_hardware,
 )
+from estimator.hardware import write_hardware
 
 RESULTS = Path(__file__).resolve().parent / "results" / "allreduce_fit.json"
 
@@ -41,7 +43,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="7 sizes (powers of 16) and fewer repeats instead of 13 (powers of 4)")
     ap.add_argument("--write-config", action="store_true",
-                    help="write configs/hardware/<setup>.toml")
+                    help="write the hardware file <setup>.toml (see --config-dir)")
+    ap.add_argument("--config-dir", type=Path, default=None,
+                    help="where --write-config writes (default: the user's hardware "
+                         "directory, $DISCO_CONFIG_DIR/hardware or ~/.config/disco_jax/hardware)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per setup")
     ap.add_argument("--stat", choices=STATISTICS, default="median",
                     help="statistic over iterations to fit (p25: robust on a busy machine)")
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"   done in {time.monotonic() - t0:.0f} s", flush=True)
         if args.write_config:
-            print(f"   wrote {write_hardware(results[-1])}", flush=True)
+            print(f"   wrote {write_hardware(results[-1], args.config_dir)}", flush=True)
     _print_table(results)
     _write_json(args.out, results, failures, args.quick)
     print(f"\nwrote {args.out}")

@@ -4,7 +4,14 @@
   (opcode + shapes) so a time measured in one program serves identical ops elsewhere,
   stored JSON profiles, and an analytic fallback for ops never measured.
 * :mod:`estimator.allreduce`: ``T(bytes) = C * bytes + D`` fitted on psum
-  microbenchmarks, and the ``configs/hardware/*.toml`` files that hold it.
+  microbenchmarks.
+* :mod:`estimator.hardware`: hardware files (the AllReduce model and the backend's cost
+  constants of one setup): found in the user's config directory, else shipped in
+  ``estimator/hardware_files/``; read, validated and written atomically.
+* :mod:`estimator.probes`: probe programs for the in-program all-reduce latency and the
+  compute/communication overlap.
+* :mod:`estimator.gloo`: processes and the (emulated) network of gloo jobs.
+* :mod:`estimator.interface`: the fused-op estimator protocols and the fallback rule.
 * :mod:`estimator.op_bench`: every unique single op of a module timed standalone
   (a tiny module per op), cached on disk per backend fingerprint.
 
@@ -16,14 +23,12 @@ from estimator.allreduce import (
     AllReduceFit,
     AllReduceModel,
     AllReducePoint,
-    HardwareConfig,
     MeasuredAllReduce,
     fit_allreduce,
-    load_hardware,
     measure_psum,
     run_setup,
-    write_hardware,
 )
+from estimator.hardware import HardwareConfig, available_hardware, load_hardware, write_hardware
 from estimator.op_bench import (
     OpTimeCache,
     OpTiming,
@@ -64,6 +69,7 @@ __all__ = [
     "OpTiming",
     "ProgramProfile",
     "analyze_module",
+    "available_hardware",
     "backend_fingerprint",
     "bench_module",
     "bench_ops",

@@ -4,7 +4,8 @@
 of a gloo job with ``--coordinator/--num-processes/--process-id``) and writes the points
 as JSON. ``launch``: starts a gloo job of ``measure`` workers on a free 127.0.0.1 port,
 optionally first limiting the loopback with ``tc`` (only allowed inside a private network
-namespace, i.e. under ``unshare -n``), bounds it in time and merges the results.
+namespace, i.e. under ``unshare -n``), bounds it in time and merges the results. The
+process and network helpers are those of :mod:`estimator.gloo`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from estimator.gloo import free_port, pin_to_own_cpu, set_loopback_rate, wait_all
 
 
 def _log(tag: str, text: str) -> None:
@@ -36,8 +38,6 @@ def _facts() -> dict[str, Any]:
 
 def _measure(args: argparse.Namespace) -> None:
     if args.pin_cpus:
-        from estimator.allreduce import pin_to_own_cpu
-
         pin_to_own_cpu(args.process_id)
     import jax
 
@@ -61,55 +61,17 @@ def _measure(args: argparse.Namespace) -> None:
         jax.distributed.shutdown()
 
 
-def _in_private_netns(parent_netns: str) -> bool:
-    """True if this process's network namespace differs from the parent's (``unshare -n``)."""
-    try:
-        return bool(parent_netns) and os.readlink("/proc/self/ns/net") != parent_netns
-    except OSError:
-        return False
-
-
-def _limit_loopback(rate: str, parent_netns: str) -> str:
-    """Brings ``lo`` up and limits it to ``rate``; returns ``tc qdisc show dev lo``."""
-    if not _in_private_netns(parent_netns):
-        raise SystemExit("refusing to shape lo outside a private network namespace "
-                         "(run under `unshare -n`)")
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
-    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate,
-                    "burst", "1mb", "latency", "100ms"], check=True, timeout=10)
-    out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], check=True, timeout=10,
-                         capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_all(procs: list[subprocess.Popen], deadline: float) -> list[int]:
-    """Waits for every process until ``deadline``; kills the rest (by pid) after it."""
-    rcs = []
-    for p in procs:
-        try:
-            rcs.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-            raise SystemExit(124) from None
-    return rcs
-
-
 def _launch(args: argparse.Namespace) -> None:
-    qdisc = _limit_loopback(args.rate, args.parent_netns) if args.rate else ""
-    port = _free_port()
+    qdisc = set_loopback_rate(args.rate, args.parent_netns) if args.rate else ""
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="disco_gloo_") as tmp:
         outs = [Path(tmp) / f"p{i}.json" for i in range(args.num_processes)]
         procs = [subprocess.Popen(_worker_cmd(args, port, i, outs[i]))
                  for i in range(args.num_processes)]
-        rcs = _wait_all(procs, time.monotonic() + args.timeout)
+        try:
+            rcs = wait_all(procs, time.monotonic() + args.timeout, raise_on_timeout=True)
+        except TimeoutError:
+            raise SystemExit(124) from None
         if any(rcs):
             raise SystemExit(f"gloo workers exited with {rcs}")
         results = [json.loads(o.read_text()) for o in outs]

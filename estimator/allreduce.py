@@ -1,4 +1,4 @@
-"""Linear AllReduce model ``T(bytes) = C * bytes + D``, its microbenchmarks and hardware files.
+"""Linear AllReduce model ``T(bytes) = C * bytes + D``, its fit and its microbenchmarks.
 
 What is measured: a jitted ``shard_map`` of ``lax.psum`` over every device of a float32
 array of ``bytes`` bytes *per device* (the size the ``all-reduce`` instruction has in the
@@ -17,20 +17,18 @@ Setups (see :data:`SETUPS`) run in child processes so that each gets its own dev
 configuration; ``gloo2-1gbit`` runs inside a private network namespace (``unshare -n``)
 whose loopback is limited with ``tc``, so the host's network is never touched.
 
-Times are seconds and sizes bytes throughout.
+The fitted model is stored in hardware files, read and written by
+:mod:`estimator.hardware`; the process and network helpers of the child processes are in
+:mod:`estimator.gloo`. Times are seconds and sizes bytes throughout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -39,11 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from estimator.gloo import child_env, run_bounded
+
 __all__ = [
     "AllReduceModel",
     "AllReduceFit",
     "AllReducePoint",
-    "HardwareConfig",
     "MeasuredAllReduce",
     "Setup",
     "SetupResult",
@@ -51,7 +50,6 @@ __all__ = [
     "STATISTICS",
     "FULL_SIZES",
     "QUICK_SIZES",
-    "HARDWARE_DIR",
     "fit_allreduce",
     "relative_errors",
     "measure_psum",
@@ -60,19 +58,12 @@ __all__ = [
     "run_setup",
     "run_inproc",
     "run_gloo",
-    "pin_to_own_cpu",
-    "hardware_toml",
-    "write_hardware",
-    "load_hardware",
 ]
 
 #: 4 B .. 64 MiB in powers of 4 (13 sizes).
 FULL_SIZES: tuple[int, ...] = tuple(4 * 4**k for k in range(13))
 #: 4 B .. 64 MiB in powers of 16 (7 sizes).
 QUICK_SIZES: tuple[int, ...] = tuple(4 * 16**k for k in range(7))
-#: ``configs/hardware`` of this repository.
-HARDWARE_DIR = Path(__file__).resolve().parents[1] / "configs" / "hardware"
-HARDWARE_SCHEMA = 1
 _WORKER = "estimator._gloo_worker"
 
 
@@ -303,7 +294,7 @@ class _Case:
 
 def _make_case(mesh: Any, nbytes: int, quick: bool) -> _Case:
     import hlo_tools
-    from estimator.profiler import _module_name
+    from estimator.profiler import module_name
 
     n = max(1, nbytes // 4)
     x = _global_input(mesh, n)
@@ -311,7 +302,7 @@ def _make_case(mesh: Any, nbytes: int, quick: bool) -> _Case:
     text = compiled.as_text()
     names = frozenset(i.name for _, i in hlo_tools.parse(text).instructions()
                       if i.opcode.startswith("all-reduce"))
-    return _Case(4 * n, compiled, _module_name(text), names, x, default_repeats(4 * n, quick))
+    return _Case(4 * n, compiled, module_name(text), names, x, default_repeats(4 * n, quick))
 
 
 def _call(case: _Case) -> float:
@@ -463,33 +454,6 @@ def _fit_json(fit: AllReduceFit) -> dict[str, Any]:
             "weighting": fit.weighting}
 
 
-def _child_env(num_local_devices: int) -> dict[str, str]:
-    """The environment for a worker: CPU only, ``num_local_devices`` host devices."""
-    env = dict(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                   env.get("XLA_FLAGS", "")).strip()
-    if num_local_devices > 1:
-        flags = f"{flags} --xla_force_host_platform_device_count={num_local_devices}".strip()
-    env["XLA_FLAGS"] = flags
-    env["JAX_PLATFORMS"] = "cpu"
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _run_bounded(cmd: list[str], env: Mapping[str, str], timeout_s: float) -> None:
-    """Runs ``cmd`` in its own process group; kills that group after ``timeout_s``."""
-    proc = subprocess.Popen(cmd, env=dict(env), start_new_session=True)
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise TimeoutError(f"{' '.join(cmd[:4])} ... took over {timeout_s:.0f} s") from None
-    if rc != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited with status {rc}")
-
-
 def _size_args(sizes: Sequence[int]) -> list[str]:
     return ["--sizes", ",".join(str(int(s)) for s in sizes)]
 
@@ -505,25 +469,8 @@ def run_inproc(num_devices: int, sizes: Sequence[int], quick: bool = False,
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", _WORKER, "measure", "--out", str(out), "--tag", tag,
                "--devices", str(num_devices), *_size_args(sizes)] + (["--quick"] * quick)
-        _run_bounded(cmd, _child_env(num_devices), timeout_s)
+        run_bounded(cmd, child_env(num_devices), timeout_s)
         return json.loads(out.read_text())
-
-
-def pin_to_own_cpu(process_id: int) -> int:
-    """Pins this process (and the threads it starts later) to CPU ``process_id`` modulo
-    the CPU count; returns that CPU.
-
-    Each process then behaves like one device with a core of its own: its compute never
-    competes with the other process's, and how long a gloo receive waits for the CPU
-    depends less on where the scheduler happened to place the two processes. Unpinned,
-    on this 2-vCPU VM the latency of one small all-reduce flips between about 0.3 ms and
-    about 3.5 ms (one scheduler tick, waiting behind a spinning thread) from run to run;
-    pinned, it was about 3.8 ms in six runs in a row, 0.7 ms in a later one.
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    cpu = cpus[process_id % len(cpus)]
-    os.sched_setaffinity(0, {cpu})
-    return cpu
 
 
 def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
@@ -540,7 +487,7 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
         timeout_s: the whole job is killed after this many seconds.
         tag: label of the progress lines.
         pin_cpus: pin each process to a CPU of its own
-            (:func:`pin_to_own_cpu`).
+            (:func:`estimator.gloo.pin_to_own_cpu`).
 
     Returns:
         The launcher's JSON: ``{"facts": {...}, "processes": [[point, ...], ...]}``.
@@ -553,7 +500,7 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
         if rate:
             netns = os.readlink("/proc/self/ns/net")
             cmd = ["unshare", "-n", *cmd, "--rate", rate, "--parent-netns", netns]
-        _run_bounded(cmd, _child_env(1), timeout_s)
+        run_bounded(cmd, child_env(1), timeout_s)
         return json.loads(out.read_text())
 
 
@@ -580,147 +527,3 @@ def run_setup(setup: Setup | str, sizes: Sequence[int] | None = None, quick: boo
     fit = fit_allreduce(b, [p.op_time(stat) for p in points])
     wall_fit = fit_allreduce(b, [p.wall_time(stat) for p in points])
     return SetupResult(s, points, fit, wall_fit, raw["facts"], stat)
-
-
-# --------------------------------------------------------------------------- hardware files
-
-
-_SCHEMA_DOC = """\
-# DisCo hardware description, schema 1. Units: seconds, bytes.
-#
-# schema              int     always 1
-# name                str     setup name (= file name without .toml)
-# description         str     what the setup is
-# [hardware]
-#   backend           str     jax backend ("cpu", "gpu")
-#   device_kind       str     jax device_kind of the devices
-#   num_devices       int     devices taking part in each all-reduce
-#   num_processes     int     processes of the job
-#   devices_per_process int
-#   interconnect      str     how the devices are connected
-#   host_cpus         int     CPU cores of the host (os.cpu_count(); 0 if not measured)
-#   jax_version       str     jax version it was measured with ("" if not measured)
-#   measured_on       str     ISO date of the measurement, or of the estimate
-#   source            str     where the numbers come from
-# [allreduce]         T(bytes) = c_s_per_byte * bytes + d_s, bytes = per-device buffer
-#   model             str     "linear"
-#   c_s_per_byte      float   seconds per byte (1 / effective bandwidth)
-#   d_s               float   fixed latency per all-reduce, seconds
-#   time_metric       str     "op": all-reduce op duration from profiler traces, min over
-#                             participants per iteration; "spec": derived from hardware
-#                             specifications
-#   time_statistic    str     statistic over iterations: "median", "p25" or "min"
-#   fit_weighting     str     "relative": least squares on relative error (weights 1/T)
-#   mean_rel_err      float   mean |fit - measured| / measured over the points
-#   max_rel_err       float   max  |fit - measured| / measured over the points
-#   min_bytes, max_bytes int  range of measured sizes
-# [allreduce.wall]    same fit on host wall time per call (includes launch overhead)
-# [allreduce.points]  bytes; op_time_s, wall_time_s: the fitted statistic per size;
-#                     op_median_s, op_p25_s: median and 25th percentile of the op time
-"""
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "nan")
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _toml_table(name: str | None, items: Mapping[str, Any]) -> list[str]:
-    lines = [f"[{name}]"] if name else []
-    lines += [f"{k} = {_toml_value(v)}" for k, v in items.items()]
-    return lines + [""]
-
-
-def hardware_toml(result: SetupResult) -> str:
-    """The hardware TOML text (schema documented at its top) for a measured setup."""
-    s, f, w = result.setup, result.fit, result.wall_fit
-    facts = result.facts
-    hw = {"backend": facts.get("backend", "cpu"), "device_kind": facts.get("device_kind", ""),
-          "num_devices": s.num_devices, "num_processes": s.num_processes,
-          "devices_per_process": s.num_devices // s.num_processes,
-          "interconnect": s.description, "host_cpus": int(facts.get("host_cpus", 0)),
-          "jax_version": facts.get("jax_version", ""),
-          "measured_on": datetime.date.today().isoformat(),
-          "source": "measured by benchmarks/allreduce_fit.py (estimator.allreduce)"}
-    ar = {"model": "linear", "c_s_per_byte": f.model.c_s_per_byte, "d_s": f.model.d_s,
-          "time_metric": "op", "time_statistic": result.stat, "fit_weighting": f.weighting,
-          "mean_rel_err": f.mean_rel_err, "max_rel_err": f.max_rel_err,
-          "min_bytes": result.points[0].bytes, "max_bytes": result.points[-1].bytes}
-    wall = {"c_s_per_byte": w.model.c_s_per_byte, "d_s": w.model.d_s,
-            "mean_rel_err": w.mean_rel_err, "max_rel_err": w.max_rel_err}
-    pts = {"bytes": [p.bytes for p in result.points],
-           "op_time_s": [p.op_time(result.stat) for p in result.points],
-           "wall_time_s": [p.wall_time(result.stat) for p in result.points],
-           "op_median_s": [p.op_time_s for p in result.points],
-           "op_p25_s": [p.op_time("p25") for p in result.points]}
-    lines = [_SCHEMA_DOC]
-    lines += _toml_table(None, {"schema": HARDWARE_SCHEMA, "name": s.name,
-                                "description": s.description})
-    lines += _toml_table("hardware", hw) + _toml_table("allreduce", ar)
-    lines += _toml_table("allreduce.wall", wall) + _toml_table("allreduce.points", pts)
-    return "\n".join(lines)
-
-
-def write_hardware(result: SetupResult, directory: str | os.PathLike[str] = HARDWARE_DIR) -> Path:
-    """Writes ``<directory>/<setup>.toml`` atomically; returns its path."""
-    path = Path(directory) / f"{result.setup.name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(hardware_toml(result))
-    os.replace(tmp, path)
-    return path
-
-
-@dataclasses.dataclass(frozen=True)
-class HardwareConfig:
-    """A loaded hardware file.
-
-    Attributes:
-        name: setup name.
-        allreduce: the all-reduce model.
-        hardware: the ``[hardware]`` table.
-        raw: the whole parsed TOML.
-    """
-
-    name: str
-    allreduce: AllReduceModel
-    hardware: dict[str, Any]
-    raw: dict[str, Any]
-
-    @property
-    def num_devices(self) -> int:
-        return int(self.hardware.get("num_devices", 1))
-
-    def measured(self) -> MeasuredAllReduce | None:
-        """Interpolation of the fitted points (None if the file has no points)."""
-        pts = self.raw.get("allreduce", {}).get("points")
-        if not pts or len(pts.get("bytes", [])) < 2:
-            return None
-        return MeasuredAllReduce(tuple(pts["bytes"]), tuple(pts["op_time_s"]), self.allreduce)
-
-
-def load_hardware(path_or_name: str | os.PathLike[str]) -> HardwareConfig:
-    """Loads a hardware TOML by path, or by name from ``configs/hardware/<name>.toml``."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
-    path = Path(path_or_name)
-    if not path.exists():
-        path = HARDWARE_DIR / f"{Path(path_or_name).name.removesuffix('.toml')}.toml"
-    with open(path, "rb") as f:
-        raw = tomllib.load(f)
-    ar = raw["allreduce"]
-    model = AllReduceModel(float(ar["c_s_per_byte"]), float(ar["d_s"]),
-                           int(ar.get("small_bytes", 0)), float(ar.get("d_small_s", 0.0)))
-    return HardwareConfig(raw.get("name", path.stem), model, dict(raw.get("hardware", {})), raw)

@@ -60,6 +60,10 @@ __all__ = [
     "per_device_samples",
     "execution_counts",
     "profile_program",
+    "module_name",
+    "summarize",
+    "COMPUTE_TID",
+    "COMM_TID",
     "analyze_module",
     "describe_instruction",
     "map_to_original",
@@ -69,6 +73,13 @@ __all__ = [
 ]
 
 PROFILE_SCHEMA = 1
+
+#: Chrome-trace ``tid`` of compute kernels, in the trace layout shared by measured traces
+#: (:func:`measured_chrome_trace`) and simulated ones (``disco_jax.trace``, which takes
+#: its thread ids from here).
+COMPUTE_TID = 0
+#: Chrome-trace ``tid`` of collectives (communication), in the same layout.
+COMM_TID = 1
 
 #: Opcode classes of the analytic fallback model.
 OP_CLASSES = ("elementwise", "reduce", "dot-conv", "data-movement", "other")
@@ -245,8 +256,6 @@ def measured_chrome_trace(events: Sequence[OpEvent], *, run_id: str | None = Non
     Raises:
         ValueError: no event of the requested iteration.
     """
-    from disco_jax.trace import COMM_TID, COMPUTE_TID
-
     order = iteration_order(events)
     rid = run_id if run_id is not None else (order[0] if order else None)
     evs = sorted((e for e in events if e.run_id == rid), key=lambda e: e.start_s)
@@ -368,7 +377,13 @@ def _compile(fn: Any, args: Sequence[Any]) -> Any:
     raise TypeError(f"expected a jitted function or a Compiled, got {type(fn).__name__}")
 
 
-def _module_name(hlo_text: str) -> str:
+def module_name(hlo_text: str) -> str:
+    """The module name of HLO text (its ``HloModule <name>`` header line), e.g. of
+    ``Compiled.as_text()``: the ``hlo_module`` its trace events carry.
+
+    Raises:
+        ValueError: the text does not start with an ``HloModule`` header.
+    """
     first = hlo_text.lstrip().split("\n", 1)[0]
     if not first.startswith("HloModule "):
         raise ValueError("compiled text does not start with an HloModule header")
@@ -419,7 +434,7 @@ def profile_program(fn: Any, *args: Any, iterations: int = 10, warmup: int = 3,
 
     compiled = _compile(fn, args)
     hlo_text = compiled.as_text()
-    module = _module_name(hlo_text)
+    module = module_name(hlo_text)
     placed = _place_args(compiled, args)
     fresh = (lambda: jax.tree.map(lambda x: x.copy(), placed)) if donated else None
     _timed_calls(compiled, placed, warmup, fresh)
@@ -436,11 +451,24 @@ def profile_program(fn: Any, *args: Any, iterations: int = 10, warmup: int = 3,
             shutil.rmtree(tmp, ignore_errors=True)
     if not events:
         raise RuntimeError(f"trace has no instruction events of module {module!r}")
-    return _summarize(module, hlo_text, events, walls)
+    return summarize(module, hlo_text, events, walls)
 
 
-def _summarize(module: str, hlo_text: str, events: Sequence[OpEvent],
-               walls: list[float]) -> ProgramProfile:
+def summarize(module: str, hlo_text: str, events: Sequence[OpEvent],
+              walls: list[float]) -> ProgramProfile:
+    """A :class:`ProgramProfile` from a program's instruction events.
+
+    Args:
+        module: the module name (:func:`module_name`).
+        hlo_text: the compiled module's text.
+        events: its instruction events (:func:`op_events`), any number of iterations and
+            devices.
+        walls: wall time per call in seconds (may be empty).
+
+    Returns:
+        The profile: per device the median over iterations of each instruction, and
+        across devices the median of those.
+    """
     samples = per_device_samples(events)
     per_dev = {d: {n: statistics.median(s) for n, s in names.items()}
                for d, names in samples.items()}

@@ -1,13 +1,20 @@
-"""Tests of estimator.allreduce: the linear fit, real psum runs, hardware files."""
+"""Tests of estimator.allreduce (the linear fit, real psum runs) and estimator.hardware
+(hardware files: lookup, loading, validation, writing)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import jax
 import pytest
 
 from estimator import allreduce as ar
+from estimator import gloo
+from estimator import hardware as hwf
 
 SIZES = [4 * 4**k for k in range(13)]
 
@@ -81,9 +88,9 @@ def _result() -> ar.SetupResult:
 
 def test_hardware_toml_round_trip(tmp_path) -> None:
     res = _result()
-    path = ar.write_hardware(res, tmp_path)
+    path = hwf.write_hardware(res, tmp_path)
     assert path.name == "gloo2.toml" and path.read_text().startswith("# DisCo hardware")
-    hw = ar.load_hardware(path)
+    hw = hwf.load_hardware(path)
     assert hw.name == "gloo2" and hw.num_devices == 2
     assert hw.allreduce.c_s_per_byte == pytest.approx(1e-9)
     assert hw.allreduce.d_s == pytest.approx(1e-4)
@@ -103,8 +110,112 @@ def test_measured_interpolation_is_monotone() -> None:
 
 @pytest.mark.parametrize("name", ["gpu_cluster_example", "inproc4", "gloo2", "gloo2-1gbit"])
 def test_shipped_hardware_files_load(name: str) -> None:
-    if not (ar.HARDWARE_DIR / f"{name}.toml").exists():
+    if not (hwf.shipped_hardware_dir() / f"{name}.toml").exists():
         pytest.skip(f"{name}.toml not generated yet")
-    hw = ar.load_hardware(name)
+    hw = hwf.load_hardware(name)
     assert hw.allreduce.time(0) > 0 and hw.allreduce.c_s_per_byte > 0
     assert hw.raw["schema"] == 1 and hw.hardware["num_devices"] >= 2
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """An empty user config directory (``$DISCO_CONFIG_DIR``); returns its hardware dir."""
+    monkeypatch.setenv("DISCO_CONFIG_DIR", str(tmp_path / "config"))
+    return tmp_path / "config" / "hardware"
+
+
+def test_available_hardware_lists_shipped_files(user_dir) -> None:
+    names = hwf.available_hardware()
+    assert {"inproc4", "gloo2", "gloo2-1gbit", "gpu_cluster_example"} <= set(names)
+    assert names == sorted(names)
+    assert hwf.user_hardware_dir() == user_dir
+    assert (hwf.shipped_hardware_dir() / "inproc4.toml").is_file()
+
+
+def test_user_hardware_file_wins_over_shipped(user_dir) -> None:
+    shipped = hwf.load_hardware("gloo2")
+    user_dir.mkdir(parents=True)
+    text = hwf.find_hardware("gloo2").read_text()
+    text = text.replace(f"\nd_s = {shipped.allreduce.d_s!r}\n", "\nd_s = 0.125\n", 1)
+    (user_dir / "gloo2.toml").write_text(text)
+    (user_dir / "mine.toml").write_text(text)
+    assert hwf.find_hardware("gloo2") == user_dir / "gloo2.toml"
+    assert hwf.load_hardware("gloo2").allreduce.d_s == 0.125
+    assert hwf.load_hardware("inproc4").allreduce.d_s > 0  # others still shipped
+    assert "mine" in hwf.available_hardware()
+
+
+def test_unknown_hardware_lists_valid_names(user_dir, tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"hardware 'nope' not found \(a \.toml "
+                       r"path or one of: .*gloo2, gloo2-1gbit, gpu_cluster_example, inproc4"):
+        hwf.load_hardware("nope")
+    with pytest.raises(hwf.HardwareNotFoundError):
+        hwf.load_hardware(tmp_path / "missing.toml")  # a path is never looked up by name
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("schema = 1\n[allreduce\nd_s = 1\n", "invalid hardware file"),
+    ("schema = 1\nname = 'x'\n", "missing table \\[allreduce\\]"),
+    ("[allreduce]\nc_s_per_byte = 1e-9\n", "misses d_s"),
+    ("[allreduce]\nc_s_per_byte = 1e-9\nd_s = 'fast'\n", "d_s must be a number"),
+    ("schema = 2\n[allreduce]\nc_s_per_byte = 1e-9\nd_s = 1e-4\n", "schema is 2"),
+])
+def test_malformed_hardware_file_names_the_file(tmp_path, text: str, problem: str) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    with pytest.raises(hwf.InvalidHardwareError, match=problem) as err:
+        hwf.load_hardware(path)
+    assert str(err.value).startswith(f"{path}: invalid hardware file")
+    assert isinstance(err.value, ValueError)
+
+
+def test_write_hardware_is_atomic_into_user_dir(user_dir) -> None:
+    path = hwf.write_hardware(_result())
+    assert path == user_dir / "gloo2.toml"
+    assert sorted(p.name for p in user_dir.iterdir()) == ["gloo2.toml"]  # no temp file left
+    assert hwf.load_hardware("gloo2").allreduce.d_s == pytest.approx(1e-4)
+    path2 = hwf.write_hardware(_result())  # overwrites in place
+    assert path2 == path and sorted(p.name for p in user_dir.iterdir()) == ["gloo2.toml"]
+
+
+# --------------------------------------------------------------------------- gloo helpers
+
+
+def _sleeper(seconds: float, rc: int = 0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c",
+                             f"import time, sys; time.sleep({seconds}); sys.exit({rc})"])
+
+
+def test_wait_all_returns_exit_codes_and_kills_at_deadline() -> None:
+    assert gloo.wait_all([_sleeper(0, 0), _sleeper(0, 3)], time.monotonic() + 30) == [0, 3]
+    procs = [_sleeper(0, 0), _sleeper(60)]
+    t0 = time.monotonic()
+    assert gloo.wait_all(procs, t0 + 1.0) == [0, -9]
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(TimeoutError):
+        gloo.wait_all([_sleeper(60)], time.monotonic() + 0.5, raise_on_timeout=True)
+
+
+def test_wait_all_grace_after_first_failure() -> None:
+    procs = [_sleeper(0, 2), _sleeper(60)]
+    failed = lambda: any(p.poll() not in (None, 0) for p in procs)
+    t0 = time.monotonic()
+    rcs = gloo.wait_all(procs, t0 + 60, failed, grace_s=0.5)
+    assert rcs == [2, -9] and time.monotonic() - t0 < 10
+
+
+def test_child_env_and_network_helpers(monkeypatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4 --foo=1")
+    env = gloo.child_env(2, extra={"PYTHONHASHSEED": "0"})
+    assert env["XLA_FLAGS"] == "--foo=1 --xla_force_host_platform_device_count=2"
+    assert env["JAX_PLATFORMS"] == "cpu" and env["PYTHONHASHSEED"] == "0"
+    assert gloo.child_env(1)["XLA_FLAGS"] == "--foo=1"
+    assert 0 < gloo.free_port() < 65536
+    assert not gloo.in_private_netns("")
+    assert not gloo.in_private_netns(os.readlink("/proc/self/ns/net"))
+    with pytest.raises(SystemExit, match="private network namespace"):
+        gloo.set_loopback_rate("1gbit", "")  # never touches this namespace's lo
+    code = "import sys; sys.exit(5)"
+    assert gloo.run_bounded([sys.executable, "-c", code], os.environ, 30, check=False) == 5
+    with pytest.raises(RuntimeError, match="status 5"):
+        gloo.run_bounded([sys.executable, "-c", code], os.environ, 30)

@@ -122,6 +122,27 @@ def test_trace_events_by_device_and_iteration() -> None:
     assert s[0]["b"] == pytest.approx([2e-6]) and s[1]["a"] == pytest.approx([3e-6])
 
 
+def test_module_name_and_summarize_are_public(profile: pr.ProgramProfile) -> None:
+    assert pr.module_name(profile.hlo_text) == profile.module
+    with pytest.raises(ValueError, match="HloModule header"):
+        pr.module_name("ENTRY main {}")
+    events = [pr.OpEvent(n, profile.module, d, f"r{k}", 1, float(k), t)
+              for d, names in profile.samples_s.items()
+              for n, ts in names.items() for k, t in enumerate(ts)]
+    again = pr.summarize(profile.module, profile.hlo_text, events, profile.wall_times_s)
+    assert again.times_s == pytest.approx(profile.times_s)
+    assert again.per_device_s == profile.per_device_s
+
+
+def test_measured_trace_uses_the_shared_thread_ids() -> None:
+    assert (pr.COMPUTE_TID, pr.COMM_TID) == (0, 1)
+    evs = [pr.OpEvent("fusion", "m", 0, "r", 1, 0.0, 1e-3),
+           pr.OpEvent("all-reduce.1", "m", 0, "r", 1, 1e-3, 2e-3)]
+    trace = pr.measured_chrome_trace(evs)
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["tid"] for e in xs] == [pr.COMPUTE_TID, pr.COMM_TID]
+
+
 def test_fallback_is_positive_flagged_and_monotone() -> None:
     rng = np.random.default_rng(0)
     samples = [("elementwise", b, b / 8, 1e-6 + b * 1e-10 * rng.uniform(0.9, 1.1))
