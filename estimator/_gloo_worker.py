@@ -2,8 +2,9 @@
 
 ``measure``: measures psum in this process (``--devices N`` host devices, or one device
 of a gloo job with ``--coordinator/--num-processes/--process-id``) and writes the points
-as JSON. ``launch``: starts a gloo job of ``measure`` workers on a free 127.0.0.1 port,
-optionally first limiting the loopback with ``tc`` (only allowed inside a private network
+as JSON; with ``--probes`` also the in-program latency and overlap probes
+(:mod:`estimator.probes`). ``launch``: starts a gloo job of ``measure`` workers on a free
+127.0.0.1 port, optionally first limiting the loopback with ``tc`` (only allowed inside a private network
 namespace, i.e. under ``unshare -n``), bounds it in time and merges the results. The
 process and network helpers are those of :mod:`estimator.gloo`.
 """
@@ -56,6 +57,20 @@ def _measure(args: argparse.Namespace) -> None:
     points = measure_psum(sizes, quick=args.quick,
                           progress=(lambda s: _log(tag, s)) if show else None)
     result = {"facts": _facts(), "processes": [[p.to_json() for p in points]]}
+    if args.probes:
+        from estimator.probes import measure_probes
+
+        if show:
+            _log(tag, "probes: in-program all-reduce latency and overlap")
+        share = None
+        if args.coordinator:
+            import numpy as np
+            from jax.experimental import multihost_utils
+
+            def share(k: int) -> int:
+                return int(multihost_utils.broadcast_one_to_all(np.int32(k)))
+        result["probes"] = [measure_probes(repeats=9 if args.quick else 15,
+                                           share=share).to_json()]
     Path(args.out).write_text(json.dumps(result))
     if args.coordinator:
         jax.distributed.shutdown()
@@ -77,6 +92,8 @@ def _launch(args: argparse.Namespace) -> None:
         results = [json.loads(o.read_text()) for o in outs]
     facts = dict(results[0]["facts"], port=port, rate=args.rate or "", qdisc=qdisc)
     merged = {"facts": facts, "processes": [r["processes"][0] for r in results]}
+    if args.probes:
+        merged["probes"] = [r["probes"][0] for r in results]
     Path(args.out).write_text(json.dumps(merged))
 
 
@@ -85,7 +102,7 @@ def _worker_cmd(args: argparse.Namespace, port: int, i: int, out: Path) -> list[
             "--tag", args.tag, "--sizes", args.sizes, "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", str(args.num_processes), "--process-id", str(i)] + (
                 ["--quick"] * args.quick) + (["--silent"] * args.silent) + (
-                ["--pin-cpus"] * args.pin_cpus)
+                ["--pin-cpus"] * args.pin_cpus) + (["--probes"] * args.probes)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--num-processes", type=int, default=1)
         p.add_argument("--pin-cpus", action="store_true",
                        help="pin each process to a CPU of its own")
+        p.add_argument("--probes", action="store_true",
+                       help="also run the latency and overlap probes (estimator.probes)")
     m = sub.choices["measure"]
     m.add_argument("--devices", type=int, default=1)
     m.add_argument("--coordinator", default="")

@@ -432,6 +432,7 @@ class SetupResult:
         wall_fit: fit of the wall times (reference).
         facts: measured facts about the run (jax version, devices, qdisc, ...).
         stat: statistic over iterations that was fitted (see :data:`STATISTICS`).
+        probes: per process, :meth:`estimator.probes.ProbeResult.to_json` (or None).
     """
 
     setup: Setup
@@ -440,6 +441,7 @@ class SetupResult:
     wall_fit: AllReduceFit
     facts: dict[str, Any]
     stat: str = "median"
+    probes: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"setup": dataclasses.asdict(self.setup), "facts": self.facts,
@@ -459,7 +461,8 @@ def _size_args(sizes: Sequence[int]) -> list[str]:
 
 
 def run_inproc(num_devices: int, sizes: Sequence[int], quick: bool = False,
-               timeout_s: float = 300.0, tag: str = "inproc") -> dict[str, Any]:
+               timeout_s: float = 300.0, tag: str = "inproc",
+               probes: bool = False) -> dict[str, Any]:
     """Measures psum over ``num_devices`` host devices in a child process.
 
     Returns:
@@ -468,14 +471,15 @@ def run_inproc(num_devices: int, sizes: Sequence[int], quick: bool = False,
     with tempfile.TemporaryDirectory(prefix="disco_ar_") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", _WORKER, "measure", "--out", str(out), "--tag", tag,
-               "--devices", str(num_devices), *_size_args(sizes)] + (["--quick"] * quick)
+               "--devices", str(num_devices), *_size_args(sizes)] + (["--quick"] * quick) + (
+                   ["--probes"] * probes)
         run_bounded(cmd, child_env(num_devices), timeout_s)
         return json.loads(out.read_text())
 
 
 def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
              quick: bool = False, timeout_s: float = 300.0, tag: str = "gloo",
-             pin_cpus: bool = False) -> dict[str, Any]:
+             pin_cpus: bool = False, probes: bool = False) -> dict[str, Any]:
     """Measures psum between ``num_processes`` gloo processes on 127.0.0.1.
 
     Args:
@@ -488,15 +492,18 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
         tag: label of the progress lines.
         pin_cpus: pin each process to a CPU of its own
             (:func:`estimator.gloo.pin_to_own_cpu`).
+        probes: also run :mod:`estimator.probes` in every process.
 
     Returns:
-        The launcher's JSON: ``{"facts": {...}, "processes": [[point, ...], ...]}``.
+        The launcher's JSON: ``{"facts": {...}, "processes": [[point, ...], ...]}``
+        (and ``"probes": [result, ...]``, one per process, with ``probes``).
     """
     with tempfile.TemporaryDirectory(prefix="disco_ar_") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", _WORKER, "launch", "--out", str(out), "--tag", tag,
                "--num-processes", str(num_processes), "--timeout", str(timeout_s - 5),
-               *_size_args(sizes)] + (["--quick"] * quick) + (["--pin-cpus"] * pin_cpus)
+               *_size_args(sizes)] + (["--quick"] * quick) + (["--pin-cpus"] * pin_cpus) + (
+                   ["--probes"] * probes)
         if rate:
             netns = os.readlink("/proc/self/ns/net")
             cmd = ["unshare", "-n", *cmd, "--rate", rate, "--parent-netns", netns]
@@ -505,7 +512,8 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
 
 
 def run_setup(setup: Setup | str, sizes: Sequence[int] | None = None, quick: bool = False,
-              timeout_s: float = 300.0, stat: str = "median") -> SetupResult:
+              timeout_s: float = 300.0, stat: str = "median", probes: bool = False,
+              pin_cpus: bool = False) -> SetupResult:
     """Measures one setup in child processes and fits the linear model.
 
     Args:
@@ -514,16 +522,20 @@ def run_setup(setup: Setup | str, sizes: Sequence[int] | None = None, quick: boo
         quick: fewer sizes and repeats.
         timeout_s: bound on the whole setup's run, seconds.
         stat: statistic over iterations to fit (see :data:`STATISTICS`).
+        probes: also measure the in-program all-reduce latency and the overlap
+            (:mod:`estimator.probes`; ``SetupResult.probes``).
+        pin_cpus: gloo setups: pin each process to a CPU of its own.
     """
     s = SETUPS[setup] if isinstance(setup, str) else setup
     sizes = sizes or (QUICK_SIZES if quick else FULL_SIZES)
     if s.kind == "inproc":
-        raw = run_inproc(s.num_devices, sizes, quick, timeout_s, s.name)
+        raw = run_inproc(s.num_devices, sizes, quick, timeout_s, s.name, probes=probes)
     else:
-        raw = run_gloo(s.num_processes, sizes, s.rate, quick, timeout_s, s.name)
+        raw = run_gloo(s.num_processes, sizes, s.rate, quick, timeout_s, s.name,
+                       pin_cpus=pin_cpus, probes=probes)
     per_proc = [[AllReducePoint.from_json(p) for p in pts] for pts in raw["processes"]]
     points = combine_processes(per_proc)
     b = [p.bytes for p in points]
     fit = fit_allreduce(b, [p.op_time(stat) for p in points])
     wall_fit = fit_allreduce(b, [p.wall_time(stat) for p in points])
-    return SetupResult(s, points, fit, wall_fit, raw["facts"], stat)
+    return SetupResult(s, points, fit, wall_fit, raw["facts"], stat, raw.get("probes"))

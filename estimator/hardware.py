@@ -24,7 +24,8 @@ import importlib.resources
 import json
 import math
 import os
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -338,6 +339,11 @@ def hardware_toml(result: SetupResult) -> str:
           "time_metric": "op", "time_statistic": result.stat, "fit_weighting": f.weighting,
           "mean_rel_err": f.mean_rel_err, "max_rel_err": f.max_rel_err,
           "min_bytes": result.points[0].bytes, "max_bytes": result.points[-1].bytes}
+    if result.probes:  # what one all-reduce adds to a program, not to a microbenchmark
+        ar.update(d_s=statistics.median(p["latency_s"] for p in result.probes),
+                  time_metric="program", microbenchmark_c_s_per_byte=f.model.c_s_per_byte,
+                  microbenchmark_d_s=f.model.d_s)
+        hw["source"] = "measured by disco calibrate (estimator.allreduce, estimator.probes)"
     wall = {"c_s_per_byte": w.model.c_s_per_byte, "d_s": w.model.d_s,
             "mean_rel_err": w.mean_rel_err, "max_rel_err": w.max_rel_err}
     pts = {"bytes": [p.bytes for p in result.points],
@@ -350,7 +356,26 @@ def hardware_toml(result: SetupResult) -> str:
                                 "description": s.description})
     lines += _toml_table("hardware", hw) + _toml_table("allreduce", ar)
     lines += _toml_table("allreduce.wall", wall) + _toml_table("allreduce.points", pts)
+    if result.probes:
+        lines += _probe_tables(result.probes)
     return "\n".join(lines)
+
+
+def _probe_tables(probes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``[costs]`` and ``[probes]`` from the probes of every process (medians over them).
+
+    The program latency replaces the microbenchmark's ``d_s`` in the model the simulator
+    uses (``time_metric = "program"``: what one all-reduce adds to a train step), and the
+    measured overlap becomes ``[costs] overlap``.
+    """
+    latency = statistics.median(p["latency_s"] for p in probes)
+    overlap = statistics.median(p["overlap"] for p in probes)
+    keys = ("comm_s", "compute_s", "both_s", "comm_bytes", "matmuls")
+    table = {"latency_s": [p["latency_s"] for p in probes],
+             "overlap": [p["overlap"] for p in probes],
+             **{k: [p[k] for p in probes] for k in keys}}
+    return (_toml_table("costs", {"overlap": overlap})
+            + _toml_table("probes", {"program_d_s": latency, **table}))
 
 
 def _write_atomic(path: Path, text: str) -> None:
