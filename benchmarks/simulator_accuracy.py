@@ -11,28 +11,29 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    namespace switches its loopback limit between setups, so each program is compiled
    once per process), variants interleaved in shared random orders, ``--repeats`` samples each after
    warm-up; per sample the minimum over the two processes. Reported: median, p25, p75.
-   See :mod:`disco_jax._accuracy_worker` for the details (barriers, traces, crash
+   See ``benchmarks/accuracy_worker.py`` for the details (barriers, traces, crash
    handling: a plan that aborts XLA:CPU is screened alone, reported, and replaced by
    the next seed).
-2. **predicts** each variant with :class:`disco_jax.costs.CostModel` on the setup's
+2. **predicts** each variant with :class:`disco_jax.cost_model.CostModel` on the setup's
    hardware file: single-op times from the in-context profile of the no-fusion program
    (measured in the same job and setup: one traced iteration after each timed round,
    median over rounds, then over processes), then standalone timings
    (:mod:`estimator.op_bench`, cached) for ops only XLA's plan has (the ops of its
    library fusions as the library runs them); plans through
-   :func:`disco_jax.costs.sim_graph`, XLA's default from its post-optimization HLO as
-   written (:func:`disco_jax.costs.sim_graph_from_module`).
+   :func:`disco_jax.lower.sim_graph`, XLA's default from its post-optimization HLO as
+   written (:func:`disco_jax.lower.sim_graph_from_module`).
 3. **calibrates** the backend constants per setup -- overlap phi, per-kernel overhead
    ``kernel_launch_s`` (a small grid), and the AllReduce ``C``/``D`` *inside the real
    program* (``--fit-scale``: ``compute_scale`` too; by default it stays at the hardware
    file's 1, since op times are measured in the program's own context, and an in-sample
    fit with it free is reported as a diagnostic) -- by minimizing the mean absolute
    percentage error (MAPE, each model weighted equally) with Nelder-Mead from a linear
-   least-squares start, and reports the error three ways: with the hardware files as
-   they are (``shipped``), **in-sample** (constants fitted on every model: what
-   ``--write-config`` puts into the hardware files) and **leave-one-model-out** (each
-   model predicted with constants fitted on the other models: the honest number).
-   Two simulator models are compared: ``costs`` (:mod:`disco_jax.costs`: a combined,
+   least-squares start (:func:`disco_jax.calibrate.fit_constants`), and reports the
+   error three ways: with the hardware files as they are (``shipped``), **in-sample**
+   (constants fitted on every model: what ``--write-config`` puts into the hardware
+   files) and **leave-one-model-out** (each model predicted with constants fitted on
+   the other models: the honest number).
+   Two simulator models are compared: ``costs`` (:mod:`disco_jax.cost_model`: a combined,
    tuple-shaped all-reduce of XLA's plan pays one latency ``D`` per operand, as XLA:CPU's
    gloo collectives reduce each buffer separately) and the ablation
    ``one_d_per_allreduce`` (one ``D`` per all-reduce).
@@ -48,7 +49,8 @@ Run from the repository root (as root: ``unshare -n`` and ``tc``)::
     python benchmarks/simulator_accuracy.py                      # all models
     python benchmarks/simulator_accuracy.py --quick --models vgg,bert
     python benchmarks/simulator_accuracy.py --reuse               # re-analyse stored runs
-    python benchmarks/simulator_accuracy.py --reuse --write-config
+    python benchmarks/simulator_accuracy.py --reuse --write-config     # shipped files
+    python benchmarks/simulator_accuracy.py --reuse --write-config DIR # DIR/<setup>.toml
 
 Traces: ``--trace-model vgg --trace-setup gloo2 --trace-variant xla_default`` (the
 default) also writes ``benchmarks/results/trace_measured_vgg.json`` (one measured
@@ -61,11 +63,11 @@ https://ui.perfetto.dev (per device: tid 0 compute, tid 1 communication).
 Raw measurements are kept per model in ``$DISCO_CACHE_DIR/accuracy`` (default
 ``~/.cache/disco_jax/accuracy``); ``--reuse`` analyses them again without measuring.
 Compiled programs are kept in jax's persistent compilation cache next to them, which
-only process 0 can use (see :mod:`disco_jax._accuracy_worker`): every run compiles
+only process 0 can use (see ``benchmarks/accuracy_worker.py``): every run compiles
 about 12 programs per model in process 1, most of the run time on this machine.
 ``--regimes keep_awake`` (experimental) runs each job with one ``SCHED_IDLE`` busy loop
 per CPU, so that idle vCPUs of this VM do not halt between collectives (see
-:mod:`disco_jax._accuracy_worker`); in its one trial (vgg and bert, while other jobs
+``benchmarks/accuracy_worker.py``); in its one trial (vgg and bert, while other jobs
 kept the machine busy) it did not narrow the spread.
 """
 
@@ -77,7 +79,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,9 +86,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from disco_jax.calibrate import (
+    BOUNDS,
+    FREE_ALL,
+    LAUNCH_GRID,
+    Constants,
+    FitCase,
+    calibrated_hardware_text,
+    fit_constants,
+)
+from estimator.gloo import child_env, run_bounded
+from estimator.hardware import shipped_hardware_dir
 from hlo_tools import dirs
 
 REPO = Path(__file__).resolve().parents[1]
+#: The child processes' script, run by path (the repository on ``PYTHONPATH``).
+WORKER = Path(__file__).resolve().with_name("accuracy_worker.py")
 #: Where the benchmark writes its results unless told otherwise (relative to REPO).
 DEFAULT_OUT = "benchmarks/results/simulator_accuracy.json"
 DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "rnnlm_unrolled", "bert",
@@ -142,28 +156,15 @@ def plan_spec(seed: int) -> dict[str, Any]:
 
 
 def _worker_env(devices: int = 1) -> dict[str, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
-    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                     if "xla_force_host_platform_device_count" not in f)
-    if devices > 1:
-        flags += f" --xla_force_host_platform_device_count={devices}"
-    env["XLA_FLAGS"] = flags.strip()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
+    """The environment of a worker: CPU only, ``devices`` host devices, the repository
+    first on ``PYTHONPATH`` (:func:`estimator.gloo.child_env`)."""
+    return child_env(devices, {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"})
 
 
 def _run_bounded(cmd: list[str], env: Mapping[str, str], timeout_s: float) -> int:
-    """Runs ``cmd`` in its own process group (killed after ``timeout_s``); its exit code
-    (``-9`` after a timeout)."""
-    import signal
-
-    proc = subprocess.Popen(cmd, env=dict(env), start_new_session=True, cwd=REPO)
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return -9
+    """Runs ``cmd`` from the repository in its own process group (killed after
+    ``timeout_s``); its exit code (``-9`` after a timeout)."""
+    return run_bounded(cmd, env, timeout_s, cwd=REPO, check=False)
 
 
 def _unfinished(progress: Path) -> list[str]:
@@ -183,14 +184,14 @@ def _unfinished(progress: Path) -> list[str]:
 
 def _screen(spec_path: Path, name: str, timeout_s: float) -> int:
     """Compiles one variant alone (two host devices); its exit code."""
-    cmd = [sys.executable, "-m", "disco_jax._accuracy_worker", "screen", "--spec",
+    cmd = [sys.executable, str(WORKER), "screen", "--spec",
            str(spec_path), "--variant", name]
     return _run_bounded(cmd, _worker_env(2), timeout_s)
 
 
 def _launch(spec_path: Path, out_dir: Path, timeout_s: float) -> int:
     netns = os.readlink("/proc/self/ns/net")
-    cmd = ["unshare", "-n", sys.executable, "-m", "disco_jax._accuracy_worker", "launch",
+    cmd = ["unshare", "-n", sys.executable, str(WORKER), "launch",
            "--spec", str(spec_path), "--out-dir", str(out_dir), "--timeout",
            str(timeout_s - 10), "--parent-netns", netns]
     return _run_bounded(cmd, _worker_env(1), timeout_s)
@@ -357,32 +358,6 @@ def load_measured(raw: Mapping[str, Any]) -> list[Measured]:
 # --------------------------------------------------------------------------- predicting
 
 
-@dataclasses.dataclass(frozen=True)
-class Constants:
-    """Backend constants of one setup (see :class:`disco_jax.costs.BackendConstants`)
-    with the AllReduce model ``T = c_s_per_byte * bytes + d_s``."""
-
-    overlap: float
-    kernel_launch_s: float
-    mem_s_per_byte: float
-    compute_scale: float
-    c_s_per_byte: float
-    d_s: float
-
-    @classmethod
-    def from_hardware(cls, hardware: Any) -> Constants:
-        """The constants a hardware file gives the cost model today."""
-        from disco_jax.costs import BackendConstants
-
-        b = BackendConstants.from_hardware(hardware)
-        ar = hardware.allreduce
-        return cls(b.overlap, b.kernel_launch_s, b.mem_s_per_byte, b.compute_scale,
-                   ar.c_s_per_byte, ar.d_s)
-
-    def to_json(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
-
-
 def _missing_ops(module: Any, times: Any) -> list[Any]:
     """Benchable kernel instructions of ``module`` whose op key has no time yet (one
     per key)."""
@@ -396,7 +371,7 @@ def op_times_for(m: Measured, bench: bool = True) -> Any:
     """Single-op times: the in-context no-fusion profile, then standalone timings
     (:mod:`estimator.op_bench`, cached) of the ops the profile lacks (both modules; the
     ops inside XLA's library fusions are timed as the library runs them)."""
-    from disco_jax.costs import OpTimes
+    from disco_jax.cost_model import OpTimes
     from estimator import op_bench
 
     times = OpTimes()
@@ -422,7 +397,7 @@ class Predictor:
     ``c * bytes + d * operands`` (``operands`` is 1 unless ``tuple_latency``: then a
     combined tuple all-reduce of XLA's plan pays ``d`` per operand, as XLA:CPU's gloo
     collectives reduce each buffer separately); tiny ones (at most the hardware file's
-    ``small_bytes``) as ``c * bytes + d_small_s``, as :mod:`disco_jax.costs` does.
+    ``small_bytes``) as ``c * bytes + d_small_s``, as :mod:`disco_jax.cost_model` does.
     """
 
     def __init__(self, m: Measured, hardware: Any, op_times: Any, tuple_latency: bool = False):
@@ -439,7 +414,7 @@ class Predictor:
                 if n in self.m.plans or (n == "xla_default" and self.m.xla_module is not None)]
 
     def _cost_model(self, launch: float, mem: float) -> Any:
-        from disco_jax.costs import BackendConstants, CostModel
+        from disco_jax.cost_model import BackendConstants, CostModel
 
         consts = BackendConstants(0.0, launch, mem, "simulator_accuracy", 1.0)
         return CostModel(self.hardware, op_times=self.op_times, constants=consts)
@@ -448,7 +423,7 @@ class Predictor:
         """Variant -> ``(SimGraph, comm mask, comm bytes, comm operands)``."""
         key = (launch, mem)
         if key not in self._cache:
-            from disco_jax.costs import sim_graph, sim_graph_from_module
+            from disco_jax.lower import sim_graph, sim_graph_from_module
 
             costs = self._cost_model(launch, mem)
             out = {}
@@ -498,6 +473,20 @@ class Predictor:
     def predict(self, c: Constants) -> dict[str, float]:
         """Variant -> predicted seconds per iteration."""
         return {n: self.sim(n, c)[0].iteration_s for n in self.names}
+
+    def comm_terms(self, c: Constants) -> dict[str, tuple[float, float]]:
+        """Variant -> ``(bytes on the channel, latencies D paid)`` under ``c``'s
+        ``kernel_launch_s`` and ``mem_s_per_byte`` (see :class:`disco_jax.calibrate.FitCase`)."""
+        out = {}
+        for n, (_, comm, nbytes, ops) in self.graphs(c.kernel_launch_s,
+                                                     c.mem_s_per_byte).items():
+            out[n] = (nbytes[comm].sum(), ops[0][comm].sum())
+        return out
+
+    def case(self) -> FitCase:
+        """This model's variants as a case of :func:`disco_jax.calibrate.fit_constants`."""
+        measured = {n: t["median_s"] for n, t in self.m.times.items()}
+        return FitCase(measured, self.predict, self.comm_terms)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -559,114 +548,9 @@ def pooled(rows: Sequence[dict[str, Any]], ms: Sequence[Measured]) -> dict[str, 
             "variants": len(errs)}
 
 
-# --------------------------------------------------------------------------- calibrating
-
-#: Grid of per-kernel overheads tried (seconds); the other constants are fitted per value.
-LAUNCH_GRID = (0.5e-6, 2e-6)
-
-
-def objective(preds: Sequence[Predictor], c: Constants) -> float:
-    """Mean over models of the mean absolute percentage error over their variants."""
-    per = []
-    for p in preds:
-        pr = p.predict(c)
-        per.append(statistics.fmean(abs(pr[n] - p.m.times[n]["median_s"])
-                                    / p.m.times[n]["median_s"] for n in pr))
-    return float(statistics.fmean(per))
-
-
-def _linear_start(preds: Sequence[Predictor], base: Constants) -> tuple[float, float, float]:
-    """``(compute_scale, C, D)`` from a least-squares fit of relative error that ignores
-    overlap: measured ~ k * compute makespan + C * bytes + D * operands (all >= 0)."""
-    import numpy as np
-    from scipy.optimize import nnls
-
-    rows, rhs = [], []
-    zero = dataclasses.replace(base, overlap=0.0, compute_scale=1.0, c_s_per_byte=0.0,
-                               d_s=0.0)
-    for p in preds:
-        graphs = p.graphs(base.kernel_launch_s, base.mem_s_per_byte)
-        for n, t in p.predict(zero).items():
-            _, comm, nbytes, ops = graphs[n]
-            meas = p.m.times[n]["median_s"]
-            rows.append([t / meas, nbytes[comm].sum() / meas, ops[0][comm].sum() / meas])
-            rhs.append(1.0)
-    a = np.asarray(rows)
-    scale = np.maximum(a.max(axis=0), 1e-30)
-    coef, _ = nnls(a / scale, np.asarray(rhs))
-    k, c, d = coef / scale
-    return (_clip("compute_scale", float(k)), _clip("c_s_per_byte", float(c)),
-            _clip("d_s", float(d)))
-
-
-#: Bounds of the fitted constants: compute_scale, C (s/B), D (s); phi is in [0, 1].
-BOUNDS = {"compute_scale": (0.5, 2.0), "c_s_per_byte": (1e-13, 1e-6), "d_s": (1e-7, 0.02)}
-
-
-def _clip(name: str, value: float) -> float:
-    lo, hi = BOUNDS[name]
-    return min(max(value, lo), hi)
-
-
-#: Constants a fit can free (besides ``kernel_launch_s``, taken from :data:`LAUNCH_GRID`).
-FREE_ALL = ("overlap", "compute_scale", "c_s_per_byte", "d_s")
-
-
-def _unpack(x: Sequence[float], base: Constants, free: Sequence[str]) -> Constants:
-    """Constants from the optimizer's vector (logit phi, log of the others, in ``free``'s
-    order), clipped to :data:`BOUNDS`; the constants not in ``free`` come from ``base``."""
-    import math
-
-    values = {}
-    for name, v in zip(free, x):
-        if name == "overlap":
-            values[name] = 1.0 / (1.0 + math.exp(-min(max(v, -30.0), 30.0)))
-        else:
-            values[name] = _clip(name, math.exp(min(v, 5.0)))
-    return dataclasses.replace(base, **values)
-
-
-def _start_vector(preds: Sequence[Predictor], base: Constants,
-                  free: Sequence[str]) -> list[float]:
-    """Optimizer start: phi 0.1, the rest from :func:`_linear_start` (free ones only)."""
-    import math
-
-    k, c, d = _linear_start(preds, base)
-    start = {"overlap": math.log(0.1 / 0.9), "compute_scale": math.log(k),
-             "c_s_per_byte": math.log(c), "d_s": math.log(d)}
-    return [start[name] for name in free]
-
-
-def fit_constants(preds: Sequence[Predictor], base: Constants,
-                  free: Sequence[str] = FREE_ALL,
-                  maxfev: int = 100) -> tuple[Constants, float]:
-    """Fits the constants named in ``free`` (Nelder-Mead on logit/log scales from a linear
-    start) for each per-kernel overhead of :data:`LAUNCH_GRID`; returns the best
-    constants and their objective."""
-    import numpy as np
-    from scipy.optimize import minimize
-
-    best: tuple[Constants, float] | None = None
-    for launch in LAUNCH_GRID:
-        start = dataclasses.replace(base, kernel_launch_s=launch)
-        x0 = np.array(_start_vector(preds, start, free))
-        steps = np.array([2.0 if name == "overlap" else 0.5 for name in free])
-        simplex = np.vstack([x0] + [x0 + np.eye(len(free))[i] * steps[i]
-                                    for i in range(len(free))])
-        res = minimize(lambda x, s=start: objective(preds, _unpack(x, s, free)), x0,
-                       method="Nelder-Mead",
-                       options={"maxfev": maxfev, "initial_simplex": simplex,
-                                "xatol": 1e-3, "fatol": 1e-5})
-        got = (_unpack(res.x, start, free), float(res.fun))
-        if best is None or got[1] < best[1]:
-            best = got
-    assert best is not None
-    return best
-
-
 # --------------------------------------------------------------------------- evaluating
 
-#: The simulator models compared: ``costs`` is :mod:`disco_jax.costs` (a combined, tuple-
+#: The simulator models compared: ``costs`` is :mod:`disco_jax.cost_model` (a combined, tuple-
 #: shaped all-reduce of XLA's plan pays the latency D once per operand);
 #: ``one_d_per_allreduce`` is the ablation that charges it once per all-reduce.
 SIM_MODELS = {"costs": True, "one_d_per_allreduce": False}
@@ -678,19 +562,19 @@ def evaluate_setup(setup: str, ms: Sequence[Measured], op_times: Sequence[Any],
     """Shipped, in-sample and leave-one-model-out errors of one setup for one simulator
     model; in-sample constants are fitted on every model, each held-out model's on the
     others."""
-    from estimator.allreduce import load_hardware
+    from estimator.hardware import load_hardware
 
     hw = load_hardware(setup)
     preds = [Predictor(m, hw, t, tuple_latency) for m, t in zip(ms, op_times)]
     shipped = Constants.from_hardware(hw)
     t0 = time.monotonic()
-    fitted, obj = fit_constants(preds, shipped, free)
+    fitted, obj = fit_constants([p.case() for p in preds], shipped, free)
     out: dict[str, Any] = {"shipped": _rows(preds, shipped),
                            "in_sample": _rows(preds, fitted) | {"objective": obj}}
     out["shipped"]["constants"] = shipped.to_json()
     out["in_sample"]["constants"] = fitted.to_json()
     if tuple(free) != FREE_ALL:  # diagnostic: every constant free
-        every, every_obj = fit_constants(preds, shipped, FREE_ALL)
+        every, every_obj = fit_constants([p.case() for p in preds], shipped, FREE_ALL)
         out["in_sample_all_free"] = {"constants": every.to_json(), "objective": every_obj,
                                      "overall": _rows(preds, every)["overall"]}
     if lomo and len(preds) > 2:
@@ -711,7 +595,7 @@ def _lomo(preds: Sequence[Predictor], base: Constants,
     rows, consts = {}, {}
     for i, held in enumerate(preds):
         train = [p for j, p in enumerate(preds) if j != i]
-        c, _ = fit_constants(train, base, free)
+        c, _ = fit_constants([p.case() for p in train], base, free)
         rows[held.m.model] = score(held.predict(c), held.m)
         consts[held.m.model] = c.to_json()
         log(f"  LOMO {held.m.setup} {held.m.model}: MAPE "
@@ -774,51 +658,55 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
 # --------------------------------------------------------------------------- hardware files
 
 
-def costs_table(c: Constants, sim_model: str, free: Sequence[str],
-                results: str = DEFAULT_OUT) -> str:
-    """The ``[costs]`` TOML block of calibrated constants, with where they come from
-    (``results``: the JSON that holds the errors)."""
-    ar = " / ".join(n for n in ("c_s_per_byte", "d_s") if n in free)
-    lines = [
-        f"# [costs] and [allreduce] {ar}: calibrated inside real training steps by",
-        f"# benchmarks/simulator_accuracy.py ({sim_model} simulator model, fitted on every",
-        f"# measured zoo model; {results} has the",
-        "# leave-one-model-out errors). The microbenchmark fit is kept as [allreduce]",
-        "# microbenchmark_c_s_per_byte / microbenchmark_d_s. Rerunning",
-        "# benchmarks/allreduce_fit.py --write-config rewrites this file without them.",
-        "[costs]",
-        f"overlap = {c.overlap!r}",
-        f"kernel_launch_s = {c.kernel_launch_s!r}",
-        f"mem_s_per_byte = {c.mem_s_per_byte!r}",
+def provenance(sim_model: str, results: str = DEFAULT_OUT) -> list[str]:
+    """The comment written above the calibrated ``[costs]`` table (see
+    :func:`disco_jax.calibrate.costs_table`): where the constants come from (``results``:
+    the JSON that holds the errors)."""
+    return [
+        "calibrated inside real training steps by",
+        f"benchmarks/simulator_accuracy.py ({sim_model} simulator model, fitted on every",
+        f"measured zoo model; {results} has the",
+        "leave-one-model-out errors). The microbenchmark fit is kept as [allreduce]",
+        "microbenchmark_c_s_per_byte / microbenchmark_d_s. Rerunning",
+        "benchmarks/allreduce_fit.py --write-config rewrites this file without them.",
     ]
-    if "compute_scale" in free:
-        lines.append(f"compute_scale = {c.compute_scale!r}")
-    return "\n".join(lines) + "\n"
 
 
 def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
                  directory: Path | None = None, results: str = DEFAULT_OUT) -> Path:
-    """Writes the calibrated constants into ``configs/hardware/<setup>.toml`` (atomically):
-    a ``[costs]`` table and the in-program AllReduce ``C``/``D`` (previous values kept as
-    ``microbenchmark_*`` keys)."""
-    import re
+    """Writes the calibrated constants into ``<directory>/<setup>.toml`` atomically: the
+    hardware file with a ``[costs]`` table and the in-program AllReduce ``C``/``D``
+    (previous values kept as ``microbenchmark_*`` keys), see
+    :func:`disco_jax.calibrate.calibrated_hardware_text`.
 
-    from estimator.allreduce import HARDWARE_DIR, load_hardware
+    Args:
+        setup: the setup (= hardware file name).
+        c: the calibrated constants.
+        sim_model: the simulator model they were fitted with (named in the comment).
+        free: the fitted constants' names.
+        directory: where to write (default: the folder of the hardware files shipped
+            with the package, :func:`estimator.hardware.shipped_hardware_dir`). The file
+            rewritten is ``<directory>/<setup>.toml`` if it exists, else the one
+            :func:`estimator.hardware.load_hardware` finds for ``setup``.
+        results: the results JSON named in the comment.
 
-    path = (directory or HARDWARE_DIR) / f"{setup}.toml"
-    hw = load_hardware(path)
-    ar = hw.raw["allreduce"]
-    text = path.read_text()
-    text = re.sub(r"(?ms)^# \[costs\] and \[allreduce\].*?(?=^\[costs\])", "", text)
-    text = re.sub(r"(?ms)^\[costs\]\n.*?(?=^\[|\Z)", "", text)
-    text = re.sub(r"(?m)^(microbenchmark_c_s_per_byte|microbenchmark_d_s) = .*\n", "", text)
-    micro_c = ar.get("microbenchmark_c_s_per_byte", ar["c_s_per_byte"])
-    micro_d = ar.get("microbenchmark_d_s", ar["d_s"])
-    block = (f"c_s_per_byte = {c.c_s_per_byte!r}\nd_s = {c.d_s!r}\n"
-             f"microbenchmark_c_s_per_byte = {micro_c!r}\nmicrobenchmark_d_s = {micro_d!r}\n")
-    text = re.sub(r"(?m)^c_s_per_byte = .*\nd_s = .*\n", block, text, count=1)
-    text = re.sub(r'(?m)^time_metric = "op"$', 'time_metric = "program"', text, count=1)
-    text = text.rstrip("\n") + "\n\n" + costs_table(c, sim_model, free, results)
+    Returns:
+        The written path.
+    """
+    from estimator.hardware import find_hardware, load_hardware
+
+    directory = Path(directory) if directory is not None else shipped_hardware_dir()
+    path = directory / f"{setup}.toml"
+    source = path if path.is_file() else find_hardware(setup)
+    hw = load_hardware(source)
+    text = calibrated_hardware_text(source.read_text(), hw.raw, c, free,
+                                    provenance(sim_model, results))
+    return _write_text(path, text)
+
+
+def _write_text(path: Path, text: str) -> Path:
+    """Writes ``text`` to ``path`` atomically (temporary file + ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -905,7 +793,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="comma-separated: default (the machine as it is), keep_awake "
                          "(one SCHED_IDLE busy loop per CPU during each job, so that idle "
                          "vCPUs do not halt) and/or pinned (each gloo process on a CPU of "
-                         "its own); see disco_jax._accuracy_worker")
+                         "its own); see benchmarks/accuracy_worker.py")
     ap.add_argument("--reuse", action="store_true",
                     help="analyse the stored raw measurements instead of measuring")
     ap.add_argument("--no-lomo", action="store_true", help="skip leave-one-model-out fits")
@@ -917,8 +805,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "which large messages determine; the zoo's tiny gradients do not)")
     ap.add_argument("--no-bench", action="store_true",
                     help="no standalone op timings (profile and analytic model only)")
-    ap.add_argument("--write-config", action="store_true",
-                    help="write the in-sample constants (costs model) into the hardware files")
+    ap.add_argument("--write-config", nargs="?", type=Path, const=shipped_hardware_dir(),
+                    default=None,
+                    metavar="DIR",
+                    help="write the in-sample constants (costs model) into DIR/<setup>.toml "
+                         "(without DIR: the hardware files shipped with the package, "
+                         "estimator/hardware_files in a checkout)")
     ap.add_argument("--trace-model", default="vgg", help="model whose traces are written")
     ap.add_argument("--trace-setup", default="gloo2", help="setup of the traces")
     ap.add_argument("--trace-variant", default="xla_default", help="variant of the traces")
@@ -1024,7 +916,7 @@ def _finish(result: dict[str, Any], raws: Sequence[Mapping[str, Any]], ms: Seque
             op_times: Mapping[tuple[str, str], Any], args: argparse.Namespace,
             primary: bool) -> None:
     """Diagnostics, traces and hardware files from the costs model's in-sample fit."""
-    from estimator.allreduce import load_hardware
+    from estimator.hardware import load_hardware
 
     for setup in args.setups:
         fitted = Constants(**result["evaluation"]["costs"][setup]["in_sample"]["constants"])
@@ -1036,8 +928,9 @@ def _finish(result: dict[str, Any], raws: Sequence[Mapping[str, Any]], ms: Seque
                 raw = next(r for r in raws if r["model"] == m.model)
                 for path in write_traces(raw, pred, fitted, args.out.parent, setup):
                     log(f"wrote {path}")
-        if primary and args.write_config:
-            path = write_config(setup, fitted, "costs", args.free, results=_shown(args.out))
+        if primary and args.write_config is not None:
+            path = write_config(setup, fitted, "costs", args.free, args.write_config,
+                                results=_shown(args.out))
             log(f"wrote {path}")
 
 

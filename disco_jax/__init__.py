@@ -1,31 +1,50 @@
 """DisCo for JAX: joint op fusion, duplicate fusion and AllReduce fusion of a
 data-parallel train step, chosen by a search costed by a simulator.
 
+The public API, re-exported here:
+
+* the cost model (:mod:`disco_jax.cost_model`): :class:`CostModel`, :class:`OpTimes`,
+  :class:`BackendConstants`, :class:`GraphCosts`;
+* plans to simulator graphs (:mod:`disco_jax.lower`): :func:`sim_graph`,
+  :func:`sim_graph_from_module`, :func:`simulate_plan`;
+* the simulator (:mod:`disco_jax.simulator`): :func:`simulate`, :class:`SimGraph`,
+  :class:`SimResult`;
+* the search (:mod:`disco_jax.search`): :func:`backtracking_search`,
+  :class:`SearchResult`;
+* the model zoo, :mod:`disco_jax.zoo` (imported on first use: it imports jax).
+
 Importing the package does not import jax.
 """
 
-from disco_jax.costs import (
-    BackendConstants,
-    BatchedFusedOpEstimator,
-    CostModel,
-    FallbackFusedEstimator,
-    FusedOpEstimator,
-    GraphCosts,
-    OpTimes,
-    sim_graph,
-    sim_graph_from_module,
-    simulate_plan,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from disco_jax.cost_model import BackendConstants, CostModel, GraphCosts, OpTimes
+from disco_jax.lower import sim_graph, sim_graph_from_module, simulate_plan
+from disco_jax.search import SearchResult, backtracking_search
+from disco_jax.simulator import SimGraph, SimResult, simulate
 
 __all__ = [
     "BackendConstants",
-    "BatchedFusedOpEstimator",
     "CostModel",
-    "FallbackFusedEstimator",
-    "FusedOpEstimator",
     "GraphCosts",
     "OpTimes",
+    "SearchResult",
+    "SimGraph",
+    "SimResult",
+    "backtracking_search",
     "sim_graph",
     "sim_graph_from_module",
+    "simulate",
     "simulate_plan",
+    "zoo",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``disco_jax.zoo`` on first use (it imports jax, flax and optax)."""
+    if name == "zoo":
+        return importlib.import_module("disco_jax.zoo")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,8 +8,9 @@ with the simulator. A candidate better than the best so far becomes the best; on
 empty, when the best has not improved for ``patience`` steps, or when the time budget is
 spent.
 
-This is the compact core; the full product (store, progress bars, incremental
-re-simulation, ``disco_jax.jit``) builds on it.
+This module holds the compact core of the search: :func:`backtracking_search` and its
+:class:`SearchResult`. The cost of a plan is any callable; the ``disco demo`` command
+passes :func:`disco_jax.lower.simulate_plan`'s iteration time.
 """
 
 from __future__ import annotations

@@ -67,9 +67,10 @@ without one finishes when ``phi * o + u == w``.
   and communication serialize.
 * In between, fit phi from one measurement of an AllReduce of time ``M`` that
   runs alongside independent compute of time ``C`` (with ``C >= phi * M``): the
-  model predicts ``T = M + C - phi * M``, so ``phi = (M + C - T) / M``. DESIGN.md's
-  numbers (M = 135 ms, C = 33 ms) give phi ~ 0 for XLA:CPU's default scheduler
-  (T = 170 ms) and phi ~ 0.07 with the concurrency-optimized one (T = 158 ms).
+  model predicts ``T = M + C - phi * M``, so ``phi = (M + C - T) / M``. One such
+  measurement on XLA:CPU (M = 135 ms, C = 33 ms) gave phi ~ 0 with its default
+  scheduler (T = 170 ms) and phi ~ 0.07 with the concurrency-optimized one
+  (T = 158 ms).
 
 Reported busy times follow the same model: ``compute_s`` is the time the compute
 stream is occupied, so ``compute_s == sum(compute durations) + (1 - phi) *

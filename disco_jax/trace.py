@@ -6,7 +6,9 @@ The output follows the Chrome trace event format (the JSON object form,
 microseconds, ``pid`` = device, ``tid`` 0 = compute stream, ``tid`` 1 =
 communication channel, plus metadata ("M") events naming the process and the
 two threads. Traces of several devices can be combined by concatenating their
-``traceEvents`` lists (give each a different ``pid``).
+``traceEvents`` lists (give each a different ``pid``). The thread ids are those of
+measured traces (:func:`estimator.profiler.measured_chrome_trace`), defined there and
+re-exported here.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from disco_jax.simulator import SimGraph, SimResult
+from estimator.profiler import COMM_TID, COMPUTE_TID
 
 __all__ = ["COMPUTE_TID", "COMM_TID", "to_chrome_trace", "write_trace"]
 
-COMPUTE_TID = 0
-COMM_TID = 1
 _US = 1e6  # microseconds per second
 
 

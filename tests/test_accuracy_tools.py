@@ -1,5 +1,6 @@
 """Tests of the simulator-accuracy tools: measured Chrome traces, the benchmark's statistics
-and crash bookkeeping, per-operand all-reduce latency, calibration, hardware-file writing."""
+and crash bookkeeping, per-operand all-reduce latency, calibration (disco_jax.calibrate),
+hardware-file writing. The benchmark and its worker are loaded from benchmarks/ by path."""
 
 from __future__ import annotations
 
@@ -15,27 +16,29 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_jax import _accuracy_worker as W
-from disco_jax.costs import BackendConstants, OpTimes
+from disco_jax import calibrate as CAL
+from disco_jax.cost_model import BackendConstants, OpTimes
 from disco_jax.simulator import SimGraph, simulate
 from disco_jax.trace import to_chrome_trace
 from estimator import op_bench as ob
-from estimator.allreduce import HARDWARE_DIR, load_hardware
+from estimator.hardware import load_hardware, shipped_hardware_dir
 from estimator.profiler import OpEvent, measured_chrome_trace
 from hlo_tools import plan as P
 
-_BENCH = Path(__file__).parents[1] / "benchmarks" / "simulator_accuracy.py"
+_BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("simulator_accuracy", _BENCH)
+def _load(name: str):
+    """A script of benchmarks/ as a module (registered, as dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["simulator_accuracy"] = module  # dataclasses look their module up
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-SA = _load_bench()
+SA = _load("simulator_accuracy")
+W = _load("accuracy_worker")
 
 SNIPPETS = pathlib.Path(__file__).parent / "fixtures" / "snippets"
 GRADS = (SNIPPETS / "grads_two_allreduces.hlo").read_text()  # shared with test_costs
@@ -195,7 +198,7 @@ def _measured(meas: dict[str, float] | None = None) -> SA.Measured:
 def test_per_operand_latency_of_combined_all_reduce() -> None:
     m = _measured()
     hw = load_hardware("gloo2")
-    c = SA.Constants(0.0, 1e-6, 1e-10, 1.0, 1e-9, 1e-3)
+    c = CAL.Constants(0.0, 1e-6, 1e-10, 1.0, 1e-9, 1e-3)
     as_is = SA.Predictor(m, hw, _op_times(GRADS, COMBINED)).predict(c)
     fixed = SA.Predictor(m, hw, _op_times(GRADS, COMBINED), tuple_latency=True).predict(c)
     compute = sum(TIMES.values())
@@ -208,7 +211,7 @@ def test_per_operand_latency_of_combined_all_reduce() -> None:
 
 
 def test_fit_recovers_the_constants_that_made_the_times() -> None:
-    truth = SA.Constants(0.0, 1e-6, 1e-10, 1.3, 2e-9, 3e-3)
+    truth = CAL.Constants(0.0, 1e-6, 1e-10, 1.3, 2e-9, 3e-3)
     ms = []
     for scale in (1.0, 2.0):  # two "models": the same program with slower ops
         times = OpTimes()
@@ -217,16 +220,69 @@ def test_fit_recovers_the_constants_that_made_the_times() -> None:
         probe = SA.Predictor(_measured(), load_hardware("gloo2"), times, True)
         m = _measured(probe.predict(truth))
         ms.append(SA.Predictor(m, load_hardware("gloo2"), times, True))
-    base = SA.Constants.from_hardware(load_hardware("gloo2"))
-    fitted, obj = SA.fit_constants(ms, base)
-    assert obj < 0.01
+    base = CAL.Constants.from_hardware(load_hardware("gloo2"))
+    fitted, obj = CAL.fit_constants([p.case() for p in ms], base)
+    assert obj < 0.01 and obj == CAL.objective([p.case() for p in ms], fitted)
     assert fitted.d_s == pytest.approx(3e-3, rel=0.05)
 
 
+def _synthetic_case(truth: CAL.Constants, shape: list[tuple[float, float, float]],
+                    noise: list[float]) -> CAL.FitCase:
+    """Variants of (compute s, channel bytes, latencies): compute and communication
+    overlap by phi; measured = truth's prediction times (1 + noise)."""
+    def predict(c: CAL.Constants) -> dict[str, float]:
+        out = {}
+        for k, (w, b, n) in enumerate(shape):
+            comp, comm = c.compute_scale * w, c.c_s_per_byte * b + c.d_s * n
+            out[f"v{k}"] = comp + comm - c.overlap * min(comp, comm)
+        return out
+
+    def comm_terms(c: CAL.Constants) -> dict[str, tuple[float, float]]:
+        return {f"v{k}": (b, n) for k, (_, b, n) in enumerate(shape)}
+
+    measured = {n: t * (1 + e) for (n, t), e in zip(predict(truth).items(), noise)}
+    return CAL.FitCase(measured, predict, comm_terms)
+
+
+def test_fit_constants_on_synthetic_data() -> None:
+    """The library fit alone (no simulator): overlap and D of made-up programs are found
+    again, the fitted objective is the reported one, and it beats the starting point."""
+    truth = CAL.Constants(0.3, 1e-6, 1e-10, 1.0, 1e-9, 2e-3)
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(3):
+        shape = [(float(rng.uniform(2e-3, 20e-3)), float(rng.uniform(1e5, 1e7)),
+                  float(rng.integers(1, 12))) for _ in range(8)]
+        cases.append(_synthetic_case(truth, shape, [0.0] * 8))
+    base = dataclasses.replace(truth, overlap=0.9, d_s=1e-4)
+    fit = CAL.fit_constants(cases, base, ("overlap", "d_s"), maxfev=200)
+    assert isinstance(fit, CAL.FitResult)
+    assert fit.objective == CAL.objective(cases, fit.constants) < 0.002
+    assert fit.objective < CAL.objective(cases, base)
+    assert fit.constants.d_s == pytest.approx(2e-3, rel=0.02)
+    assert fit.constants.overlap == pytest.approx(0.3, abs=0.02)
+    assert fit.constants.kernel_launch_s in CAL.LAUNCH_GRID
+    assert (fit.constants.compute_scale, fit.constants.c_s_per_byte) == (1.0, 1e-9)  # fixed
+    again = CAL.fit_constants(cases, base, ("overlap", "d_s"), maxfev=200)
+    assert again == fit  # deterministic
+    with pytest.raises(ValueError):
+        CAL.fit_constants(cases, base, ("mem_s_per_byte",))
+
+
+def test_linear_start_solves_an_exact_linear_system() -> None:
+    """Without overlap the measured times are linear in (compute scale, C, D): the
+    non-negative least-squares start recovers them."""
+    truth = CAL.Constants(0.0, 1e-6, 1e-10, 1.3, 2e-9, 3e-3)
+    shape = [(5e-3, 1e6, 2.0), (10e-3, 4e6, 1.0), (2e-3, 2e5, 8.0), (8e-3, 3e6, 4.0)]
+    case = _synthetic_case(truth, shape, [0.0] * 4)
+    k, c, d = CAL.linear_start([case], dataclasses.replace(truth, compute_scale=1.0))
+    assert (k, c, d) == pytest.approx((1.3, 2e-9, 3e-3), rel=1e-6)
+
+
 def test_write_config_round_trip(tmp_path: Path) -> None:
-    shutil.copy(HARDWARE_DIR / "gloo2.toml", tmp_path / "gloo2.toml")
+    shutil.copy(shipped_hardware_dir() / "gloo2.toml", tmp_path / "gloo2.toml")
     before = load_hardware(tmp_path / "gloo2.toml")
-    c = SA.Constants(0.25, 2e-6, 1e-10, 1.0, 3e-9, 3.5e-3)
+    c = CAL.Constants(0.25, 2e-6, 1e-10, 1.0, 3e-9, 3.5e-3)
     for _ in range(2):  # writing twice leaves one table and the first microbenchmark values
         path = SA.write_config("gloo2", c, "as_is", ("overlap", "d_s"), directory=tmp_path)
     text = path.read_text()
@@ -238,8 +294,16 @@ def test_write_config_round_trip(tmp_path: Path) -> None:
     assert hw.raw["allreduce"]["points"] == before.raw["allreduce"]["points"]
     consts = BackendConstants.from_hardware(hw)
     assert (consts.overlap, consts.kernel_launch_s, consts.compute_scale) == (0.25, 2e-6, 1.0)
-    assert dataclasses.replace(SA.Constants.from_hardware(hw), mem_s_per_byte=1e-10) == c
+    assert dataclasses.replace(CAL.Constants.from_hardware(hw), mem_s_per_byte=1e-10) == c
     json.dumps(c.to_json())
+    fresh = SA.write_config("gloo2", c, "as_is", ("overlap", "d_s"), tmp_path / "new")
+    assert fresh.read_text() == text  # from the shipped file when DIR has none
+
+
+def test_write_config_flag_takes_an_optional_directory(tmp_path: Path) -> None:
+    assert SA._parse_args(["--reuse"]).write_config is None
+    assert SA._parse_args(["--reuse", "--write-config"]).write_config == shipped_hardware_dir()
+    assert SA._parse_args(["--write-config", str(tmp_path)]).write_config == tmp_path
 
 
 def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
@@ -247,7 +311,7 @@ def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
     import subprocess
 
     code = ("import os, threading\n"
-            "from estimator.allreduce import pin_to_own_cpu\n"
+            "from estimator.gloo import pin_to_own_cpu\n"
             "cpu = pin_to_own_cpu(3)\n"
             "seen = []\n"
             "t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))\n"

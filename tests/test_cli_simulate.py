@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from disco_jax.cli import main
+from estimator.hardware import shipped_hardware_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "shard_map_mlp.post.hlo"
 KEYS = {"iteration_s", "compute_s", "comm_s", "overlap_s", "peak_bytes"}
@@ -47,7 +48,8 @@ def test_text_report_and_trace(tmp_path, capsys) -> None:
 
 
 def test_hardware_by_path_and_overlap(tmp_path, capsys) -> None:
-    toml = Path(__file__).parents[1] / "configs" / "hardware" / "gloo2-1gbit.toml"
+    toml = tmp_path / "mine.toml"  # a file outside the package, found by its path
+    toml.write_text((shipped_hardware_dir() / "gloo2-1gbit.toml").read_text())
     runs = {}
     for phi in ("0", "1"):
         code, out, err = _run(capsys, str(FIXTURE), "--no-bench", "--json", "--hardware",

@@ -1,6 +1,8 @@
 """Child processes of ``benchmarks/simulator_accuracy.py``.
 
-Run as ``python -m disco_jax._accuracy_worker {launch,run,screen}``.
+Run by path, with the repository on ``PYTHONPATH`` (the benchmark does both)::
+
+    python benchmarks/accuracy_worker.py {launch,run,screen} ...
 
 ``launch`` (run under ``unshare -n``): brings up the loopback of the private network
 namespace and starts a gloo job of ``run`` workers on a free 127.0.0.1 port, bounded in
@@ -14,7 +16,8 @@ variants interleaved. ``screen``: compiles one variant alone (one process, two h
 devices) to find out whether it aborts XLA:CPU. With ``keep_awake`` in the spec, ``launch``
 also runs one ``SCHED_IDLE`` busy loop per CPU for the job's lifetime (see
 :func:`_start_spinners`); with ``pin_cpus``, each ``run`` process is pinned to a CPU of
-its own (:func:`estimator.allreduce.pin_to_own_cpu`).
+its own (:func:`estimator.gloo.pin_to_own_cpu`). The network namespace, ``tc``, port
+and process helpers are those of :mod:`estimator.gloo`.
 
 Timing. Each sample is ``K`` back-to-back calls waited for at the end, divided by ``K``
 (``K`` per variant, agreed by the processes, so that a sample lasts about
@@ -58,9 +61,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from estimator.gloo import free_port, in_private_netns, set_loopback_rate, wait_all
 from hlo_tools.opcodes import is_collective
 
-__all__ = ["main", "build_variant", "plan_for", "plan_json"]
+__all__ = ["build_variant", "iteration_stats", "main", "plan_for", "plan_json"]
+
+#: This file, which ``launch`` starts again (as ``run``) for every process of a job.
+WORKER = Path(__file__).resolve()
 
 _BARRIER_MS = 600_000
 
@@ -133,37 +140,6 @@ def _model(spec: Mapping[str, Any]) -> tuple[Any, tuple[Any, ...], str, Any, Any
     text = hlo_tools.extract(jax_bridge.fresh_function(step), *args)
     module = hlo_tools.parse(text)
     return step, args, text, module, hlo_tools.device_graph(module)
-
-
-# --------------------------------------------------------------------------- coordination
-
-
-# --------------------------------------------------------------------------- network
-
-
-def _in_private_netns(parent_netns: str) -> bool:
-    try:
-        return bool(parent_netns) and os.readlink("/proc/self/ns/net") != parent_netns
-    except OSError:
-        return False
-
-
-def set_loopback_rate(rate: str, parent_netns: str) -> str:
-    """Limits ``lo`` to ``rate`` (``tbf``), or removes the limit (``rate == ""``).
-
-    Only inside a private network namespace (``unshare -n``). Returns ``tc qdisc show``.
-    """
-    if not _in_private_netns(parent_netns):
-        raise SystemExit("refusing to change lo outside a private network namespace")
-    if rate:
-        subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate,
-                        "burst", "1mb", "latency", "100ms"], check=True, timeout=10)
-    else:
-        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], check=False, timeout=10,
-                       capture_output=True)
-    out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], check=True, timeout=10,
-                         capture_output=True, text=True)
-    return out.stdout.strip()
 
 
 # --------------------------------------------------------------------------- compiling
@@ -313,7 +289,7 @@ def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: Any,
     """Traces ``n`` blocked calls; returns the program's instruction events."""
     import jax
 
-    from estimator.profiler import _module_name, find_trace_file, op_events, read_trace_events
+    from estimator.profiler import find_trace_file, module_name, op_events, read_trace_events
 
     tmp = tempfile.mkdtemp(prefix="disco_acc_trace_")
     try:
@@ -328,7 +304,7 @@ def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: Any,
         raw = read_trace_events(find_trace_file(tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return op_events(raw, _module_name(run.as_text()))
+    return op_events(raw, module_name(run.as_text()))
 
 
 def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, Any],
@@ -337,7 +313,7 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
     """Traced iterations of every variant: per-iteration stats, the no-fusion program's
     per-instruction profile (from ``spread``, the iterations traced between the timed
     rounds, when there are any), and (on request) one iteration's events."""
-    from estimator.profiler import _summarize, iteration_order
+    from estimator.profiler import iteration_order, summarize
 
     out: dict[str, Any] = {"stats": {}}
     n = int(spec["profile_iterations"])
@@ -347,7 +323,7 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
         out["stats"][name] = iteration_stats(events, _comm_names(text))
         if name == "no_fusion" and (spread or events):
             picked = list(spread) or events
-            prof = _summarize(picked[0].module, text, picked, [])
+            prof = summarize(picked[0].module, text, picked, [])
             out["program_profile"] = _profile_json(prof)
             out["program_profile_spread"] = bool(spread)
         if name == want_trace and events:
@@ -376,7 +352,7 @@ def _run(args: argparse.Namespace) -> None:
     pid, nproc = args.process_id, int(spec["num_processes"])
     tag = f"{spec['model']} p{pid}"
     if spec.get("pin_cpus"):
-        from estimator.allreduce import pin_to_own_cpu
+        from estimator.gloo import pin_to_own_cpu
 
         pin_to_own_cpu(pid)
     import jax
@@ -438,23 +414,15 @@ def _facts() -> dict[str, Any]:
 # --------------------------------------------------------------------------- launch
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(args: argparse.Namespace) -> None:
     """Starts the job's processes inside this (private) namespace and waits for them."""
-    if not _in_private_netns(args.parent_netns):
+    if not in_private_netns(args.parent_netns):
         raise SystemExit("launch must run in a private network namespace (unshare -n)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
     spec = json.loads(Path(args.spec).read_text())
-    port = _free_port()
+    port = free_port()
     outs = [Path(args.out_dir) / f"p{i}.json" for i in range(int(spec["num_processes"]))]
-    procs = [subprocess.Popen([sys.executable, "-m", "disco_jax._accuracy_worker", "run",
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "run",
                                "--spec", args.spec, "--out", str(o),
                                "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i),
                                "--parent-netns", args.parent_netns])
@@ -462,7 +430,7 @@ def _launch(args: argparse.Namespace) -> None:
     spinners = _start_spinners(args.timeout) if spec.get("keep_awake") else []
     try:
         deadline = time.monotonic() + args.timeout
-        rcs = _wait_all(procs, deadline, _first_failure_grace(procs))
+        rcs = wait_all(procs, deadline, _first_failure_grace(procs), grace_s=10.0)
     finally:
         for sp in spinners:
             sp.kill()
@@ -496,25 +464,6 @@ def _first_failure_grace(procs: Sequence[subprocess.Popen]) -> Callable[[], bool
     return lambda: any(p.poll() not in (None, 0) for p in procs)
 
 
-def _wait_all(procs: Sequence[subprocess.Popen], deadline: float,
-              failed: Callable[[], bool], grace_s: float = 10.0) -> list[int]:
-    """Waits for every process until ``deadline`` (or ``grace_s`` after a failure); then
-    kills the rest by pid."""
-    while any(p.poll() is None for p in procs):
-        now = time.monotonic()
-        if failed():
-            deadline = min(deadline, now + grace_s)
-        if now > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
-            break
-        time.sleep(0.2)
-    return [p.returncode for p in procs]
-
-
 # --------------------------------------------------------------------------- screen
 
 
@@ -533,7 +482,7 @@ def _screen(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m disco_jax._accuracy_worker")
+    ap = argparse.ArgumentParser(prog="python benchmarks/accuracy_worker.py")
     sub = ap.add_subparsers(dest="cmd", required=True)
     la = sub.add_parser("launch")
     la.add_argument("--spec", required=True)

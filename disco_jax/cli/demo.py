@@ -3,6 +3,9 @@
 Extract the step's HLO, time its single ops on this machine, search plans with the
 simulator as cost model, enact the best plan exactly, and print XLA's default against
 the optimized program — predicted and measured per-iteration time.
+
+This module holds the subcommand's parser (:func:`register`) and its run
+(:func:`run_demo`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ DEVICES = 4
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``demo`` subcommand."""
     parser = subparsers.add_parser(
         "demo", help="optimize a bundled zoo train step and compare with XLA's default",
         description=__doc__)
@@ -39,13 +43,15 @@ def _say(message: str) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Runs ``disco demo``; returns the exit code."""
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
     import jax
 
     import hlo_tools
-    from disco_jax import costs as C
     from disco_jax import zoo
     from disco_jax.cli import UserError
+    from disco_jax.cost_model import CostModel
+    from disco_jax.lower import sim_graph_from_module, simulate_plan
     from disco_jax.search import backtracking_search
     from disco_jax.simulator import simulate
     from hlo_tools import baselines
@@ -65,16 +71,16 @@ def run_demo(args: argparse.Namespace) -> int:
     _say(f"      {graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient AllReduces")
 
     _say("[2/5] timing single ops on this machine (cached after the first run)")
-    costs = C.CostModel.for_module(module, args.hardware, progress=True)
+    costs = CostModel.for_module(module, args.hardware, progress=True)
     default = baselines.compile_baseline(step, fargs, "xla_default")
     default_module = baselines.module_from_compiled(default)
-    predicted_default = simulate(C.sim_graph_from_module(default_module, costs),
+    predicted_default = simulate(sim_graph_from_module(default_module, costs),
                                  costs.overlap).iteration_s
 
     _say(f"[3/5] searching plans ({args.time_budget:.0f} s budget)")
     space = P.FusionSpace(graph)
     result = backtracking_search(
-        space, P.initial_plan(graph), lambda p: C.simulate_plan(graph, p, costs).iteration_s,
+        space, P.initial_plan(graph), lambda p: simulate_plan(graph, p, costs).iteration_s,
         time_budget_s=args.time_budget, seed=args.seed, progress=True)
     groups = result.plan.groups()
     fusions = sum(1 for ms in groups.values() if graph.opcodes[ms[0]] != "all-reduce")

@@ -1,12 +1,16 @@
 """``disco simulate FILE.hlo``: simulate one iteration of an HLO module as written.
 
 The per-device program of the module (the shard_map body of a pre-optimization module,
-else ENTRY) is costed by :func:`disco_jax.costs.sim_graph_from_module` and run through
+else ENTRY) is costed by :func:`disco_jax.lower.sim_graph_from_module` and run through
 the simulator: every instruction is a kernel, ``fusion`` instructions are *predicted*
 from their members (never timed as fusions), all-reduces use the hardware file's
 ``T = C * bytes + D``. Single ops are timed on this machine by
 :mod:`estimator.op_bench` (cached on disk; ``--no-bench`` uses only ``--profile`` and
 the analytic model).
+
+This module holds the subcommand's parser (:func:`register`), the reading and checking
+of its input (:func:`load_module`, hardware and profile files) and its run and report
+(:func:`run`).
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ def register(subparsers: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.hlo", help="HLO text (pre- or post-optimization)")
     p.add_argument("--hardware", default="inproc4", metavar="NAME|PATH",
-                   help="hardware file: a name in configs/hardware or a .toml path "
-                        "(default: inproc4)")
+                   help="hardware file: a name (the user's hardware directory, then the "
+                        "shipped files) or a .toml path (default: inproc4)")
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="measured op times (estimator.profiler.OpProfile JSON), used first")
     p.add_argument("--no-bench", action="store_true",
@@ -105,14 +109,17 @@ def load_module(path: str | os.PathLike) -> Any:
 
 
 def _hardware(spec: str) -> Any:
-    from estimator.allreduce import HARDWARE_DIR, load_hardware
+    """The hardware file ``spec`` names (:func:`estimator.hardware.load_hardware`).
+
+    Raises:
+        UserError: no such file (the message lists the known names), or an invalid one.
+    """
+    from estimator.hardware import HardwareError, load_hardware
 
     try:
         return load_hardware(spec)
-    except FileNotFoundError:
-        known = ", ".join(sorted(p.stem for p in HARDWARE_DIR.glob("*.toml")))
-        raise UserError(f"hardware {spec!r} not found (a .toml path or one of: {known})") \
-            from None
+    except HardwareError as err:
+        raise UserError(str(err)) from None
     except (KeyError, ValueError, TypeError) as err:
         raise UserError(f"hardware {spec!r}: invalid hardware file: {err}") from None
 
@@ -150,7 +157,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def _cost_model(module: Any, args: argparse.Namespace) -> Any:
     import dataclasses
 
-    from disco_jax.costs import CostModel
+    from disco_jax.cost_model import CostModel
 
     hardware = _hardware(args.hardware)
     profile = _profile(args.profile)
@@ -172,7 +179,7 @@ def _cost_model(module: Any, args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco simulate``; returns the exit code."""
-    from disco_jax.costs import sim_graph_from_module
+    from disco_jax.lower import sim_graph_from_module
     from disco_jax.simulator import full_overlap_bound, simulate
     from hlo_tools.graph import device_graph
 

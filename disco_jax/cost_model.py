@@ -1,0 +1,799 @@
+"""The cost model: what every node of a per-device graph costs on one backend.
+
+A :class:`CostModel` gathers everything needed to cost a plan on one backend:
+
+* **single-op times** (:class:`OpTimes`), by :class:`~estimator.profiler.OpKey`: from a
+  whole-program profile of the no-fusion program (the most faithful: measured in the real
+  program's context), then from standalone runs (:mod:`estimator.op_bench`, cached), then
+  the analytic model of :mod:`estimator.profiler` fitted on those measurements (flagged
+  *estimated*);
+* a **fused-op estimator** (:class:`estimator.interface.FusedOpEstimator`): the time of a
+  fusion group from its members; by default
+  :class:`estimator.interface.FallbackFusedEstimator` over this model's
+  :meth:`CostModel.node_costs`;
+* the **AllReduce model** ``T = C * bytes + D`` of a hardware file
+  (:func:`estimator.hardware.load_hardware`);
+* **backend constants** (:class:`BackendConstants`): the overlap phi of the simulator,
+  the per-kernel launch overhead, the per-byte memory cost and the compute scale (host
+  devices sharing the host's cores), from the hardware file's optional ``[costs]`` table
+  or per-backend defaults.
+
+Everything about a graph that no plan changes is computed once per graph in a
+:class:`GraphCosts` (node times, bytes, operand CSR, the fallback rule's
+:class:`~estimator.interface.NodeCosts`, and a cache of fused-op estimates by group).
+:mod:`disco_jax.lower` turns plans into simulator graphs with it.
+
+Times are seconds and sizes bytes throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from estimator import op_bench
+from estimator import profiler as pr
+from estimator.hardware import HardwareConfig, load_hardware
+from estimator.interface import (
+    FallbackFusedEstimator,
+    FusedOpEstimator,
+    NodeCosts,
+    split_times,
+)
+from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
+from hlo_tools.ir import HloComputation, HloInstruction, HloModule
+from hlo_tools.loops import known_trip_count
+from hlo_tools.opcodes import ASYNC_WRAPPER_OPCODES, READS_RESULT_SIZE_OPCODES
+from hlo_tools.plan import fusible_nodes, group_outputs
+
+__all__ = [
+    "BackendConstants",
+    "CostModel",
+    "GraphCosts",
+    "OpTimes",
+]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class _ByIdentity(Generic[_K, _V]):
+    """A cache keyed by an object's identity (and an optional hashable sub-key).
+
+    Each entry holds the object itself next to its value, so the object stays alive --
+    and its ``id`` cannot be given to another object -- while the entry exists; a
+    lookup also checks ``is``. With ``max_size`` the least recently used entries are
+    dropped beyond it.
+    """
+
+    def __init__(self, max_size: int | None = None):
+        self.max_size = max_size
+        self._entries: OrderedDict[tuple[int, Any], tuple[Any, _V]] = OrderedDict()
+
+    def get(self, obj: _K, sub: Any = None) -> _V | None:
+        """The value stored for ``(obj, sub)``, or None."""
+        key = (id(obj), sub)
+        hit = self._entries.get(key)
+        if hit is None or hit[0] is not obj:
+            return None
+        if self.max_size is not None:
+            self._entries.move_to_end(key)
+        return hit[1]
+
+    def put(self, obj: _K, value: _V, sub: Any = None) -> _V:
+        """Stores ``value`` for ``(obj, sub)``; returns it."""
+        self._entries[(id(obj), sub)] = (obj, value)
+        if self.max_size is not None:
+            self._entries.move_to_end((id(obj), sub))
+            while len(self._entries) > self.max_size:
+                self._entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Drops every entry."""
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# --------------------------------------------------------------------------- constants
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendConstants:
+    """Per-backend constants of the cost model.
+
+    Read from the optional ``[costs]`` table of a hardware file::
+
+        [costs]
+        overlap = 0.0             # phi of disco_jax.simulator, in [0, 1]
+        kernel_launch_s = 1e-6    # fixed cost of one kernel (thunk), seconds
+        mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
+        compute_scale = 2.0       # factor on every kernel time in the simulation
+
+    Attributes:
+        overlap: how fast computation progresses while an AllReduce is in flight (phi).
+        kernel_launch_s: fixed cost of one kernel, seconds; a fusion of k kernels saves
+            up to ``k - 1`` of them.
+        mem_s_per_byte: seconds per byte of memory traffic; prices the flat-buffer copies
+            of AllReduce buckets and caps the memory part of an op's measured time.
+        compute_scale: factor applied to every compute node of a simulated graph (>= 1
+            slows kernels down). Several host devices of one process share the host's
+            cores: with ``devices_per_process`` devices on ``host_cpus`` cores each
+            device gets at most ``host_cpus / devices_per_process`` of them, while op
+            times are measured with the host to themselves (profiles of a 4-device
+            program show the same per-op times as standalone runs: a descheduled device
+            shows up as gaps between its kernels, not in them). The default is
+            therefore ``max(1, devices_per_process / host_cpus)`` on CPU, 1 elsewhere.
+        source: where the values come from.
+    """
+
+    overlap: float
+    kernel_launch_s: float
+    mem_s_per_byte: float
+    source: str = "default"
+    compute_scale: float = 1.0
+
+    #: Defaults per platform family: ``(overlap, kernel_launch_s, mem_s_per_byte)``.
+    #: CPU: phi ~ 0 (with XLA:CPU's default scheduler an AllReduce of M = 135 ms next to
+    #: independent matmuls of C = 33 ms took 170 ms ~ M + C); ~1 us per thunk and
+    #: ~10 GB/s per core from op_bench runs (scalar ops take 0.9-1.1 us, a 4 MiB f32 add
+    #: ~1 ms for 12 MiB of traffic). GPU: NCCL streams overlap fully; ~5 us per kernel
+    #: launch; HBM-class bandwidth (not measured).
+    DEFAULTS = {
+        "cpu": (0.0, 1e-6, 1e-10),
+        "gpu": (1.0, 5e-6, 1.25e-12),
+    }
+
+    @classmethod
+    def for_backend(cls, backend: str) -> BackendConstants:
+        """The defaults of a jax platform (``cpu``, ``gpu``, ``cuda``, ``rocm``; the
+        family from :func:`hlo_tools.jax_bridge.platform_family`, which imports jax);
+        ``cpu`` for unknown platforms."""
+        from hlo_tools.jax_bridge import platform_family
+
+        key = platform_family(backend) or "cpu"
+        overlap, launch, mem = cls.DEFAULTS[key]
+        return cls(overlap, launch, mem, f"default:{key}")
+
+    @classmethod
+    def from_hardware(cls, hardware: HardwareConfig) -> BackendConstants:
+        """The hardware file's ``[costs]`` values over its backend's defaults.
+
+        Raises:
+            ValueError: a value out of range (overlap outside [0, 1], negative costs).
+        """
+        hw = hardware.hardware
+        base = cls.for_backend(str(hw.get("backend", "cpu")))
+        shared = 1.0
+        if base.source == "default:cpu" and int(hw.get("host_cpus", 0) or 0) > 0:
+            per_process = int(hw.get("devices_per_process", 1) or 1)
+            shared = max(1.0, per_process / int(hw["host_cpus"]))
+        table = hardware.raw.get("costs") or {}
+        out = cls(float(table.get("overlap", base.overlap)),
+                  float(table.get("kernel_launch_s", base.kernel_launch_s)),
+                  float(table.get("mem_s_per_byte", base.mem_s_per_byte)),
+                  f"{hardware.name}.toml [costs]" if table else base.source,
+                  float(table.get("compute_scale", shared)))
+        if (not 0.0 <= out.overlap <= 1.0 or out.kernel_launch_s < 0 or out.mem_s_per_byte < 0
+                or out.compute_scale <= 0):
+            raise ValueError(f"invalid [costs] in hardware {hardware.name!r}: {out}")
+        return out
+
+
+# --------------------------------------------------------------------------- op times
+
+
+class OpTimes:
+    """Single-op times by :class:`~estimator.profiler.OpKey`, with the analytic fallback.
+
+    Sources are added in priority order: the first time stored for a key wins. Times of
+    multi-op fusions are never stored (a fusion is always predicted from its members);
+    a profiled single-op fusion (XLA:CPU's ``wrapped_<op>``) counts as its op.
+    """
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.sources: dict[str, str] = {}
+        self._rows: list[tuple[str, float, float, float]] = []
+        self._wrapped: dict[str, float] = {}
+        self._fallback: pr.OpCostModel | None = None
+
+    def add(self, key: str, time_s: float, source: str, cls: str = "other",
+            nbytes: float = 0.0, flops: float = 0.0) -> bool:
+        """Stores a measured time unless the key has one; returns whether it was stored."""
+        if key in self.times or not math.isfinite(time_s) or time_s < 0:
+            return False
+        self.times[key] = float(time_s)
+        self.sources[key] = source
+        if time_s > 0:
+            self._rows.append((cls, float(nbytes), float(flops), float(time_s)))
+        self._fallback = None
+        return True
+
+    def add_timings(self, timings: Mapping[str, op_bench.OpTiming],
+                    source: str = "op_bench") -> int:
+        """Adds standalone timings (failed ones are skipped); returns how many were new."""
+        return sum(self.add(k, t.time_s, source, t.cls, t.bytes, t.flops)
+                   for k, t in timings.items() if t.ok)
+
+    def add_op_profile(self, profile: pr.OpProfile, source: str = "profile") -> int:
+        """Adds the records of a stored profile (``disco profile`` / ``OpProfile.save``).
+
+        Plain ops are stored by key; single-op fusions are matched later, when an op is
+        looked up, by the key its XLA:CPU wrapper fusion would have (multi-op fusions
+        can never match: their bodies differ from every wrapper's).
+        """
+        added = 0
+        for key, rec in profile.records.items():
+            if not rec.key.opcode.startswith("fusion"):
+                added += self.add(key, rec.time_s, source, rec.cls, rec.bytes, rec.flops)
+            elif key not in self._wrapped and rec.time_s > 0:
+                self._wrapped[key] = rec.time_s
+                self._rows.append((rec.cls, float(rec.bytes), float(rec.flops), rec.time_s))
+                added += 1
+        self._fallback = None
+        return added
+
+    def add_program_profile(self, profile: pr.ProgramProfile,
+                            original: HloModule | None = None, source: str = "profile") -> int:
+        """Adds the per-execution times of a whole-program profile, each keyed by the
+        single op it ran (multi-op fusions are skipped).
+
+        Args:
+            profile: a profile of a program compiled without fusion (``exact=True``).
+            original: the module that program was compiled from. Its instructions are
+                found through the ``op_name`` XLA records (see
+                :func:`estimator.profiler.map_to_original`), so ops XLA reshaped while
+                compiling (a 3-D dot run as a 2-D one, a transpose run as a copy) still
+                get their in-context time, keyed as in ``original``. Without it, or for
+                ops not found, the compiled op's own key is used.
+
+        Returns:
+            How many keys got a time.
+        """
+        import hlo_tools
+
+        compiled = hlo_tools.parse(profile.hlo_text)
+        view = op_bench.module_view(compiled)
+        by_key: dict[str, list[float]] = {}
+        infos: dict[str, pr.OpInfo] = {}
+        mapped = _map_single_ops(profile, view, original)
+        for key_info, one in mapped:
+            by_key.setdefault(key_info.key.encode(), []).append(one)
+            infos.setdefault(key_info.key.encode(), key_info)
+        for name, total in profile.times_s.items():
+            instr = view.instr.get(name)
+            inner = _single_op(compiled, instr) if instr is not None else None
+            if inner is None or op_bench.op_status(inner)[0] != "bench":
+                continue
+            info = pr.describe_instruction(view, inner)
+            if op_bench.is_library_fusion(instr):
+                info = op_bench.library_info(info)
+            one = total / max(profile.counts.get(name, 1.0), 1.0)
+            by_key.setdefault(info.key.encode(), []).append(one)
+            infos.setdefault(info.key.encode(), info)
+        added = 0
+        for key, times in by_key.items():
+            info = infos[key]
+            added += self.add(key, float(np.median(times)), source, info.cls, info.bytes,
+                              info.flops)
+        return added
+
+    def fallback_model(self) -> pr.OpCostModel:
+        """The analytic model fitted on every measured time (cached)."""
+        if self._fallback is None:
+            self._fallback = pr.OpCostModel.fit(self._rows)
+        return self._fallback
+
+    def estimate(self, view: Any, instr: HloInstruction, library: bool = False
+                 ) -> pr.OpEstimate:
+        """The time of one op: measured if any source has its key, else the fallback.
+
+        ``library``: the op runs inside a library fusion of XLA's plan; its time as the
+        library runs it (:func:`estimator.op_bench.library_key`) is used when known,
+        else the op's own time, as if it ran unwrapped.
+        """
+        info = pr.describe_instruction(view, instr)
+        if library:
+            key = op_bench.library_key(info.key).encode()
+            if key in self.times:
+                return pr.OpEstimate(self.times[key], False, self.sources[key])
+        key = info.key.encode()
+        t = self.times.get(key)
+        if t is not None:
+            return pr.OpEstimate(t, False, self.sources[key])
+        if self._wrapped:
+            t = self._wrapped.get(_wrapped_key(view, instr))
+            if t is not None:
+                return pr.OpEstimate(t, False, "profile")
+        return pr.OpEstimate(self.fallback_model().predict(info.cls, info.bytes, info.flops),
+                             True, f"model:{info.cls}")
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
+                    original: HloModule | None) -> list[tuple[pr.OpInfo, float]]:
+    """``(info of the original op, seconds per execution)`` for every op of ``original``
+    that ran as single-op kernels (times of several kernels of one op are summed).
+
+    Args:
+        profile: the profile.
+        compiled: :func:`estimator.op_bench.module_view` of the compiled module.
+        original: the module that was compiled (None: nothing is mapped).
+    """
+    if original is None:
+        return []
+    view = op_bench.module_view(original)
+    users: dict[str, list[str]] = {}
+    for _, instr in compiled.module.instructions():
+        for o in instr.operands:
+            users.setdefault(o, []).append(instr.name)
+    totals: dict[str, float] = {}
+    library: set[str] = set()
+    for name, total in profile.times_s.items():
+        target = _original_name(compiled, users, name)
+        if target not in view.instr:
+            continue
+        one = total / max(profile.counts.get(name, 1.0), 1.0)
+        totals[target] = totals.get(target, 0.0) + one
+        if op_bench.is_library_fusion(compiled.instr[name]):
+            library.add(target)
+    out = []
+    for target, one in totals.items():
+        instr = view.instr[target]
+        if op_bench.op_status(instr)[0] == "bench":
+            info = pr.describe_instruction(view, instr)
+            if target in library:
+                info = op_bench.library_info(info)
+            out.append((info, one))
+    return out
+
+
+def _original_name(compiled: Any, users: Mapping[str, list[str]], name: str) -> str | None:
+    """The original instruction a compiled single-op kernel came from (its ``op_name``).
+
+    A kernel without ``op_name`` that XLA split off an op (e.g. the ``reduce-window``
+    of a tree reduction) belongs to the op of its only user chain."""
+    for _ in range(8):
+        instr = compiled.instr.get(name)
+        inner = _single_op(compiled.module, instr) if instr is not None else None
+        if inner is None:
+            return None
+        if inner.op_name:
+            return inner.op_name.rsplit("/", 1)[-1]
+        if len(users.get(name, ())) != 1:
+            return None
+        name = users[name][0]
+    return None
+
+
+def _single_op(module: HloModule, instr: HloInstruction) -> HloInstruction | None:
+    """The op a compiled instruction runs: itself, or the only op of a wrapper fusion."""
+    if instr.opcode != "fusion":
+        return instr
+    comps = [module.computation(c) for c in instr.called_computations]
+    body = [i for c in comps for i in c.instructions if i.opcode != "parameter"]
+    if len(body) != 1 or body[0].opcode == "fusion":
+        return None
+    return body[0]
+
+
+def _wrapped_key(view: Any, instr: HloInstruction) -> str:
+    """The key XLA:CPU's ``fusion-wrapper`` gives the single-op fusion around ``instr``.
+
+    The wrapper's computation has one parameter per distinct operand followed by the op;
+    the fusion is ``kind=kLoop`` with the distinct operands.
+    """
+    Instr = HloInstruction
+    by_name = view.instr
+    distinct = list(dict.fromkeys(instr.operands))
+    params = [Instr(f"w.p{k}", "parameter", by_name[o].shape, payload=str(k))
+              for k, o in enumerate(distinct)]
+    rename = {o: p.name for o, p in zip(distinct, params)}
+    op = instr.copy(name="w.op", operands=[rename[o] for o in instr.operands])
+    body = HloComputation("w.body", [*params, op], "w.op")
+    outer = [Instr(o, "parameter", by_name[o].shape, payload=str(k))
+             for k, o in enumerate(distinct)]
+    fusion = Instr("w.fusion", "fusion", instr.shape, distinct,
+                   {"kind": "kLoop", "calls": "w.body"})
+    entry = HloComputation("w.entry", [*outer, fusion], "w.fusion", is_entry=True)
+    callees = [view.comps[c] for c in dict.fromkeys(_callees(view.comps, instr))]
+    wrapper = HloModule("w", {}, [*callees, body, entry])
+    return pr.describe_instruction(wrapper, fusion).key.encode()
+
+
+def _callees(comps: Mapping[str, HloComputation], instr: HloInstruction) -> Iterable[str]:
+    stack = list(instr.called_computations)
+    while stack:
+        name = stack.pop()
+        if name in comps:
+            yield name
+            stack.extend(n for i in comps[name].instructions for n in i.called_computations)
+
+
+# --------------------------------------------------------------------------- graph costs
+
+
+class GraphCosts:
+    """Everything about a graph's costs that no plan changes (computed once per graph).
+
+    Attributes:
+        graph: the graph.
+        time_s: ``[N]`` seconds of each node run as its own kernel: measured single-op
+            time, fused-op estimate of an as-written ``fusion``, summed body of control
+            flow, AllReduce model time of a collective; 0 for ops without a kernel.
+        estimated: ``[N]`` whether ``time_s`` came from the analytic model or a guess.
+        source: ``[N]`` where each time came from (``profile``, ``op_bench``,
+            ``model:<class>``, ``free``, ``allreduce``, ``fusion``, ``control``).
+        is_comm: ``[N]`` nodes that run on the communication channel.
+        out_bytes: ``[N]`` bytes of each node's output buffer (0: aliases or persistent).
+        write_bytes: ``[N]`` bytes each node writes when run alone.
+        traffic: ``[N]`` bytes each node reads and writes when run alone.
+        launch_s, mem_s, compute_s: ``[N]`` the split of ``time_s`` used by the fallback
+            rule (:func:`estimator.interface.split_times`).
+        nodes: the arrays above as the fallback rule reads them
+            (:class:`~estimator.interface.NodeCosts`).
+        persistent_bytes: parameters and constants (live for the whole iteration; a
+            constant fused into a group is part of the kernel instead).
+        constant_bytes: ``[N]`` bytes of each constant node (0 for other nodes).
+        op_ptr, op_idx: CSR of each node's distinct operands (``[N + 1]`` int64,
+            ``[E]`` int32); ``edge_dst``: ``[E]`` int32 reading node of each edge.
+        read_bytes: ``[E]`` bytes node reads through each operand edge.
+        fusible: ``[N]`` whether a node may join a fusion group (the plan package's
+            rule, computed on first use).
+        fused_cache: ``(members, copies[, outputs])`` -> ``(seconds, output bytes,
+            name)`` of the fusion groups costed so far.
+    """
+
+    def __init__(self, graph: DeviceGraph, costs: CostModel):
+        self.graph = graph
+        self.costs = costs
+        n = graph.num_nodes
+        self.n = n
+        ops = [tuple(dict.fromkeys(o)) for o in graph.operands]
+        self.op_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(o) for o in ops], out=self.op_ptr[1:])
+        self.op_idx = np.fromiter((o for os_ in ops for o in os_), dtype=np.int32,
+                                  count=int(self.op_ptr[-1]))
+        self.edge_dst = np.repeat(np.arange(n, dtype=np.int32), np.diff(self.op_ptr))
+        #: CSR of the edges that read each node: ``use_edge[use_ptr[p]:use_ptr[p + 1]]``
+        self.use_edge = np.argsort(self.op_idx, kind="stable")
+        self.use_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.op_idx, minlength=n), out=self.use_ptr[1:])
+        self.names_arr = np.array(graph.names, dtype=object)
+        self.slice_names = np.array([f"{name}.slice" for name in graph.names], dtype=object)
+        self.root = graph.root
+        self.distinct_operands = ops
+        self._measure(graph, costs)
+        self.launch_s, self.mem_s, self.compute_s = split_times(
+            self.time_s, self.traffic, costs.constants.kernel_launch_s,
+            costs.constants.mem_s_per_byte)
+        self.nodes = NodeCosts(self.launch_s, self.mem_s, self.compute_s, self.traffic,
+                               self.write_bytes, self.op_ptr, self.op_idx, self.read_bytes)
+        self.users = graph.users
+        #: (members, copies[, outputs]) -> (seconds, output bytes, name)
+        self.fused_cache: dict[tuple, tuple[float, int, str]] = {}
+
+    # -- static arrays
+
+    def _measure(self, graph: DeviceGraph, costs: CostModel) -> None:
+        n = self.n
+        instrs = graph.computation.instructions
+        self.time_s = np.zeros(n, dtype=np.float64)
+        self.estimated = np.zeros(n, dtype=np.bool_)
+        self.is_comm = np.zeros(n, dtype=np.bool_)
+        self.out_bytes = np.zeros(n, dtype=np.int64)
+        self.write_bytes = np.array([i.shape.byte_size() for i in instrs], dtype=np.int64)
+        self.source: list[str] = [""] * n
+        persistent = 0
+        for k, instr in enumerate(instrs):
+            t, est, src, comm, out = costs.node_cost(graph, k, instr)
+            self.time_s[k], self.estimated[k], self.source[k] = t, est, src
+            self.is_comm[k], self.out_bytes[k] = comm, out
+            if graph.kinds[k] in (NodeKind.PARAMETER, NodeKind.CONSTANT):
+                persistent += self.write_bytes[k]
+        self.persistent_bytes = int(persistent)
+        self.constant_bytes = np.where([k == NodeKind.CONSTANT for k in graph.kinds],
+                                       self.write_bytes, 0)
+        wb = self.write_bytes
+        reads = np.asarray(wb[self.op_idx], dtype=np.int64) if self.op_idx.size else \
+            np.zeros(0, dtype=np.int64)
+        for k in np.flatnonzero([op in READS_RESULT_SIZE_OPCODES for op in graph.opcodes]):
+            a, b = self.op_ptr[k], self.op_ptr[k + 1]
+            reads[a:b] = np.minimum(reads[a:b], wb[k])
+        free = np.array([s == "free" for s in self.source], dtype=np.bool_)
+        reads[free[self.edge_dst]] = 0
+        self.read_bytes = reads
+        self.traffic = np.where(free, 0, wb) + np.bincount(
+            self.edge_dst, weights=reads, minlength=n).astype(np.int64)
+
+    @functools.cached_property
+    def fusible(self) -> np.ndarray:
+        """``[N]`` bool: whether a node may join a fusion group -- the one rule of the plan
+        package (:func:`hlo_tools.plan.fusible_nodes`), computed on first use."""
+        return np.array(fusible_nodes(self.graph), dtype=np.bool_)
+
+    # -- fusion groups
+
+    def outputs(self, members: Sequence[int]) -> list[int]:
+        """Members read outside the group (or the root): the fused op's outputs
+        (:func:`hlo_tools.plan.group_outputs` without a plan)."""
+        return list(group_outputs(self.graph, None, members))
+
+    def fused(self, members: Sequence[int], copies: Sequence[int] = (),
+              outputs: Sequence[int] | None = None) -> tuple[float, int, str]:
+        """``(seconds, output bytes, name)`` of a fusion group, cached by group (and by
+        ``outputs`` when given, see :class:`~estimator.interface.FusedOpEstimator`)."""
+        key: tuple = (tuple(members), tuple(copies))
+        if outputs is not None:
+            key += (tuple(outputs),)
+        hit = self.fused_cache.get(key)
+        if hit is None:
+            if outputs is None:
+                t = self.costs.fused.predict(self.graph, list(members), list(copies))
+            else:
+                t = self.costs.fused.predict(self.graph, list(members), list(copies),
+                                             outputs=list(outputs))
+            hit = self._entry(key, float(t))
+        return hit
+
+    def _entry(self, key: tuple, t: float) -> tuple[float, int, str]:
+        members = key[0]
+        outs = self.outputs(members) if len(key) == 2 else key[2]
+        out = int(sum(self.write_bytes[m] for m in outs))
+        hit = (t, out, f"fusion({self.graph.names[members[-1]]})")
+        self.fused_cache[key] = hit
+        return hit
+
+    def prefetch(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+        """Predicts uncached groups in one batch when the estimator supports it."""
+        est = self.costs.fused
+        todo = [g for g in dict.fromkeys(groups) if g not in self.fused_cache]
+        if len(todo) < 2 or not hasattr(est, "predict_batch"):
+            return
+        times = est.predict_batch(self.graph, [(list(m), list(c)) for m, c in todo])
+        for key, t in zip(todo, times):
+            self._entry(key, float(t))
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of nodes per time source, and how many times are estimated."""
+        counts: dict[str, int] = {}
+        for s in self.source:
+            counts[s] = counts.get(s, 0) + 1
+        return {"sources": dict(sorted(counts.items())),
+                "estimated_nodes": int(self.estimated.sum())}
+
+
+# --------------------------------------------------------------------------- cost model
+
+
+class CostModel:
+    """Op times, fused-op estimator, AllReduce model and backend constants of one setup.
+
+    Args:
+        hardware: a loaded hardware file, or its name or path
+            (:func:`estimator.hardware.load_hardware`).
+        op_times: measured single-op times (empty: every op from the analytic model).
+        constants: backend constants (default: the hardware file's ``[costs]``).
+        fused: the fused-op estimator (default:
+            :class:`~estimator.interface.FallbackFusedEstimator` over this model).
+        allreduce: ``"linear"`` (``T = C * bytes + D``) or ``"measured"`` (interpolate
+            the file's measured points; linear beyond them).
+
+    Everything derived from a graph or module is cached by the object's identity; a cache
+    entry holds the object, so a later object can never be served another's entry.
+    """
+
+    #: How many graphs' :class:`GraphCosts` are kept (fused computations included).
+    MAX_GRAPHS = 4096
+
+    def __init__(self, hardware: HardwareConfig | str | os.PathLike = "inproc4", *,
+                 op_times: OpTimes | None = None, constants: BackendConstants | None = None,
+                 fused: FusedOpEstimator | None = None, allreduce: str = "linear"):
+        self.hardware = hardware if isinstance(hardware, HardwareConfig) else \
+            load_hardware(hardware)
+        self.op_times = op_times if op_times is not None else OpTimes()
+        self.constants = constants or BackendConstants.from_hardware(self.hardware)
+        self.fused: FusedOpEstimator = fused or FallbackFusedEstimator(self)
+        if allreduce not in ("linear", "measured"):
+            raise ValueError(f"allreduce must be 'linear' or 'measured', got {allreduce!r}")
+        measured = self.hardware.measured() if allreduce == "measured" else None
+        self._allreduce = measured or self.hardware.allreduce
+        self._graphs: _ByIdentity[DeviceGraph, GraphCosts] = _ByIdentity(self.MAX_GRAPHS)
+        self._views: _ByIdentity[HloModule, Any] = _ByIdentity()
+        self._libraries: _ByIdentity[HloModule, frozenset[str]] = _ByIdentity()
+        #: (module, computation name) -> (seconds, estimated)
+        self._comp_times: _ByIdentity[HloModule, tuple[float, bool]] = _ByIdentity()
+        #: (module, computation name) -> its graph
+        self._bodies: _ByIdentity[HloModule, DeviceGraph] = _ByIdentity()
+
+    @classmethod
+    def for_module(cls, module: HloModule, hardware: HardwareConfig | str = "inproc4", *,
+                   profile: pr.OpProfile | pr.ProgramProfile | None = None,
+                   profiled_module: HloModule | None = None, bench: bool = True,
+                   replicas: int = 1, progress: bool | None = None,
+                   **kwargs: Any) -> CostModel:
+        """A cost model whose op times cover ``module``'s ops.
+
+        Sources in priority order: ``profile`` (whole-program, in context), then
+        standalone timings of the module's single ops (``bench``; cached on disk, ops
+        never seen before are run on this machine), then the analytic model.
+
+        Args:
+            module: the module whose ops need times.
+            hardware: hardware file (object, name or path).
+            profile: a whole-program profile (``ProgramProfile``, best: the no-fusion
+                program) or a stored ``OpProfile``.
+            profiled_module: the module the profiled program was compiled from (maps a
+                ``ProgramProfile``'s kernels to its instructions by name; see
+                :meth:`OpTimes.add_program_profile`).
+            bench: time the module's single ops standalone (:mod:`estimator.op_bench`).
+            replicas: devices running each timed op at once.
+            progress: show op_bench's counter (default: when stderr is a terminal).
+            **kwargs: passed to :class:`CostModel`.
+        """
+        times = OpTimes()
+        if isinstance(profile, pr.ProgramProfile):
+            times.add_program_profile(profile, original=profiled_module)
+        elif profile is not None:
+            times.add_op_profile(profile)
+        if bench:
+            times.add_timings(op_bench.bench_ops(module, replicas=replicas, progress=progress))
+        return cls(hardware, op_times=times, **kwargs)
+
+    # -- constants
+
+    @property
+    def overlap(self) -> float:
+        """phi of the simulator for this backend."""
+        return self.constants.overlap
+
+    def allreduce_time(self, nbytes: float, buffers: Sequence[float] = ()) -> float:
+        """Seconds of one AllReduce of ``nbytes`` bytes per device.
+
+        ``buffers``: the byte sizes of the separate arrays of a variadic (tuple-shaped)
+        all-reduce, as XLA's combiner writes them; each pays its own latency, as
+        XLA:CPU's collectives reduce each buffer on its own (measured:
+        ``benchmarks/simulator_accuracy.py``). Our own buckets are one flat buffer.
+        """
+        model = self._allreduce
+        if len(buffers) <= 1:
+            return float(model.time(nbytes))
+        linear = getattr(model, "linear", model)  # MeasuredAllReduce keeps its fit
+        return linear.c_s_per_byte * float(nbytes) + sum(linear.latency(b) for b in buffers)
+
+    def copy_time(self, nbytes: float) -> float:
+        """Seconds of one copy kernel moving ``nbytes`` (read once, written once)."""
+        c = self.constants
+        return c.kernel_launch_s + 2.0 * c.mem_s_per_byte * float(nbytes)
+
+    def set_fused_estimator(self, estimator: FusedOpEstimator) -> None:
+        """Swaps in another fused-op estimator (e.g. the GNN) and drops cached costs."""
+        self.fused = estimator
+        self._graphs.clear()
+        self._comp_times.clear()
+
+    # -- per-graph costs
+
+    def graph_costs(self, graph: DeviceGraph) -> GraphCosts:
+        """The :class:`GraphCosts` of ``graph`` (built on first use; the
+        :attr:`MAX_GRAPHS` most recently used graphs, fused computations included, are
+        kept)."""
+        hit = self._graphs.get(graph)
+        if hit is None:
+            hit = self._graphs.put(graph, GraphCosts(graph, self))
+        return hit
+
+    def node_costs(self, graph: DeviceGraph) -> NodeCosts:
+        """The fallback rule's node arrays of ``graph`` (makes this model an
+        :class:`estimator.interface.NodeCostSource`)."""
+        return self.graph_costs(graph).nodes
+
+    def view(self, module: HloModule) -> Any:
+        """The op-key lookup tables of ``module`` (built once)."""
+        hit = self._views.get(module)
+        if hit is None:
+            hit = self._views.put(module, op_bench.module_view(module))
+        return hit
+
+    def _library_bodies(self, module: HloModule) -> frozenset[str]:
+        """Names of the fused computations of ``module``'s library fusions (cached)."""
+        hit = self._libraries.get(module)
+        if hit is None:
+            hit = self._libraries.put(module, op_bench.library_computations(module))
+        return hit
+
+    def node_cost(self, graph: DeviceGraph, k: int, instr: HloInstruction
+                  ) -> tuple[float, bool, str, bool, int]:
+        """``(seconds, estimated, source, is_comm, out_bytes)`` of node ``k`` run alone."""
+        kind, op = graph.kinds[k], instr.opcode
+        nbytes = instr.shape.byte_size()
+        if kind in (NodeKind.PARAMETER, NodeKind.CONSTANT):
+            return 0.0, False, "free", False, 0
+        if kind == NodeKind.COLLECTIVE:
+            if op.endswith("-done"):
+                return 0.0, False, "free", False, 0
+            est = not op.startswith("all-reduce")
+            buffers = [leaf.byte_size() for leaf in instr.shape.tuple_shapes]
+            return self.allreduce_time(nbytes, buffers), est, "allreduce", True, nbytes
+        if op == "fusion":  # multi-output fusions are classified as tuple plumbing
+            t, est = self._fusion_cost(graph.module, instr)
+            return t, est, "fusion", False, nbytes
+        if kind == NodeKind.CONTROL_FLOW:
+            t, est = self._control_cost(graph.module, graph.computation, instr)
+            return t, est, "control", False, nbytes
+        status, _ = op_bench.op_status(instr)
+        if status == "free":
+            return 0.0, False, "free", False, 0
+        library = graph.computation.name in self._library_bodies(graph.module)
+        e = self.op_times.estimate(self.view(graph.module), instr, library)
+        return e.time_s, e.estimated, e.source, False, nbytes
+
+    def _fusion_cost(self, module: HloModule, instr: HloInstruction) -> tuple[float, bool]:
+        """An as-written fusion: the fused-op estimator on its fused computation (the
+        ops of a library fusion at their library times, see :meth:`OpTimes.estimate`)."""
+        comp = module.computation(instr.called_computations[0])
+        body = self._body_graph(module, comp)
+        gc = self.graph_costs(body)
+        members = [i for i, kind in enumerate(body.kinds) if kind != NodeKind.PARAMETER]
+        t = gc.fused(members, ())[0]
+        return t, bool(gc.estimated[members].any())
+
+    def _body_graph(self, module: HloModule, comp: HloComputation) -> DeviceGraph:
+        """The graph of a called computation (built once; its costs are cached by graph)."""
+        hit = self._bodies.get(module, comp.name)
+        if hit is None:
+            hit = self._bodies.put(module, device_graph(module, comp), comp.name)
+        return hit
+
+    def computation_time(self, module: HloModule, comp: HloComputation) -> tuple[float, bool]:
+        """Seconds of running every instruction of ``comp`` one after the other."""
+        hit = self._comp_times.get(module, comp.name)
+        if hit is None:
+            gc = self.graph_costs(self._body_graph(module, comp))
+            hit = self._comp_times.put(
+                module, (float(gc.time_s.sum()), bool(gc.estimated.any())), comp.name)
+        return hit
+
+    def _control_cost(self, module: HloModule, comp: HloComputation, instr: HloInstruction
+                      ) -> tuple[float, bool]:
+        """while: trip count x (condition + body); conditional: slowest branch; call:
+        the callee. The trip count is XLA's (post-optimization ``known_trip_count``) or
+        read off a counted loop (:func:`hlo_tools.loops.known_trip_count`); an unknown
+        one counts once and is flagged as estimated."""
+        if instr.opcode in ASYNC_WRAPPER_OPCODES:
+            return 0.0, False
+        comps = [module.computation(c) for c in instr.called_computations]
+        times = [self.computation_time(module, c) for c in comps]
+        est = any(e for _, e in times)
+        if instr.opcode == "conditional":
+            return max((t for t, _ in times), default=0.0), est
+        total = sum(t for t, _ in times)
+        if instr.opcode == "while":
+            trips = known_trip_count(module, comp, instr)
+            return total * (1 if trips is None else trips), est or trips is None
+        return total, est
+
+    def describe(self) -> dict[str, Any]:
+        """The model's settings, for reports."""
+        c = self.constants
+        return {"hardware": self.hardware.name, "overlap": c.overlap,
+                "kernel_launch_s": c.kernel_launch_s, "mem_s_per_byte": c.mem_s_per_byte,
+                "compute_scale": c.compute_scale,
+                "constants_source": c.source, "measured_op_keys": len(self.op_times),
+                "fused_estimator": type(self.fused).__name__,
+                "allreduce": {"c_s_per_byte": self.hardware.allreduce.c_s_per_byte,
+                              "d_s": self.hardware.allreduce.d_s}}
+
+
