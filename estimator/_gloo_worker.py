@@ -4,9 +4,9 @@
 of a gloo job with ``--coordinator/--num-processes/--process-id``) and writes the points
 as JSON; with ``--probes`` also the in-program latency and overlap probes
 (:mod:`estimator.probes`). ``launch``: starts a gloo job of ``measure`` workers on a free
-127.0.0.1 port, optionally first limiting the loopback with ``tc`` (only allowed inside a private network
-namespace, i.e. under ``unshare -n``), bounds it in time and merges the results. The
-process and network helpers are those of :mod:`estimator.gloo`.
+127.0.0.1 port, optionally first limiting the loopback with ``tc`` (only allowed inside a
+private network namespace, i.e. under ``unshare -n``), bounds it in time and merges the
+results. The process and network helpers are those of :mod:`estimator.gloo`.
 """
 
 from __future__ import annotations
