@@ -693,7 +693,7 @@ def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
     Returns:
         The written path.
     """
-    from estimator.hardware import find_hardware, load_hardware
+    from estimator.hardware import find_hardware, load_hardware, write_hardware_text
 
     directory = Path(directory) if directory is not None else shipped_hardware_dir()
     path = directory / f"{setup}.toml"
@@ -701,16 +701,7 @@ def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
     hw = load_hardware(source)
     text = calibrated_hardware_text(source.read_text(), hw.raw, c, free,
                                     provenance(sim_model, results))
-    return _write_text(path, text)
-
-
-def _write_text(path: Path, text: str) -> Path:
-    """Writes ``text`` to ``path`` atomically (temporary file + ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return write_hardware_text(setup, text, directory)
 
 
 # --------------------------------------------------------------------------- report

@@ -25,12 +25,18 @@ import json
 import math
 import os
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from estimator.allreduce import AllReduceModel, MeasuredAllReduce
 from hlo_tools.dirs import config_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from estimator.allreduce import SetupResult
@@ -49,6 +55,7 @@ __all__ = [
     "user_hardware_dir",
     "validate",
     "write_hardware",
+    "write_hardware_text",
 ]
 
 #: Schema version of hardware files (the ``schema`` key).
@@ -239,11 +246,6 @@ def load_hardware(path_or_name: str | os.PathLike[str]) -> HardwareConfig:
         InvalidHardwareError: not TOML, or not a valid hardware file (a ``ValueError``);
             the message names the file.
     """
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
     path = find_hardware(path_or_name)
     try:
         with open(path, "rb") as f:
@@ -389,6 +391,30 @@ def _write_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_hardware_text(name: str, text: str,
+                        directory: str | os.PathLike[str] | None = None) -> Path:
+    """Validates a hardware file's text and writes it as ``<directory>/<name>.toml``
+    atomically (a file another tool made or rewrote, e.g. with fitted constants).
+
+    Args:
+        name: the setup name (the file name without ``.toml``).
+        text: the TOML text.
+        directory: where to write; :func:`user_hardware_dir` when None.
+
+    Raises:
+        InvalidHardwareError: the text is not a valid hardware file (nothing is written).
+    """
+    base = Path(directory) if directory is not None else user_hardware_dir()
+    path = base / f"{name}{_SUFFIX}"
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InvalidHardwareError(f"{path}: invalid hardware file: not TOML ({err})") from None
+    validate(raw, path)
+    _write_atomic(path, text)
+    return path
 
 
 def write_hardware(result: SetupResult,
