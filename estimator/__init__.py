@@ -18,6 +18,7 @@
 Importing this package does not import jax (workers set device flags before that).
 """
 
+from estimator import gloo
 from estimator.allreduce import (
     SETUPS,
     AllReduceFit,
@@ -28,7 +29,22 @@ from estimator.allreduce import (
     measure_psum,
     run_setup,
 )
-from estimator.hardware import HardwareConfig, available_hardware, load_hardware, write_hardware
+from estimator.hardware import (
+    HardwareConfig,
+    HardwareError,
+    available_hardware,
+    find_hardware,
+    load_hardware,
+    write_hardware,
+    write_hardware_text,
+)
+from estimator.interface import (
+    BatchedFusedOpEstimator,
+    FallbackFusedEstimator,
+    FusedOpEstimator,
+    NodeCosts,
+    fallback_fused_time,
+)
 from estimator.op_bench import (
     OpTimeCache,
     OpTiming,
@@ -36,6 +52,7 @@ from estimator.op_bench import (
     bench_module,
     bench_ops,
 )
+from estimator.probes import ProbeResult, measure_probes
 from estimator.profiler import (
     OP_CLASSES,
     OpCostModel,
@@ -58,8 +75,13 @@ __all__ = [
     "AllReduceFit",
     "AllReduceModel",
     "AllReducePoint",
+    "BatchedFusedOpEstimator",
+    "FallbackFusedEstimator",
+    "FusedOpEstimator",
     "HardwareConfig",
+    "HardwareError",
     "MeasuredAllReduce",
+    "NodeCosts",
     "OpCostModel",
     "OpEstimate",
     "OpInfo",
@@ -67,6 +89,7 @@ __all__ = [
     "OpProfile",
     "OpTimeCache",
     "OpTiming",
+    "ProbeResult",
     "ProgramProfile",
     "analyze_module",
     "available_hardware",
@@ -75,12 +98,17 @@ __all__ = [
     "bench_ops",
     "build_op_profile",
     "describe_instruction",
+    "fallback_fused_time",
+    "find_hardware",
     "fit_allreduce",
+    "gloo",
     "load_hardware",
     "map_to_original",
+    "measure_probes",
     "measure_psum",
     "profile_ops",
     "profile_program",
     "run_setup",
     "write_hardware",
+    "write_hardware_text",
 ]
