@@ -1,12 +1,17 @@
 """Materializes a :class:`~hlo_tools.plan.Plan` as HLO: fusions, copies and buckets.
 
 * A fusion group becomes one ``fusion`` instruction calling a new fused computation that
-  holds the group's members (and copies of duplicated producers). A group whose values
-  are read outside it in more than one place is a multi-output fusion: its root is a
-  tuple and ``get-tuple-element`` instructions named like the original members give
-  the other instructions the values they read, so users need no renaming.
-* An AllReduce bucket becomes one variadic ``all-reduce`` with a tuple result followed
-  by ``get-tuple-element`` instructions named like the original all-reduces.
+  holds the group's members (and copies of duplicated producers). Its outputs are the
+  members read outside the group (:func:`hlo_tools.plan.group_outputs`). A group with
+  several outputs is a multi-output fusion: its root is a tuple and ``get-tuple-element``
+  instructions named like the original members give the other instructions the values
+  they read, so users need no renaming.
+* An AllReduce bucket becomes one all-reduce over a flat buffer: each gradient is
+  reshaped to 1-D, the pieces are concatenated, one all-reduce sums the buffer, and
+  slices of the result, reshaped back and named like the original all-reduces, give the
+  users their values (see :func:`_bucket`).
+* Compute groups nobody reads any more (every reader holds its own copy) are left out
+  (:func:`hlo_tools.plan.dead_groups`).
 * The per-device computation is printed in the plan's schedule order.
 """
 
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
-from hlo_tools.plan import FusionSpace, Plan, dead_groups
+from hlo_tools.plan import FusionSpace, Plan, copy_readers, dead_groups, group_outputs
 
 __all__ = ["apply_plan", "fusion_kind"]
 
@@ -75,7 +80,7 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     copies: dict[int, list[int]] = {}
     for p, g in plan.dups:
         copies.setdefault(g, []).append(p)
-    readers = _outside_readers(graph, plan)
+    readers = copy_readers(graph, plan)
     done: set[int] = dead_groups(FusionSpace(graph), plan)
     new_instrs: list[HloInstruction] = []
     new_comps: list[HloComputation] = []
@@ -92,7 +97,7 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
         if graph.opcodes[ms[0]] == "all-reduce":
             new_instrs += _bucket(instrs, ms, names)
         else:
-            outputs = [m for m in ms if m in readers or m == graph.root]
+            outputs = list(group_outputs(graph, plan, ms, readers))
             fused, body = _fusion(out, instrs, ms, copies.get(gid, []), outputs, names,
                                   backend, graph)
             new_instrs += fused
@@ -101,19 +106,6 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     index = out.computations.index(comp)
     out.computations[index:index] = new_comps
     return out
-
-
-def _outside_readers(graph: DeviceGraph, plan: Plan) -> set[int]:
-    """Nodes whose value is read by some instruction outside the node's own group."""
-    group, dups = plan.group, plan.dups
-    readers = {
-        m for m in range(graph.num_nodes)
-        if any(group[u] != group[m] and (m, group[u]) not in dups for u in graph.users[m])
-    }
-    # A copy of a duplicated producer reads the producer's operands from its own group.
-    readers |= {o for p, g in dups for o in graph.operands[p]
-                if group[o] != g and (o, g) not in dups}
-    return readers
 
 
 def _bucket(instrs: list[HloInstruction], ms: list[int], names: _Names) -> list[HloInstruction]:

@@ -1,9 +1,18 @@
-"""Plans and moves on small inline HLO: legality with reasons, structure of apply_plan."""
+"""Plans and moves on small inline HLO: legality with reasons, structure of apply_plan.
+
+What the moves decide is recorded in ``tests/goldens/plan_walks.txt``: random walks on a
+few graphs (the inline MODULE, snippets, fixtures; see WALKS), one line per try of a move
+with the nodes it drew, its decision and, for the try that made the move, the group it
+made. ``test_walks_decide_as_recorded`` replays them with the C kernel and with the
+pure-Python moves and shows the first line that differs. After a deliberate change of
+what the moves decide, regenerate the file and read its diff::
+
+    python tests/test_plan.py --regen
+"""
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import pathlib
 import pickle
 import random
@@ -11,9 +20,12 @@ from array import array
 
 import pytest
 
-from hlo_tools import _plan_kernel, parse, to_text
+from hlo_tools import parse, to_text
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
+from hlo_tools.plan import draws, kernel, legality, merge, neighbours, reach, value
+from hlo_tools.plan import moves as moves_module
+from hlo_tools.plan import space as space_module
 from hlo_tools.rewrite import apply_plan
 from hlo_tools.verify import find_problems
 
@@ -235,60 +247,39 @@ def test_random_plan_is_deterministic(env):
     assert P.random_plan(module, 3, 10).key() == P.random_plan(module, 3, 10).key()
 
 
-# --------------------------------------- the optimized moves decide as the original did
-#
-# hlo_tools/plan.py was optimized (precomputed operand lists, a per-plan index of the
-# copies, merges that rewrite only their window, node-level reachability for buckets)
-# without changing what it decides. GOLDEN holds fingerprints recorded from the original
-# implementation (commit 9ea87e3): sha256 over random walks from many seeds (order, pos,
-# group and dups after every move, and the rng's state at the end) and over the answers
-# of the public functions on plans along the walks (legality of every pair of nodes with
-# the reason, the plans fuse/duplicate/combine make of the legal ones, members, operands,
-# users, dead groups, neighbours). Identical plans also mean identical random draws.
+# ------------------------------------------------------ golden walks: what the moves decide
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
-
-#: (configuration, seeds, moves, seeds whose plans are queried, every how many moves)
-GOLDEN = {
-    ("inline", 100, 30, 30, 5):
-        "15c81e57f5730c59b3c5689bd8551db43877c36617586b617dd52d7407189cbd",
-    ("inline-multi", 60, 30, 20, 5):
-        "e85a8d94b7d36ff151514676af914ef85bd67ec3cf372aad45f7eb77fdf52415",
-    ("shard_map", 100, 80, 6, 20):
-        "72a66b49d15ee2cdb00137f76a255952b6d9c54ec482feef017e8e8efe891d9f",
-    ("shard_map-multi", 40, 80, 3, 20):
-        "ba33a6dfdb762b6699c47f3c3d9f66518eb32946f92907b99761d06b0b9a94cb",
-    ("shard_map", 20, 300, 0, 1):
-        "2e05fc3abdc06aaac2917c3a197fc6deed3e9b6a230237d6a12dfd06f93ad68a",
-    # recorded from the original implementation with the compare rule added (eb3ee6a)
-    ("compare", 100, 30, 30, 5): "2903db1cf8b97c9e54dbba301df818e48613974bbcd096e7dd7da46f033322e4",
-}
-GOLDEN_PATHS = {
-    ("inline", 30, 30, 10, 5):
-        "4f0d84332de2f4b21ed96f1178ec1bf63c062ff4fba1a3c8c6cc3626835e8d01",
-    ("shard_map", 30, 80, 3, 20):
-        "c1bb0464be733dc55059fc510b049d6b332844c19591b61eac1871d938675c78",
-}
+GOLDEN_WALKS = pathlib.Path(__file__).parent / "goldens" / "plan_walks.txt"
 
 
-def _setup(name: str, P=P):
+def _setup(name: str, shared_reduce_operands: bool = True):
     """(module, graph, space) of a test configuration: the inline MODULE (all-reduces as
-    in ``env``) or the shard_map fixture, with multi-output fusion if ``-multi``."""
-    if name == "compare":  # compares next to copies: the rule of _compare_reads_copy
+    in ``env``), a snippet (``compare`` is compare_copy), or a fixture (``shard_map`` is
+    shard_map_mlp), with multi-output fusion if the name ends in ``-multi``.
+    ``shared_reduce_operands``, the space's flag, is True unless asked otherwise: that
+    leaves more to fuse than the default rules (which refuse a fused reduce operands that
+    have other users too)."""
+    base = name.removesuffix("-multi")
+    snippet = FIXTURES / "snippets" / f"{base}.hlo"
+    if base == "compare":  # compares next to copies: the rule of _compare_reads_copy
         module = parse((FIXTURES / "snippets" / "compare_copy.hlo").read_text())
-        return module, device_graph(module), P.FusionSpace(device_graph(module))
-    if name.startswith("inline"):
+        graph = device_graph(module)
+    elif snippet.exists():
+        module = parse(snippet.read_text())
+        graph = device_graph(module)
+    elif base == "inline":
         module = parse(MODULE)
         graph = device_graph(module)
         graph = graph._replace(gradient_allreduces=tuple(
             i for i, op in enumerate(graph.opcodes)
             if op == "all-reduce" and graph.names[i] != "arloss"))
     else:
-        module = parse((FIXTURES / "shard_map_mlp.pre.hlo").read_text())
+        fixture = "shard_map_mlp" if base == "shard_map" else base
+        module = parse((FIXTURES / f"{fixture}.pre.hlo").read_text())
         graph = device_graph(module)
-    # The golden answers were recorded before the shared-reduce-operand rule existed.
     return module, graph, P.FusionSpace(graph, multi_output=name.endswith("-multi"),
-                                        shared_reduce_operands=True)
+                                        shared_reduce_operands=shared_reduce_operands)
 
 
 def _plan_bytes(plan) -> bytes:
@@ -296,45 +287,81 @@ def _plan_bytes(plan) -> bytes:
             + repr(sorted(plan.dups)).encode())
 
 
-def _answers(P, space, plan) -> bytes:
-    """What the public functions say about ``plan``, for all groups and pairs of nodes."""
-    out = [repr(plan.key()[0]), repr(sorted(plan.key()[1])), repr(plan.num_groups),
-           repr(sorted(plan.groups().items())), repr(sorted(P.dead_groups(space, plan)))]
-    for g in sorted({plan.group[i] for i in range(space.n)}):
-        out.append(repr((P.members(plan, g), P.group_operands(space, plan, g),
-                         sorted(P.group_users(space, plan, g)))))
-    out += [repr(P.allreduce_neighbours(space, plan, a)) for a in space.allreduces]
-    moves = ((P.can_fuse, P.fuse), (P.can_duplicate, P.duplicate),
-             (P.can_combine, P.combine))
-    for x in range(space.n):
-        for y in range(space.n):
-            for check, move in moves:
-                decision = check(space, plan, x, y)
-                out.append(f"{int(bool(decision))}{decision.reason}")
-                if decision:
-                    out.append(_plan_bytes(move(space, plan, x, y)).hex())
-    return "\n".join(out).encode()
+#: The walks recorded in GOLDEN_WALKS: (configuration of _setup, seeds, moves per walk,
+#: weights of the three kinds of move). Their spaces have the default rules.
+WALKS = (
+    ("inline", 2, 20, (0.5, 0.4, 0.1)),
+    ("inline-multi", 2, 20, (0.6, 0.15, 0.25)),
+    ("compare", 2, 20, (0.4, 0.6, 0.0)),
+    ("grad_mlp", 1, 20, (0.5, 0.3, 0.2)),
+    ("grads_two_allreduces", 1, 10, (0.5, 0.2, 0.3)),
+    ("shard_map", 2, 40, (0.6, 0.15, 0.25)),
+    ("shard_map", 1, 40, (0.3, 0.5, 0.2)),
+    ("shard_map-multi", 1, 40, (0.6, 0.15, 0.25)),
+)
+
+#: Short names of the decisions in GOLDEN_WALKS (its header lists their reasons).
+LABELS = {
+    legality.LEGAL: "legal",
+    legality._NO_PRODUCER: "no producer",
+    legality._NEEDS_MULTI_OUTPUT: "multi-output",
+    legality._CYCLE: "cycle",
+    legality._LAYOUT_UNSAFE: "layout",
+    legality._COMPARES_COPY: "compare",
+    legality._FUSED_PRODUCER: "fused producer",
+    legality._NO_OTHER_USERS: "no other users",
+    legality._EXPOSES_MEMBER: "exposes member",
+    legality._NO_NEIGHBOUR: "no neighbour",
+    legality._KEYS_DIFFER: "keys differ",
+    legality._BUCKET_CYCLE: "bucket cycle",
+    legality._NOTHING_TO_DRAW: "nothing to draw",
+}
 
 
-def fingerprint(P, name: str, seeds: int, moves: int, answer_seeds: int = 0,
-                answer_every: int = 1) -> str:
-    """sha256 over walks of ``moves`` moves from each of ``seeds`` seeds (mixed moves and
-    each kind alone) and, every ``answer_every`` mixed moves of the first ``answer_seeds``
-    seeds, over the answers of the public functions (see GOLDEN)."""
-    _, graph, space = _setup(name, P)
-    h = hashlib.sha256()
-    kinds = [lambda s, p, r: P.random_moves(s, p, r, 1), *P.MOVES]
-    for seed in range(seeds):
-        for k, move in enumerate(kinds):
-            rng = random.Random(seed * 10 + k)
-            plan = P.initial_plan(graph)
+def _group_text(graph, plan, gid: int) -> str:
+    """A group as ``{members in schedule order | copies: producers}``."""
+    names = graph.names
+    text = ", ".join(names[m] for m in P.members(plan, gid))
+    copies = sorted(p for p, g in plan.dups if g == gid)
+    if copies:
+        text += " | copies: " + ", ".join(names[p] for p in copies)
+    return "{" + text + "}"
+
+
+def _try_text(graph, step: int, t, after) -> str:
+    """One line of GOLDEN_WALKS: a try of move ``step`` and its decision (for the try that
+    made the move, the group it made in ``after``)."""
+    names = [graph.names[i] for i in t.drawn]
+    drawn = " <- ".join(names) if t.move != "allreduce" else " + ".join(names)
+    line = f"{step:3} {t.move:9} {drawn or '-'}: {LABELS.get(t.decision, t.decision.reason)}"
+    if t.decision:
+        line += " -> " + _group_text(graph, after, after.group[t.drawn[0]])
+    return line
+
+
+def golden_walks() -> list[str]:
+    """The lines of GOLDEN_WALKS, made by the moves as they are."""
+    width = max(len(label) for label in LABELS.values())
+    lines = [
+        "# Golden walks of the plan moves (tests/test_plan.py, test_walks_decide_as_recorded).",
+        "# One line per try of a move: the move's index in its walk, its kind, the nodes",
+        "# drawn (consumer <- producer, or all-reduce + neighbour) and the decision; a legal",
+        "# try made the move: the group it made follows ({members | copies: producers}).",
+        "# Regenerate after a deliberate change (and read the diff):",
+        "#     python tests/test_plan.py --regen",
+        "# Decisions:",
+        *(f"#   {label:{width}}  {decision.reason}" for decision, label in LABELS.items()),
+    ]
+    for name, seeds, moves, weights in WALKS:
+        _, graph, space = _setup(name, shared_reduce_operands=False)
+        for seed in range(seeds):
+            lines.append(f"== {name} seed {seed}: {moves} moves, weights {weights}")
+            rng, plan = random.Random(seed), P.initial_plan(graph)
             for step in range(moves):
-                plan = move(space, plan, rng)
-                h.update(_plan_bytes(plan))
-                if k == 0 and seed < answer_seeds and step % answer_every == answer_every - 1:
-                    h.update(_answers(P, space, plan))
-            h.update(repr(rng.random()).encode())
-    return h.hexdigest()
+                tries: list = []
+                plan = P.random_moves(space, plan, rng, 1, weights, trace=tries)
+                lines += [_try_text(graph, step, t, plan) for t in tries]
+    return lines
 
 
 @pytest.fixture(params=["c", "python"])
@@ -342,30 +369,141 @@ def backend(request, monkeypatch):
     """Runs a test with the C kernel of the moves (skipped where it cannot be built) and
     with the pure-Python moves."""
     if request.param == "python":
-        monkeypatch.setattr(_plan_kernel, "load", lambda: None)
-    elif _plan_kernel.load() is None:
+        monkeypatch.setattr(kernel, "load", lambda: None)
+    elif kernel.load() is None:
         pytest.skip("the C kernel of the moves cannot be built here")
     return request.param
 
 
-@pytest.mark.parametrize("config", sorted(GOLDEN))
-def test_moves_decide_as_before(config, backend):
-    assert fingerprint(P, *config) == GOLDEN[config]
+def test_walks_decide_as_recorded(backend):
+    """Every try of the golden walks decides as recorded, with each backend (a change shows
+    the first line that differs; see the module doc to regenerate)."""
+    want = GOLDEN_WALKS.read_text().splitlines()
+    got = golden_walks()
+    if got == want:
+        return
+    k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    section = next((line for line in reversed(want[:k]) if line.startswith("==")), "")
+    context = "\n".join(f"    {line}" for line in want[max(0, k - 4):k])
+    pytest.fail(f"{GOLDEN_WALKS.name} line {k + 1} ({section}):\n{context}\n"
+                f"  - {want[k] if k < len(want) else '<end of file>'}\n"
+                f"  + {got[k] if k < len(got) else '<end of walks>'}\n"
+                f"({backend} backend; regenerate with python tests/test_plan.py --regen)")
 
 
-@pytest.mark.parametrize("config", sorted(GOLDEN_PATHS))
+def _check_try(space, before, after, t) -> None:
+    """A try decided as legality does (and the move made what the public function makes)."""
+    if t.decision is legality._NOTHING_TO_DRAW:
+        assert not t.drawn and after is before
+        return
+    group = before.group
+    if len(t.drawn) == 1:
+        (x,) = t.drawn
+        if t.move == "allreduce":
+            assert t.decision is legality._NO_NEIGHBOUR
+            assert all(group[b] == group[x] for b in P.allreduce_neighbours(space, before, x))
+        else:
+            assert t.decision is legality._NO_PRODUCER
+            assert not any(space.fusible[o] for o in P.group_operands(space, before, group[x]))
+        return
+    x, y = t.drawn
+    check, move, pair = {"op_fusion": (P.can_fuse, P.fuse, (y, x)),
+                         "duplicate": (P.can_duplicate, P.duplicate, (y, x)),
+                         "allreduce": (P.can_combine, P.combine, (x, y))}[t.move]
+    assert check(space, before, *pair) == t.decision, (t, check(space, before, *pair))
+    if t.decision:
+        assert _plan_bytes(move(space, before, *pair)) == _plan_bytes(after)
+
+
+@pytest.mark.parametrize("name", ["inline", "inline-multi", "compare", "grads_two_allreduces",
+                                  *sorted(p.name.removesuffix(".pre.hlo")
+                                          for p in FIXTURES.glob("*.pre.hlo"))])
+def test_moves_decide_as_legality_does(name, backend):
+    """Each try of a move decides what can_fuse / can_duplicate / can_combine decide on the
+    nodes it drew (legality has one home), a move ends at its legal try, and the plan it
+    makes is the one fuse / duplicate / combine make of that pair."""
+    _, graph, space = _setup(name, shared_reduce_operands=False)
+    for seed in range(8):
+        rng, plan = random.Random(seed), P.initial_plan(graph)
+        for _ in range(40):
+            tries: list = []
+            after = P.random_moves(space, plan, rng, 1, (0.5, 0.3, 0.2), trace=tries)
+            assert tries and all(not t.decision for t in tries[:-1])
+            assert bool(tries[-1].decision) == (after is not plan)
+            for t in tries:
+                _check_try(space, plan, after, t)
+            plan = after
+
+
+def test_trace_changes_nothing(backend):
+    """A walk makes the same plans and draws with and without a trace."""
+    _, graph, space = _setup("shard_map")
+    for seed in range(5):
+        a, b = random.Random(seed), random.Random(seed)
+        plan = traced = P.initial_plan(graph)
+        for _ in range(30):
+            plan = P.random_moves(space, plan, a, 1)
+            traced = P.random_moves(space, traced, b, 1, trace=[])
+            assert _plan_bytes(plan) == _plan_bytes(traced)
+        assert a.getstate() == b.getstate()
+
+
+def _answers(space, plan) -> list:
+    """What the public functions say about ``plan``, for all groups and pairs of nodes."""
+    out = [plan.key(), plan.num_groups, sorted(plan.groups().items()),
+           sorted(P.dead_groups(space, plan))]
+    for g in sorted({plan.group[i] for i in range(space.n)}):
+        out.append((P.members(plan, g), P.group_operands(space, plan, g),
+                    sorted(P.group_users(space, plan, g))))
+    out += [P.allreduce_neighbours(space, plan, a) for a in space.allreduces]
+    moves = ((P.can_fuse, P.fuse), (P.can_duplicate, P.duplicate),
+             (P.can_combine, P.combine))
+    for x in range(space.n):
+        for y in range(space.n):
+            for check, move in moves:
+                decision = check(space, plan, x, y)
+                out.append(decision)
+                if decision:
+                    out.append(_plan_bytes(move(space, plan, x, y)))
+    return out
+
+
+def _walks(name: str, seeds: int, moves: int, answer_seeds: int, answer_every: int) -> list:
+    """The plans of walks of ``moves`` moves from each of ``seeds`` seeds (mixed moves and
+    each kind alone), the rng states at their ends and, every ``answer_every`` mixed moves
+    of the first ``answer_seeds`` seeds, the answers of the public functions."""
+    _, graph, space = _setup(name)
+    out: list = []
+    kinds = [lambda s, p, r: P.random_moves(s, p, r, 1), *P.MOVES]
+    for seed in range(seeds):
+        for k, move in enumerate(kinds):
+            rng = random.Random(seed * 10 + k)
+            plan = P.initial_plan(graph)
+            for step in range(moves):
+                plan = move(space, plan, rng)
+                out.append(_plan_bytes(plan))
+                if k == 0 and seed < answer_seeds and step % answer_every == answer_every - 1:
+                    out.append(_answers(space, plan))
+            out.append(rng.getstate())
+    return out
+
+
+@pytest.mark.parametrize("config", [("inline", 30, 30, 10, 5), ("shard_map", 30, 80, 3, 20),
+                                    ("inline-multi", 20, 30, 5, 5)])
 @pytest.mark.parametrize("path", ["numpy", "walk"])
-def test_every_path_of_a_merge_decides_as_before(config, path, backend, monkeypatch):
+def test_every_path_of_a_merge_decides_the_same(config, path, backend, monkeypatch):
     """The numpy paths of merges (forced on even for tiny windows) and the walk of the
     window that finds the groups a bucket reaches (instead of the graph's descendants)
-    make the same plans."""
+    make the same plans, draws and answers as the default paths."""
+    want = _walks(*config)
     if path == "numpy":
-        for name in ("_NUMPY_WINDOW", "_NUMPY_GROUPS", "_PYTHON_PARTITION",
-                     "_NUMPY_DESCENDANTS"):
-            monkeypatch.setattr(P, name, 0)
+        for name in ("_NUMPY_WINDOW", "_NUMPY_GROUPS", "_PYTHON_PARTITION"):
+            monkeypatch.setattr(merge, name, 0)
+        monkeypatch.setattr(reach, "_NUMPY_DESCENDANTS", 0)
     else:
-        monkeypatch.setattr(P, "_single_output", lambda plan: False)
-    assert fingerprint(P, *config) == GOLDEN_PATHS[config]
+        for module in (legality, merge, kernel, moves_module):
+            monkeypatch.setattr(module, "_single_output", lambda plan: False)
+    assert _walks(*config) == want
 
 
 @pytest.mark.parametrize("name", ["inline", "inline-multi", "shard_map", "shard_map-multi"])
@@ -424,7 +562,7 @@ class _OwnRandom(random.Random):
 def test_chooser_draws_like_choice(cls):
     seqs = [tuple(range(n)) for n in (1, 2, 3, 5, 8, 13, 136, 1000, 5412)]
     a, b = cls(7), cls(7)
-    choice = P._chooser(a)
+    choice = draws._chooser(a)
     for k in range(2000):
         seq = seqs[k % len(seqs)]
         assert choice(seq) == b.choice(seq)
@@ -450,13 +588,13 @@ def test_random_moves_draws_like_choices(env, weights):
 
 def test_derived_facts_match_fresh_ones(backend):
     """Spans (found by galloping), the all-reduce state merges keep and the copy index
-    built on demand equal what is computed from scratch."""
+    the moves keep (or build on demand) equal what is computed from scratch."""
     _, graph, space = _setup("shard_map")
-    tables = P._ar(space)
+    tables = space_module._ar(space)
     for seed in range(6):
         rng = random.Random(seed)
         plan = P.initial_plan(graph)
-        P._ar_state(plan, tables)
+        neighbours._ar_state(plan, tables)
         for _ in range(40):
             plan = P.random_moves(space, plan, rng, 3)
             order, group = plan.order, plan.group
@@ -466,19 +604,15 @@ def test_derived_facts_match_fresh_ones(backend):
                     s -= 1
                 while e < len(order) and group[order[e]] == g:
                     e += 1
-                assert P._span(plan, g) == (s, e)
+                assert value._span(plan, g) == (s, e)
             fresh = P.Plan(*plan)
-            kept, built = P._ar_state(plan, tables), P._ar_state(fresh, tables)
+            kept, built = neighbours._ar_state(plan, tables), neighbours._ar_state(fresh, tables)
             assert kept.ranked == built.ranked and kept.where == built.where
             assert kept.buckets == built.buckets
             assert ({g: sorted(v) for g, v in kept.ranked_in.items()}
                     == {g: sorted(v) for g, v in built.ranked_in.items()})
-            held, holders = P._index(plan)
-            fresh_held, fresh_holders = P._index(fresh)
-            assert {g: sorted(v) for g, v in held.items()} == {
-                g: sorted(v) for g, v in fresh_held.items()}
-            assert {p: sorted(v) for p, v in holders.items()} == {
-                p: sorted(v) for p, v in fresh_holders.items()}
+            # (each tuple of the index in ascending order, as _index builds it)
+            assert value._index(plan) == value._index(fresh)
 
 
 # ------------------------------------------------ the C kernel decides as the Python moves
@@ -496,7 +630,7 @@ def test_the_backend_makes_the_moves(backend):
 def test_kernel_moves_as_python_does(name, multi_output, monkeypatch):
     """On every fixture, walks of each kind of move (and of the mix) make the same plans
     and the same draws with the C kernel as without it."""
-    if _plan_kernel.load() is None:
+    if kernel.load() is None:
         pytest.skip("the C kernel of the moves cannot be built here")
     graph = device_graph(parse((FIXTURES / name).read_text()))
 
@@ -513,22 +647,22 @@ def test_kernel_moves_as_python_does(name, multi_output, monkeypatch):
         return out, bool(space._ks)
 
     with_kernel, used = walks()
-    monkeypatch.setattr(_plan_kernel, "load", lambda: None)
+    monkeypatch.setattr(kernel, "load", lambda: None)
     assert used and walks() == (with_kernel, False)
 
 
 def test_kernel_takes_only_int32_arrays(env):
     """A plan of 64-bit arrays is moved by the Python code (the kernel declines it before
     drawing anything), with the same result."""
-    if _plan_kernel.load() is None:
+    if kernel.load() is None:
         pytest.skip("the C kernel of the moves cannot be built here")
     _, graph, space = env
     plan = P.random_moves(space, P.initial_plan(graph), random.Random(2), 8)
     wide = P.Plan(*(array("q", x) for x in plan[:3]), plan.dups)
-    ks = P._kernel(space)
+    ks = kernel._kernel(space)
     rng = random.Random(0)
-    assert ks[0].op_fusion(ks[1], None, None, space, wide, P._index(wide), rng.getrandbits,
-                           8) is NotImplemented
+    assert ks[0].op_fusion(ks[1], None, None, space, wide, value._index(wide), rng.getrandbits,
+                           8, None) is NotImplemented
     assert rng.getstate() == random.Random(0).getstate()
     for move in P.MOVES:
         a, b = move(space, plan, random.Random(5)), move(space, wide, random.Random(5))
@@ -536,8 +670,8 @@ def test_kernel_takes_only_int32_arrays(env):
 
 
 def _reset_kernel(monkeypatch):
-    monkeypatch.setattr(_plan_kernel.KERNEL, "module", None)
-    monkeypatch.setattr(_plan_kernel.KERNEL, "tried", False)
+    monkeypatch.setattr(kernel.KERNEL, "module", None)
+    monkeypatch.setattr(kernel.KERNEL, "tried", False)
 
 
 def test_moves_fall_back_to_python_without_a_compiler(monkeypatch, env):
@@ -545,10 +679,10 @@ def test_moves_fall_back_to_python_without_a_compiler(monkeypatch, env):
         raise OSError("no C compiler (cc) found")
 
     _reset_kernel(monkeypatch)
-    monkeypatch.setattr(_plan_kernel.KERNEL, "build", no_cc)
+    monkeypatch.setattr(kernel.KERNEL, "build", no_cc)
     with pytest.warns(RuntimeWarning, match="C kernel unavailable"):
-        assert _plan_kernel.load() is None
-    assert _plan_kernel.load() is None  # (warns once)
+        assert kernel.load() is None
+    assert kernel.load() is None  # (warns once)
     _, graph, _ = env
     space = P.FusionSpace(graph)
     P.random_moves(space, P.initial_plan(graph), random.Random(0), 20)
@@ -558,23 +692,23 @@ def test_moves_fall_back_to_python_without_a_compiler(monkeypatch, env):
 def test_backend_python_selects_the_python_moves(monkeypatch):
     _reset_kernel(monkeypatch)
     monkeypatch.setenv("DISCO_PLAN_BACKEND", "python")
-    assert _plan_kernel.load() is None
+    assert kernel.load() is None
 
 
 def test_kernel_builds_into_cache_dir(monkeypatch, tmp_path):
-    if _plan_kernel.load() is None:
+    if kernel.load() is None:
         pytest.skip("the C kernel of the moves cannot be built here")
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
-    path = _plan_kernel.build()
+    path = kernel.build()
     assert path.parent == tmp_path and path.exists()
-    assert _plan_kernel.build() == path
+    assert kernel.build() == path
 
 
 def test_allreduce_tries_go_on_in_python_when_the_kernel_declines(env, monkeypatch):
     """When the kernel declines a plan after a try (its scratch busy in another thread),
     the Python code makes the tries left: the same plans and draws."""
-    kernel = _plan_kernel.load()
-    if kernel is None:
+    ext = kernel.load()
+    if ext is None:
         pytest.skip("the C kernel of the moves cannot be built here")
 
     class Declining:
@@ -583,18 +717,18 @@ def test_allreduce_tries_go_on_in_python_when_the_kernel_declines(env, monkeypat
         picks = declined = 0
 
         def __getattr__(self, name):
-            return getattr(kernel, name)
+            return getattr(ext, name)
 
         def allreduce_pick(self, *args):
             self.picks += 1
             if self.picks > 1:
                 self.declined += 1
                 return NotImplemented
-            return kernel.allreduce_pick(*args)
+            return ext.allreduce_pick(*args)
 
     _, graph, _ = env
     space, declining = P.FusionSpace(graph), Declining()
-    space._ks = declining, P._kernel(space)[1]
+    space._ks = declining, kernel._kernel(space)[1]
     python = P.FusionSpace(graph)
     python._ks = False
     for seed in range(40):
@@ -606,3 +740,13 @@ def test_allreduce_tries_go_on_in_python_when_the_kernel_declines(env, monkeypat
             assert _plan_bytes(plan) == _plan_bytes(expected)
         assert a.getstate() == b.getstate()
     assert declining.declined
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_plan.py --regen  (rewrites goldens/plan_walks.txt)")
+    GOLDEN_WALKS.parent.mkdir(exist_ok=True)
+    GOLDEN_WALKS.write_text("\n".join(golden_walks()) + "\n")
+    print(f"wrote {GOLDEN_WALKS}")

@@ -10,6 +10,8 @@ import pytest
 
 import hlo_tools
 from hlo_tools import plan as P
+from hlo_tools.plan.merge import _with_copy
+from hlo_tools.plan.value import _index
 
 # jax's gradient of max(v, 0) tests ``v == max(v, 0)``; LayerNorm's variance
 # v = E[x^2] - E[x]^2 is such a ``v`` (reformer, plan_check seed 63).
@@ -29,7 +31,7 @@ def _copy_plan(space, graph, idx, steps):
     :func:`hlo_tools.plan.can_duplicate` (to run what the rule forbids)."""
     plan = P.initial_plan(graph)
     for producer, consumer in steps:
-        plan = P._with_copy(space, plan, P._index(plan), idx[producer],
+        plan = _with_copy(space, plan, _index(plan), idx[producer],
                             plan.group[idx[consumer]])
     return plan
 

@@ -1,12 +1,16 @@
-/* The hot loops of hlo_tools/plan.py's moves, as a CPython extension module.
+/* The hot loops of the moves of hlo_tools/plan/ (package hlo_tools.plan), as a CPython
+   extension module.
 
-   Built with the system C compiler on first use and loaded by hlo_tools/_plan_kernel.py;
-   plan.py falls back to its pure-Python code (which stays the reference) when it cannot be
-   built. Each function here makes exactly the decisions and the random draws of the Python
-   code it stands for (named in its comment), in the same order: it draws through the
-   rng's own bound ``getrandbits`` as plan._chooser does, and for the rare cases it does
-   not handle itself (a group holding copies of duplicated producers, whose candidate
-   order follows a Python set) it calls back the Python functions.
+   Built with the system C compiler on first use and loaded by hlo_tools/plan/kernel.py;
+   the package falls back to its pure-Python code (which stays the reference) when it
+   cannot be built. Each function here makes exactly the decisions and the random draws of
+   the Python code it stands for (named in its comment, as module.function of the package),
+   in the same order: it draws through the rng's own bound ``getrandbits`` as
+   draws._chooser does, it ports the checks of legality.py in their order, and for what it
+   does not handle itself (the neighbours of a fused rank node, the compare rule) it calls
+   back the Python functions. Given a ``trace`` list, the tries append (code, node, node)
+   tuples: the code of their decision (enum Decision below, kernel.py's _DECISIONS) and
+   the nodes drawn (-1: none).
 
    Plans are read through the buffer protocol (order, pos and group must be array('i'));
    group ids are node ids, so every per-node or per-group table has N entries. A function
@@ -35,13 +39,13 @@ typedef struct {
     uint32_t *mark, stamp;       /* scratch: mark[x] == stamp means x is marked */
     int32_t *buf, *buf2;         /* scratch lists of ``cap`` entries */
     Py_ssize_t cap;              /* 3N + 8: two groups' members and copies, and one more */
-    PyObject *outside_fn, *neighbours_fn;  /* Python callbacks */
-    int32_t any_compare;         /* whether the graph has a compare (plan._compare_reads_copy) */
+    PyObject *neighbours_fn;     /* Python callback: kernel._neighbours_of */
+    int32_t any_compare;         /* whether the graph has a compare (see compare_fn) */
     uint8_t *reduce;             /* [N] whether a node is a reduce */
-    PyObject *compare_fn;        /* Python callback: plan._compare_reads_copy */
+    PyObject *compare_fn;        /* Python callback: legality._compare_reads_copy */
 } Space;
 
-/* The all-reduce tables of plan._ArTables (a capsule kept on the space with them). */
+/* The all-reduce tables of space._ArTables (a capsule kept on the space with them). */
 typedef struct {
     int32_t n, nars, skip, in_order;
     int32_t *ars;                /* space.allreduces */
@@ -58,7 +62,6 @@ static void free_space(PyObject *capsule) {
     if (S->ints) {
         for (int32_t i = 0; i < S->n; i++) Py_XDECREF(S->ints[i]);
     }
-    Py_XDECREF(S->outside_fn);
     Py_XDECREF(S->neighbours_fn);
     Py_XDECREF(S->compare_fn);
     free(S->reduce);
@@ -145,15 +148,14 @@ static int32_t *int_array(PyObject *seq, Py_ssize_t len) {
     return out;
 }
 
-/* new_space(n, root, multi_output, users, dops, fops, bad, compute, outside_fn,
-   neighbours_fn, reduces, compare_fn): ``reduces`` lists the reduce nodes, ``compare_fn`` is
-   plan._compare_reads_copy, or None when the graph has no compare */
+/* new_space(n, root, multi_output, users, dops, fops, bad, compute, neighbours_fn, reduces,
+   compare_fn): ``reduces`` lists the reduce nodes, ``compare_fn`` is
+   legality._compare_reads_copy, or None when the graph has no compare */
 static PyObject *new_space(PyObject *self, PyObject *args) {
     int n, root, multi_output;
-    PyObject *users, *dops, *fops, *bad, *compute, *outside_fn, *neighbours_fn, *reduces,
-        *compare_fn;
-    if (!PyArg_ParseTuple(args, "iipOOOOOOOOO", &n, &root, &multi_output, &users, &dops, &fops,
-                          &bad, &compute, &outside_fn, &neighbours_fn, &reduces, &compare_fn))
+    PyObject *users, *dops, *fops, *bad, *compute, *neighbours_fn, *reduces, *compare_fn;
+    if (!PyArg_ParseTuple(args, "iipOOOOOOOO", &n, &root, &multi_output, &users, &dops, &fops,
+                          &bad, &compute, &neighbours_fn, &reduces, &compare_fn))
         return NULL;
     Space *S = calloc(1, sizeof(Space));
     if (!S) return PyErr_NoMemory();
@@ -177,8 +179,6 @@ static PyObject *new_space(PyObject *self, PyObject *args) {
     for (int32_t i = 0; i < n; i++) {
         if (!(S->ints[i] = PyLong_FromLong(i))) goto fail;
     }
-    Py_INCREF(outside_fn);
-    S->outside_fn = outside_fn;
     Py_INCREF(neighbours_fn);
     S->neighbours_fn = neighbours_fn;
     if (!(S->reduce = calloc(n ? n : 1, 1))) { PyErr_NoMemory(); goto fail; }
@@ -278,7 +278,7 @@ static int valid_index(PyObject *index) {
            && PyDict_Check(PyTuple_GET_ITEM(index, 0)) && PyDict_Check(PyTuple_GET_ITEM(index, 1));
 }
 
-/* Whether ``state`` is a plan's all-reduce state (plan._ArState: tables, ranked list,
+/* Whether ``state`` is a plan's all-reduce state (neighbours._ArState: tables, ranked list,
    where dict, ranked_in dict, buckets). */
 static int valid_state(PyObject *state) {
     return PyTuple_Check(state) && PyTuple_GET_SIZE(state) == 5
@@ -336,7 +336,7 @@ static uint32_t next_stamp(Space *S) {
     return S->stamp;
 }
 
-/* The run [start, end) of the group ``g`` holding the node at position ``p`` (plan._span). */
+/* The run [start, end) of the group ``g`` holding the node at position ``p`` (value._span). */
 static void span_at(const Space *S, const View *V, int32_t p, int32_t *start, int32_t *end) {
     const int32_t *order = V->order, *group = V->group;
     int32_t g = group[order[p]], s = p, e = p + 1;
@@ -392,7 +392,7 @@ static int tuple_has(PyObject *t, long v) {
     return 0;
 }
 
-/* rng.choice as plan._chooser draws it: getrandbits(k) until below ``n`` (n > 0). */
+/* rng.choice as draws._chooser draws it: getrandbits(k) until below ``n`` (n > 0). */
 static int draw(PyObject *bits, int32_t n, int32_t *out) {
     int k = 0;
     for (uint32_t x = (uint32_t)n; x; x >>= 1) k++;
@@ -444,7 +444,7 @@ static Py_ssize_t answer_into(PyObject *found, int32_t *out, Py_ssize_t cap) {
 
 /* ------------------------------------------------------------------ legality */
 
-/* plan._outside_operands over the fusible operands, for a group ``gid`` (span s:e) that
+/* groups._outside_operands over the fusible operands, for a group ``gid`` (span s:e) that
    holds no copies: distinct operands outside the group, in the order members read them. */
 static Py_ssize_t outside_fops(Space *S, const View *V, int32_t gid, int32_t s, int32_t e,
                                int32_t *out) {
@@ -507,7 +507,7 @@ static int read_beyond(Space *S, const View *V, PyObject *holders, int32_t node,
     return 0;
 }
 
-/* plan._feeds_only_node: whether no group but ``gp`` and ``gc`` reads ``node`` (a member
+/* groups._feeds_only_node: whether no group but ``gp`` and ``gc`` reads ``node`` (a member
    of ``gp``); 1, 0 or -1 on error. */
 static int feeds_only_node(Space *S, const View *V, PyObject *holders, int32_t node, int32_t gp,
                            int32_t gc) {
@@ -535,7 +535,7 @@ static Py_ssize_t append_tuple(PyObject *t, int32_t *out, Py_ssize_t len) {
     return len;
 }
 
-/* plan._layout_safe for groups ``ga`` (span sa:ea) and ``gb`` (span sb:eb) and the node
+/* legality._layout_safe for groups ``ga`` (span sa:ea) and ``gb`` (span sb:eb) and the node
    ``extra`` (-1: none): whether no node of their fusion (members, copies and ``extra``)
    reads another at a forbidden operand position. */
 static int layout_safe(Space *S, const View *V, PyObject *held, int32_t ga, int32_t sa,
@@ -582,7 +582,7 @@ static PyObject *copy_array(PyObject *arr, Py_buffer *view) {
 
 /* Marks (with a new stamp, returned in ``*st``) the groups holding a descendant of group
    ``first`` (``nodes``, with repeats) scheduled between ``first`` (ending at ``e1``) and
-   ``second`` (span s2:e2), as plan._descendant_groups finds them; -1 if a descendant is in
+   ``second`` (span s2:e2), as reach._descendant_groups finds them; -1 if a descendant is in
    ``second`` (a cycle), else whether any group was marked. */
 static int mark_reached(Space *S, const View *V, const int32_t *nodes, Py_ssize_t nnodes,
                         int32_t e1, int32_t s2, int32_t e2, uint32_t *st) {
@@ -599,7 +599,7 @@ static int mark_reached(Space *S, const View *V, const int32_t *nodes, Py_ssize_
     return reached;
 }
 
-/* Writes the merged window of plan._merge_runs into ``w`` (a copy of ``order``): the nodes
+/* Writes the merged window of merge._merge_runs into ``w`` (a copy of ``order``): the nodes
    between the groups at s1:e1 and s2:e2 whose group is not marked with ``st`` (all when
    ``!reached``), the first group, then if ``reached`` the second group and the marked
    nodes between. Returns the end of the rewritten window. */
@@ -629,7 +629,7 @@ static int ranks_some(Space *S, const ArTables *T, PyObject *ranked_in, int32_t 
     return T->by_rank_at[g + 1] > T->by_rank_at[g];
 }
 
-/* Whether plan._merged_ar_state keeps ``state`` as it is after merging ``first`` and
+/* Whether neighbours._merged_ar_state keeps ``state`` as it is after merging ``first`` and
    ``second`` (``inverted``: whether two rank nodes changed places): no rank node moved
    past another, neither group ranks an all-reduce, and they are not two buckets. */
 static int ar_state_kept(Space *S, const ArTables *T, PyObject *state, int32_t first,
@@ -641,10 +641,10 @@ static int ar_state_kept(Space *S, const ArTables *T, PyObject *state, int32_t f
     return some < 0 ? -1 : !some;
 }
 
-/* plan._merge_runs without its Python objects: merges group ``first`` (span s1:e1) with the
+/* merge._merge_runs without its Python objects: merges group ``first`` (span s1:e1) with the
    later group ``second`` (span s2:e2). ``nodes`` (or NULL) are the descendants of
    ``first``'s members: the groups holding one between the two move after the merged group
-   (the runs of plan._descendant_groups). With ``T`` and ``state`` (the plan's all-reduce
+   (the runs of reach._descendant_groups). With ``T`` and ``state`` (the plan's all-reduce
    state, made with ``T``), also tells whether the merge keeps that state. Returns (first,
    second, order, pos, group, lo, hi, state kept) with the new arrays and the window of
    changed positions, None if a descendant is in ``second`` (a cycle), NULL on error. */
@@ -707,7 +707,32 @@ static ArTables *ar_tables_arg(PyObject *arg) {
 
 /* ------------------------------------------------------------------ moves */
 
-/* Whether plan._compare_reads_copy (the Python function) says no (1), yes (0) or fails (-1)
+/* The decisions of a try, as a trace records them: kernel._DECISIONS lists the Python
+   Decision of each code, in this order. */
+enum Decision {
+    LEGAL = 0,          /* legality.LEGAL */
+    NO_PRODUCER,        /* the consumer group reads no fusible node outside it */
+    NEEDS_MULTI_OUTPUT, /* the producer's group has readers besides the consumer's group */
+    LAYOUT_UNSAFE,      /* a forbidden operand position */
+    COMPARES_COPY,      /* the compare rule */
+    FUSED_PRODUCER,     /* only unfused producers are duplicated */
+    NO_OTHER_USERS,     /* a copy would serve every user: plain fusion */
+    EXPOSES_MEMBER,     /* a copy would read a value inside another fusion */
+    NO_NEIGHBOUR,       /* the all-reduce has no neighbouring bucket */
+    KEYS_DIFFER,        /* the two all-reduces may not share a bucket */
+};
+
+/* Appends (code, x, y) to ``trace`` when it is a list (None: nothing); 0, or -1 on error. */
+static int trace_try(PyObject *trace, int code, int32_t x, int32_t y) {
+    if (trace == Py_None) return 0;
+    PyObject *entry = Py_BuildValue("(iii)", code, x, y);
+    if (!entry) return -1;
+    int failed = PyList_Append(trace, entry);
+    Py_DECREF(entry);
+    return failed;
+}
+
+/* Whether legality._compare_reads_copy (the Python function) says no (1), yes (0) or fails (-1)
    for a would-be fusion of groups ``ga`` (span sa:ea) and ``gb`` (span sb:eb) and the new
    copy ``extra`` (-1: none); asked only where it can say yes: a group holds copies, or
    ``extra`` is a reduce or reads a member (a copy of one elementwise op whose operands are
@@ -741,76 +766,89 @@ static int compare_safe(Space *S, const View *V, PyObject *space, PyObject *plan
     return truth < 0 ? -1 : !truth;
 }
 
-/* Candidate producers of a consumer group (span sc:ec) into S->buf: plan._outside_operands
-   over fusible operands, by the Python function when the group holds copies. */
-static Py_ssize_t candidates(Space *S, const View *V, PyObject *space, PyObject *plan,
-                             PyObject *index, PyObject *held, int32_t gc, int32_t sc,
+/* Candidate producers of a consumer group (span sc:ec) into S->buf: groups._outside_operands
+   over fusible operands. For a group holding copies: the distinct fusible operands of its
+   members (in schedule order), then of its copies (in the copy index's order, ascending),
+   outside the group and not copies themselves. */
+static Py_ssize_t candidates(Space *S, const View *V, PyObject *held, int32_t gc, int32_t sc,
                              int32_t ec) {
-    int in_held = holds_copies(S, held, gc);
-    if (in_held < 0) return -1;
-    if (!in_held) return outside_fops(S, V, gc, sc, ec, S->buf);
-    PyObject *args[6] = {space, plan, index, S->ints[gc], NULL, NULL};
-    PyObject *s = PyLong_FromLong(sc), *e = PyLong_FromLong(ec), *found = NULL;
-    if (s && e) {
-        args[4] = s;
-        args[5] = e;
-        found = PyObject_Vectorcall(S->outside_fn, args, 6, NULL);
+    PyObject *copies = lookup(S, held, gc);
+    if (!copies && PyErr_Occurred()) return -1;
+    if (!copies) return outside_fops(S, V, gc, sc, ec, S->buf);
+    Py_ssize_t ncopies = tuple_len(copies), len = 0;
+    if (ncopies < 0) return -1;
+    int32_t *out = S->buf, *node = S->buf2;  /* the members, then the copies */
+    Py_ssize_t nnodes = 0;
+    for (int32_t k = sc; k < ec; k++) node[nnodes++] = V->order[k];
+    if ((nnodes = append_tuple(copies, node, nnodes)) < 0) return -1;
+    uint32_t st = next_stamp(S);
+    for (Py_ssize_t i = ec - sc; i < nnodes; i++) S->mark[node[i]] = st;  /* copies: inside */
+    for (Py_ssize_t i = 0; i < nnodes; i++) {
+        int32_t m = node[i];
+        for (int32_t j = S->fops_at[m]; j < S->fops_at[m + 1]; j++) {
+            int32_t o = S->fops[j];
+            if (S->mark[o] != st && V->group[o] != gc) {
+                S->mark[o] = st;
+                out[len++] = o;
+            }
+        }
     }
-    Py_XDECREF(s);
-    Py_XDECREF(e);
-    return answer_into(found, S->buf, S->cap);
+    return len;
 }
 
-/* The checks of plan.op_fusion_move after the draws: whether the producer's group ``gp``
-   (span sp:ep) may join the consumer's group ``gc`` (span sc:ec); 1, 0 or -1. */
+/* legality._single_output_fusion after the draws, less the compare rule (compare_safe):
+   whether the producer's group ``gp`` (span sp:ep, not the root's) may join the consumer's
+   group ``gc`` (span sc:ec); LEGAL, NEEDS_MULTI_OUTPUT or LAYOUT_UNSAFE, or -1. */
 static int fusion_legal(Space *S, const View *V, PyObject *held, PyObject *holders,
                         int32_t producer, int32_t gp, int32_t sp, int32_t ep, int32_t consumer,
                         int32_t gc, int32_t sc, int32_t ec) {
     int ok = feeds_only_node(S, V, holders, producer, gp, gc);  /* the producer first */
     for (int32_t k = sp; k < ep && ok > 0 && ep - sp > 1; k++)  /* then _feeds_only */
         ok = feeds_only_node(S, V, holders, V->order[k], gp, gc);
-    if (ok <= 0) return ok;
-    if (!S->any_bad) return 1;
+    if (ok <= 0) return ok < 0 ? -1 : NEEDS_MULTI_OUTPUT;
+    if (!S->any_bad) return LEGAL;
     int gp_held, gc_held;
     if ((gp_held = holds_copies(S, held, gp)) < 0 || (gc_held = holds_copies(S, held, gc)) < 0)
         return -1;
     if (ep - sp == 1 && ec - sc == 1 && !gp_held && !gc_held)
-        return !reads_bad(S, consumer, producer);
-    return layout_safe(S, V, held, gp, sp, ep, gc, sc, ec, -1);
+        return reads_bad(S, consumer, producer) ? LAYOUT_UNSAFE : LEGAL;
+    ok = layout_safe(S, V, held, gp, sp, ep, gc, sc, ec, -1);
+    return ok < 0 ? -1 : ok ? LEGAL : LAYOUT_UNSAFE;
 }
 
-/* A try's draws (plan.op_fusion_move, plan.duplicate_fusion_move): a compute node
+/* A try's draws (moves.op_fusion_move, moves.duplicate_fusion_move): a compute node
    ``consumer`` (its group ``gc``, span sc:ec), then ``producer`` among its candidates. */
 typedef struct {
     int32_t consumer, gc, sc, ec, producer;
 } Pick;
 
 /* Draws a try's ``Pick``: 1, 0 when the consumer has no candidate producers, -1 on error. */
-static int draw_pick(Space *S, const View *V, PyObject *space, PyObject *plan, PyObject *index,
-                     PyObject *held, PyObject *bits, Pick *p) {
+static int draw_pick(Space *S, const View *V, PyObject *held, PyObject *bits, Pick *p) {
     int32_t r;
     if (draw(bits, S->ncompute, &r) < 0) return -1;
     p->consumer = S->compute[r];
     p->gc = V->group[p->consumer];
     span_at(S, V, V->pos[p->consumer], &p->sc, &p->ec);
-    Py_ssize_t ncand = candidates(S, V, space, plan, index, held, p->gc, p->sc, p->ec);
+    Py_ssize_t ncand = candidates(S, V, held, p->gc, p->sc, p->ec);
     if (ncand <= 0) return (int)ncand;
     if (draw(bits, (int32_t)ncand, &r) < 0) return -1;
     p->producer = S->buf[r];
     return 1;
 }
 
-/* op_fusion(kspace, kar, state, space, plan, index, bits, tries): plan.op_fusion_move's
-   tries (single output). None if no try found a legal pair, else what merge answers (no
-   group moves after the merged one). ``kar`` and ``state``: see merge_py. */
+/* op_fusion(kspace, kar, state, space, plan, index, bits, tries, trace):
+   moves.op_fusion_move's tries (single output). None if no try found a legal pair, else
+   what merge answers (no group moves after the merged one). ``kar`` and ``state``: see
+   merge_py; ``trace``: None, or a list the tries are appended to (trace_try). */
 static PyObject *op_fusion(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_nargs("op_fusion", nargs, 8) < 0) return NULL;
+    if (check_nargs("op_fusion", nargs, 9) < 0) return NULL;
     Space *S = get_space(args[0]);
     if (!S) return NULL;
     ArTables *T = ar_tables_arg(args[1]);
     if (!T && PyErr_Occurred()) return NULL;
     PyObject *state = T ? args[2] : NULL;
     PyObject *space = args[3], *plan = args[4], *index = args[5], *bits = args[6];
+    PyObject *trace = args[8];
     long tries;
     View V;
     int entered = enter_tries(S, args[7], &tries, S->ncompute, plan, index, state, &V);
@@ -820,18 +858,26 @@ static PyObject *op_fusion(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int32_t root_group = V.group[S->root];
     for (long t = 0; t < tries; t++) {
         Pick p;
-        int drawn = draw_pick(S, &V, space, plan, index, held, bits, &p);
+        int drawn = draw_pick(S, &V, held, bits, &p);
         if (drawn < 0) goto done;
-        if (!drawn) continue;
-        int32_t gp = V.group[p.producer], sp, ep;
-        if (gp == root_group) continue;
-        span_at(S, &V, V.pos[p.producer], &sp, &ep);
-        int ok = fusion_legal(S, &V, held, holders, p.producer, gp, sp, ep, p.consumer, p.gc,
-                              p.sc, p.ec);
-        if (ok > 0) ok = compare_safe(S, &V, space, plan, index, held, gp, sp, ep, p.gc, p.sc,
+        if (!drawn) {
+            if (trace_try(trace, NO_PRODUCER, p.consumer, -1) < 0) goto done;
+            continue;
+        }
+        int32_t gp = V.group[p.producer], sp = 0, ep = 0;
+        int code = NEEDS_MULTI_OUTPUT;
+        if (gp != root_group) {
+            span_at(S, &V, V.pos[p.producer], &sp, &ep);
+            code = fusion_legal(S, &V, held, holders, p.producer, gp, sp, ep, p.consumer, p.gc,
+                                p.sc, p.ec);
+            if (code == LEGAL) {
+                int ok = compare_safe(S, &V, space, plan, index, held, gp, sp, ep, p.gc, p.sc,
                                       p.ec, -1);
-        if (ok < 0) goto done;
-        if (!ok) continue;
+                code = ok < 0 ? -1 : ok ? LEGAL : COMPARES_COPY;
+            }
+        }
+        if (code < 0 || trace_try(trace, code, p.consumer, p.producer) < 0) goto done;
+        if (code != LEGAL) continue;
         result = merge(S, &V, plan, gp, sp, ep, p.gc, p.sc, p.ec, NULL, 0, T, state);
         goto done;
     }
@@ -840,20 +886,20 @@ done:
     return leave(S, &V, result);
 }
 
-/* Whether the node at position ``p`` is alone in its group (plan._alone). */
+/* Whether the node at position ``p`` is alone in its group (value._alone). */
 static int alone_at(const Space *S, const View *V, int32_t p) {
     const int32_t *order = V->order, *group = V->group;
     int32_t g = group[order[p]];
     return (!p || group[order[p - 1]] != g) && (p + 1 == S->n || group[order[p + 1]] != g);
 }
 
-/* plan._is_read_outside: whether ``node``'s value leaves its group; 1, 0 or -1. */
+/* groups._is_read_outside: whether ``node``'s value leaves its group; 1, 0 or -1. */
 static int read_outside(Space *S, const View *V, PyObject *holders, int32_t node) {
     if (node == S->root) return 1;
     return read_beyond(S, V, holders, node, V->group[node], V->group[node]);
 }
 
-/* plan._exposes_member: whether a copy of ``producer`` in group ``gc`` would read a value
+/* legality._exposes_member: whether a copy of ``producer`` in group ``gc`` would read a value
    that does not leave its (multi-node) group; 1, 0 or -1. */
 static int exposes_member(Space *S, const View *V, PyObject *holders, int32_t producer,
                           int32_t gc) {
@@ -871,18 +917,19 @@ static int exposes_member(Space *S, const View *V, PyObject *holders, int32_t pr
     return 0;
 }
 
-/* plan._duplicate_rest for an unfused ``producer`` read by group ``gc`` (span sc:ec):
-   whether copying it into the group is legal; 1, 0 or -1. */
+/* legality._duplicate_rest for an unfused ``producer`` read by group ``gc`` (span sc:ec),
+   less the compare rule (compare_safe): whether copying it into the group is legal; LEGAL,
+   LAYOUT_UNSAFE, NO_OTHER_USERS or EXPOSES_MEMBER, or -1. */
 static int duplicate_legal(Space *S, const View *V, PyObject *held, PyObject *holders,
                            int32_t producer, int32_t gc, int32_t sc, int32_t ec) {
     if (S->any_bad) {
         int gc_held = holds_copies(S, held, gc);
         if (gc_held < 0) return -1;
         if (ec - sc == 1 && !gc_held) {
-            if (reads_bad(S, V->order[sc], producer)) return 0;
+            if (reads_bad(S, V->order[sc], producer)) return LAYOUT_UNSAFE;
         } else {
             int ok = layout_safe(S, V, held, gc, sc, ec, gc, sc, sc, producer);
-            if (ok <= 0) return ok;
+            if (ok <= 0) return ok < 0 ? -1 : LAYOUT_UNSAFE;
         }
     }
     PyObject *own = lookup(S, holders, producer);
@@ -896,19 +943,21 @@ static int duplicate_legal(Space *S, const View *V, PyObject *held, PyObject *ho
             other_users = !has;
         }
     }
-    if (!other_users) return 0;
-    if (S->multi_output) return 1;
+    if (!other_users) return NO_OTHER_USERS;
+    if (S->multi_output) return LEGAL;
     int exposes = exposes_member(S, V, holders, producer, gc);
-    return exposes < 0 ? -1 : !exposes;
+    return exposes < 0 ? -1 : exposes ? EXPOSES_MEMBER : LEGAL;
 }
 
-/* duplicate(kspace, space, plan, index, bits, tries): plan.duplicate_fusion_move's tries.
-   None if no try found a legal pair, else (producer, consumer group). */
+/* duplicate(kspace, space, plan, index, bits, tries, trace): moves.duplicate_fusion_move's
+   tries. None if no try found a legal pair, else (producer, consumer group). ``trace``: see
+   op_fusion. */
 static PyObject *duplicate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_nargs("duplicate", nargs, 6) < 0) return NULL;
+    if (check_nargs("duplicate", nargs, 7) < 0) return NULL;
     Space *S = get_space(args[0]);
     if (!S) return NULL;
     PyObject *space = args[1], *plan = args[2], *index = args[3], *bits = args[4];
+    PyObject *trace = args[6];
     long tries;
     View V;
     int entered = enter_tries(S, args[5], &tries, S->ncompute, plan, index, NULL, &V);
@@ -917,14 +966,23 @@ static PyObject *duplicate(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *result = NULL;
     for (long t = 0; t < tries; t++) {
         Pick p;
-        int drawn = draw_pick(S, &V, space, plan, index, held, bits, &p);
+        int drawn = draw_pick(S, &V, held, bits, &p);
         if (drawn < 0) goto done;
-        if (!drawn || !alone_at(S, &V, V.pos[p.producer])) continue;
-        int ok = duplicate_legal(S, &V, held, holders, p.producer, p.gc, p.sc, p.ec);
-        if (ok > 0) ok = compare_safe(S, &V, space, plan, index, held, p.gc, p.sc, p.ec, p.gc,
+        if (!drawn) {
+            if (trace_try(trace, NO_PRODUCER, p.consumer, -1) < 0) goto done;
+            continue;
+        }
+        int code = FUSED_PRODUCER;
+        if (alone_at(S, &V, V.pos[p.producer])) {
+            code = duplicate_legal(S, &V, held, holders, p.producer, p.gc, p.sc, p.ec);
+            if (code == LEGAL) {
+                int ok = compare_safe(S, &V, space, plan, index, held, p.gc, p.sc, p.ec, p.gc,
                                       p.sc, p.sc, p.producer);
-        if (ok < 0) goto done;
-        if (ok) {
+                code = ok < 0 ? -1 : ok ? LEGAL : COMPARES_COPY;
+            }
+        }
+        if (code < 0 || trace_try(trace, code, p.consumer, p.producer) < 0) goto done;
+        if (code == LEGAL) {
             result = Py_BuildValue("ii", p.producer, p.gc);
             goto done;
         }
@@ -1001,7 +1059,7 @@ static long list_int(PyObject *list, Py_ssize_t i) {
     return v ? PyLong_AsLong(v) : -1;
 }
 
-/* The neighbours from the order of gradient production (the end of plan._neighbours),
+/* The neighbours from the order of gradient production (the end of neighbours._neighbours),
    appended to ``out``; the new length or -1. */
 static Py_ssize_t production_neighbours(Space *S, const ArTables *T, PyObject *state, int32_t ar,
                                         int32_t r, int32_t *out, Py_ssize_t len) {
@@ -1073,7 +1131,7 @@ static Py_ssize_t near_groups(Space *S, const View *V, PyObject *holders, int32_
     return len;
 }
 
-/* plan._neighbours of all-reduce ``ar`` into S->buf (by the Python function unless its
+/* neighbours._neighbours of all-reduce ``ar`` into S->buf (by the Python function unless its
    rank node is alone and holds no copies); their count or -1. */
 static Py_ssize_t neighbours(Space *S, const ArTables *T, const View *V, PyObject *space,
                              PyObject *plan, PyObject *index, PyObject *state, int32_t ar) {
@@ -1113,16 +1171,18 @@ static Py_ssize_t neighbours(Space *S, const ArTables *T, const View *V, PyObjec
     return production_neighbours(S, T, state, ar, r, out, len);
 }
 
-/* allreduce_pick(kspace, kar, space, plan, index, state, bits, tries): the tries of
-   plan.allreduce_move up to a pair of buckets with equal keys. None if none, else
-   (tries left, first, s1, e1, second, s2, e2): the buckets in schedule order and spans. */
+/* allreduce_pick(kspace, kar, space, plan, index, state, bits, tries, trace): the tries of
+   moves.allreduce_move up to a pair of buckets with equal keys. None if none, else
+   (tries left, first, s1, e1, second, s2, e2, a, b): the buckets in schedule order and
+   spans, and the all-reduces drawn. ``trace``: see op_fusion (the pair answered is left to
+   the caller, which checks it for cycles). */
 static PyObject *allreduce_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_nargs("allreduce_pick", nargs, 8) < 0) return NULL;
+    if (check_nargs("allreduce_pick", nargs, 9) < 0) return NULL;
     Space *S = get_space(args[0]);
     ArTables *T = PyCapsule_GetPointer(args[1], "plan_kernel.ar_tables");
     if (!S || !T) return NULL;
     PyObject *space = args[2], *plan = args[3], *index = args[4], *state = args[5];
-    PyObject *bits = args[6];
+    PyObject *bits = args[6], *trace = args[8];
     long tries;
     View V;
     int entered = enter_tries(S, args[7], &tries, T->nars, plan, index, state, &V);
@@ -1138,15 +1198,21 @@ static PyObject *allreduce_pick(PyObject *self, PyObject *const *args, Py_ssize_
         for (Py_ssize_t k = 0; k < len; k++) {
             if (group[S->buf[k]] != ga) S->buf[kept++] = S->buf[k];
         }
-        if (!kept) continue;
+        if (!kept) {
+            if (trace_try(trace, NO_NEIGHBOUR, a, -1) < 0) goto done;
+            continue;
+        }
         if (draw(bits, (int32_t)kept, &i) < 0) goto done;
         int32_t b = S->buf[i], gb = group[b];
-        if (T->key[a] != T->key[b]) continue;
+        if (T->key[a] != T->key[b]) {
+            if (trace_try(trace, KEYS_DIFFER, a, b) < 0) goto done;
+            continue;
+        }
         int32_t first = pos[ga] < pos[gb] ? ga : gb, second = first == ga ? gb : ga;
         int32_t s1, e1, s2, e2;
         span_at(S, &V, pos[first], &s1, &e1);
         span_at(S, &V, pos[second], &s2, &e2);
-        result = Py_BuildValue("liiiiii", t - 1, first, s1, e1, second, s2, e2);
+        result = Py_BuildValue("liiiiiiii", t - 1, first, s1, e1, second, s2, e2, a, b);
         goto done;
     }
     result = Py_NewRef(Py_None);
