@@ -95,8 +95,8 @@ pure-Python/numpy fallback, used when no compiler is available. The scheduling
 arithmetic is the same expression by expression (the kernel is built with
 ``-ffp-contract=off``), so both return bit-identical results. Select with
 ``backend=`` or the ``DISCO_SIM_BACKEND`` environment variable (``auto`` | ``c``
-| ``python``); the cache directory is ``$DISCO_CACHE_DIR`` or
-``$XDG_CACHE_HOME/disco_jax`` (default ``~/.cache/disco_jax``).
+| ``python``); the kernel (``simulator_kernel.c``) is built by :mod:`hlo_tools.native`
+into :func:`hlo_tools.dirs.cache_dir`.
 
 Incremental re-simulation (future work; the design allows it)
 =============================================================
