@@ -1,0 +1,12 @@
+"""The GNN fused-op estimator (section 4.3 of the DisCo paper) on jraph, Flax and Optax.
+
+* :mod:`~estimator.gnn.features`: a fusion group as a :class:`FusedSubgraph` and as a
+  padded ``jraph.GraphsTuple``; the canonical key of a fused subgraph;
+* :mod:`~estimator.gnn.model`: the attention message-passing network (eqs. (1), (2));
+* :mod:`~estimator.gnn.train`: training on log time with Adam;
+* :mod:`~estimator.gnn.checkpoint`: checkpoints (msgpack with a JSON header);
+* :mod:`~estimator.gnn.estimator`: :class:`GnnFusedEstimator`, the
+  :class:`~estimator.interface.BatchedFusedOpEstimator` the cost model plugs in.
+
+Importing this package imports jax.
+"""

@@ -1,0 +1,97 @@
+"""Checkpoints of the fused-op GNN: one msgpack file (flax serialization), never pickle.
+
+The file is ``flax.serialization.msgpack_serialize({"header": <JSON text>, "params":
+<state dict of the parameters>})``. The header records what the parameters only make
+sense with: :data:`CHECKPOINT_SCHEMA`, the feature version, both vocabularies, the model
+sizes (:class:`~estimator.gnn.model.GnnConfig`), the backend fingerprint of the times it
+was trained on, and free-form training notes. :func:`load` refuses a file whose schema,
+feature version or vocabularies differ from this code's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flax import serialization
+
+from estimator.gnn.features import DTYPE_VOCAB, FEATURE_VERSION, OPCODE_VOCAB
+from estimator.gnn.model import GnnConfig
+
+__all__ = ["CHECKPOINT_SCHEMA", "Checkpoint", "load", "save"]
+
+CHECKPOINT_SCHEMA = 1
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A trained model and what it was trained for.
+
+    Attributes:
+        params: Flax parameters of :class:`~estimator.gnn.model.FusedOpGnn`.
+        config: the model sizes.
+        fingerprint: backend fingerprint of the training times
+            (:func:`estimator.op_bench.backend_fingerprint`), ``{}`` if unknown.
+        notes: anything JSON-ready (dataset size, loss, command).
+    """
+
+    params: Any
+    config: GnnConfig
+    fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _header(ckpt: Checkpoint) -> dict[str, Any]:
+    return {"schema": CHECKPOINT_SCHEMA, "feature_version": FEATURE_VERSION,
+            "opcode_vocab": list(OPCODE_VOCAB), "dtype_vocab": list(DTYPE_VOCAB),
+            "config": ckpt.config.to_json(), "fingerprint": ckpt.fingerprint,
+            "notes": ckpt.notes}
+
+
+def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
+    """Writes ``ckpt`` atomically (temporary file + ``os.replace``); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = serialization.msgpack_serialize({
+        "header": json.dumps(_header(ckpt), sort_keys=True),
+        "params": serialization.to_state_dict(ckpt.params)})
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load(path: str | os.PathLike) -> Checkpoint:
+    """Reads a checkpoint written by :func:`save`.
+
+    Raises:
+        ValueError: not a checkpoint, or made for another schema, feature version or
+            vocabulary.
+    """
+    try:
+        raw = serialization.msgpack_restore(Path(path).read_bytes())
+        header = json.loads(raw["header"])
+        params = raw["params"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: not a GNN estimator checkpoint ({err})") from err
+    if header.get("schema") != CHECKPOINT_SCHEMA:
+        raise ValueError(f"{path}: checkpoint schema {header.get('schema')}, "
+                         f"expected {CHECKPOINT_SCHEMA}")
+    if header.get("feature_version") != FEATURE_VERSION:
+        raise ValueError(f"{path}: features v{header.get('feature_version')}, this code "
+                         f"computes v{FEATURE_VERSION}; retrain (disco train-estimator)")
+    if (tuple(header.get("opcode_vocab", ())) != OPCODE_VOCAB
+            or tuple(header.get("dtype_vocab", ())) != DTYPE_VOCAB):
+        raise ValueError(f"{path}: trained over another opcode/dtype vocabulary; retrain")
+    return Checkpoint(params, GnnConfig.from_json(header["config"]),
+                      dict(header.get("fingerprint") or {}), dict(header.get("notes") or {}))
