@@ -8,7 +8,12 @@ Each baseline is jax's normal compilation with some XLA passes disabled (the lis
   ``wrapped_*`` fusions);
 * ``op_fusion``: combiner passes off, XLA's op fusion on;
 * ``allreduce_fusion``: fusion passes off, XLA's AllReduce combining on;
-* ``xla_default``: nothing off.
+* ``xla_default``: nothing off;
+* ``bucketed`` (hand bucketing: Horovod's tensor fusion, DDP's ``bucket_cap_mb``, one
+  ``ravel_pytree`` and ``pmean`` in JAX): the gradients in flat buckets of at most T bytes
+  in order of production (:func:`hlo_tools.plan.bucket_plan` written by ``apply_plan``),
+  compiled with XLA's op fusion on and its combiner off. :data:`BUCKET_THRESHOLDS` are the
+  candidates to sweep (:func:`bucketed_candidates`); the fastest measured is the baseline.
 
 Typical use::
 
@@ -37,6 +42,7 @@ it: each fusion is one node and a combined (tuple) all-reduce is one collective 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,25 +52,47 @@ from hlo_tools import jax_bridge as jb
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
 from hlo_tools.parser import parse
-from hlo_tools.plan import FusionSpace, Plan, can_combine, combine, initial_plan
+from hlo_tools.plan import (
+    FusionSpace,
+    Plan,
+    bucket_members,
+    bucket_plan,
+    can_combine,
+    combine,
+    initial_plan,
+)
 from hlo_tools.printer import to_text
 from hlo_tools.rewrite import apply_plan
 
 __all__ = [
+    "ALL_BASELINES",
     "BASELINES",
+    "BUCKETED",
+    "BUCKET_THRESHOLDS",
+    "BucketedCandidate",
     "COMBINE_THRESHOLD_COUNT",
     "CPU_COMBINE_THRESHOLD_BYTES",
     "GPU_DEFAULT_THRESHOLD_BYTES",
     "apply_buckets",
     "baseline_options",
+    "bucketed_candidates",
+    "bucketed_plan",
     "combiner_buckets",
     "compile_baseline",
+    "compile_bucketed",
     "module_from_compiled",
     "summary",
 ]
 
 #: The baselines, in the paper's order.
 BASELINES: tuple[str, ...] = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default")
+#: Hand bucketing: flat gradient buckets of at most T bytes (:func:`compile_bucketed`).
+BUCKETED = "bucketed"
+#: The paper's baselines and hand bucketing.
+ALL_BASELINES: tuple[str, ...] = (*BASELINES, BUCKETED)
+#: Bucket thresholds of the ``bucketed`` sweep, in bytes (None: one bucket). NVIDIA's advice
+#: to JAX users is a sweep in 2x steps; these span Horovod's and DDP's defaults in 4x steps.
+BUCKET_THRESHOLDS: tuple[int | None, ...] = (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, None)
 
 #: Byte threshold of XLA:CPU's CpuAllReduceCombiner on 0.10.2 (``INT64_MAX``: unlimited).
 CPU_COMBINE_THRESHOLD_BYTES = 2**63 - 1
@@ -92,7 +120,18 @@ def _flags(name: str) -> tuple[bool, bool]:
     try:
         return _FLAGS[name]
     except KeyError:
-        raise ValueError(f"unknown baseline {name!r}; valid: {', '.join(BASELINES)}") from None
+        raise ValueError(f"unknown baseline {name!r}; valid: {', '.join(ALL_BASELINES)}"
+                         ) from None
+
+
+def _bucketed_flags(platform: str, config: str | Path | None) -> tuple[bool, bool]:
+    """(op fusion, AllReduce combining) of ``bucketed``, from the ``bucketed`` entry of the
+    pass config's baselines table (the pass lists it switches off)."""
+    off = set(_config(platform, config)["bucketed"])
+    unknown = off - {"fusion", "combine"}
+    if unknown:
+        raise ValueError(f"bucketed: unknown pass lists {sorted(unknown)} (fusion, combine)")
+    return "fusion" not in off, "combine" not in off
 
 
 def _config(platform: str, config: str | Path | None) -> dict[str, Any]:
@@ -124,7 +163,9 @@ def baseline_options(
     """XLA compiler options that make jax's compilation the baseline ``name``.
 
     Args:
-        name: one of :data:`BASELINES`.
+        name: one of :data:`ALL_BASELINES`. ``bucketed`` gets the option set of the
+            ``bucketed`` entry of the pass config (XLA's fusion on, its combiner off); its
+            buckets are written into the module (:func:`compile_bucketed`), not asked of XLA.
         platform: jax platform name (``cpu``, ``cuda``, ``rocm`` or ``gpu``).
         threshold_bytes: AllReduce combine threshold of the combining baselines. None:
             XLA's default (unlimited on CPU, 30 MiB on GPU); 0: no combining. Ignored by
@@ -140,7 +181,10 @@ def baseline_options(
             threshold on a backend without a threshold option (XLA:CPU);
             :func:`compile_baseline` emulates that case.
     """
-    fuses, combines = _flags(name)
+    if name == BUCKETED:
+        fuses, combines = _bucketed_flags(platform, config)
+    else:
+        fuses, combines = _flags(name)
     if threshold_bytes is not None and threshold_bytes < 0:
         raise ValueError(f"threshold_bytes must be >= 0, got {threshold_bytes}")
     cfg = _config(platform, config)
@@ -191,11 +235,13 @@ def compile_baseline(
     Args:
         fn: train step (plain or jit-wrapped), e.g. from :mod:`disco_jax.zoo`.
         args: positional arguments to lower it on.
-        name: one of :data:`BASELINES`.
+        name: one of :data:`ALL_BASELINES`.
         threshold_bytes: AllReduce combine threshold (see :func:`baseline_options`). A
             positive finite value on XLA:CPU is emulated: the program is pre-bucketed with
             :func:`combiner_buckets` and compiled with XLA's combiner off; this needs the
-            all-reduces explicit before partitioning (a ``shard_map`` step).
+            all-reduces explicit before partitioning (a ``shard_map`` step). For
+            ``bucketed`` it is the bucket size T of :func:`compile_bucketed` (None: one
+            bucket).
         platform: jax platform (default ``jax.default_backend()``).
         kwargs: keyword arguments to lower ``fn`` on.
         config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
@@ -209,6 +255,9 @@ def compile_baseline(
             without explicit all-reduces.
         jax_bridge.HloCompileError: XLA rejected the program.
     """
+    if name == BUCKETED:
+        return compile_bucketed(fn, args, threshold_bytes, platform=platform, kwargs=kwargs,
+                                config=config).run
     platform = platform or jax.default_backend()
     step = jb.fresh_function(fn)
     if not _emulated(name, platform, threshold_bytes, config):
@@ -324,6 +373,128 @@ def apply_buckets(module: HloModule, buckets: Sequence[Sequence[str]]) -> HloMod
         for other in bucket[1:]:
             plan = combine(space, plan, first, graph.index[other])
     return apply_plan(module, plan, graph)
+
+
+# ---------------------------------------------------------------------- hand bucketing
+
+
+@dataclass(frozen=True)
+class BucketedCandidate:
+    """One candidate of the ``bucketed`` baseline, compiled.
+
+    Attributes:
+        threshold_bytes: the bucket size T (None: one bucket).
+        buckets: the gradient all-reduces of each bucket, by name, in order of
+            production (a bucket of one is a gradient left alone).
+        bucket_bytes: bytes of each bucket.
+        planned_all_reduces: all-reduces of the bucketed module (buckets, gradients left
+            alone and the other all-reduces, the loss's say): what XLA must run.
+        run: the compiled program; call it like the train step.
+    """
+
+    threshold_bytes: int | None
+    buckets: tuple[tuple[str, ...], ...]
+    bucket_bytes: tuple[int, ...]
+    planned_all_reduces: int
+    run: jb.CompiledHlo
+
+
+def bucketed_plan(module: HloModule, threshold_bytes: int | None
+                  ) -> tuple[FusionSpace, Plan]:
+    """The ``bucketed`` plan of a pre-optimization module: only AllReduce buckets
+    (:func:`hlo_tools.plan.bucket_plan`), no fusion.
+
+    Raises:
+        ValueError: the program has no combinable all-reduce before XLA's partitioner
+            (not a ``shard_map`` step), or a negative threshold.
+    """
+    space = FusionSpace(device_graph(module))
+    if not space.allreduces:
+        raise ValueError("cannot bucket: the program has no gradient all-reduce before XLA's "
+                         "partitioner (not a shard_map step?)")
+    return space, bucket_plan(space, threshold_bytes)
+
+
+def _compile_bucketed(step: Callable[..., Any], args: Sequence[Any], module: HloModule,
+                      thresholds: Sequence[int | None], platform: str,
+                      kwargs: Mapping[str, Any] | None, config: str | Path | None
+                      ) -> list[BucketedCandidate]:
+    """One candidate per threshold; thresholds giving the same buckets share one compile."""
+    options = baseline_options(BUCKETED, platform, config=config)
+    compiled: dict[tuple, tuple[int, jb.CompiledHlo]] = {}
+    out = []
+    for threshold in thresholds:
+        space, plan = bucketed_plan(module, threshold)
+        graph = space.graph
+        members = bucket_members(space, plan)
+        key = tuple(map(tuple, members))
+        if key not in compiled:
+            text = to_text(apply_plan(module, plan, graph))
+            run = jb.compile_hlo(step, args, text, exact=False, kwargs=kwargs,
+                                 compiler_options=options)
+            compiled[key] = (jb.count_all_reduces(text), run)
+        planned, run = compiled[key]
+        out.append(BucketedCandidate(
+            threshold, tuple(tuple(graph.names[a] for a in b) for b in members),
+            tuple(sum(graph.out_bytes[a] for a in b) for b in members), planned, run))
+    return out
+
+
+def compile_bucketed(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    threshold_bytes: int | None = None,
+    *,
+    platform: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    config: str | Path | None = None,
+) -> BucketedCandidate:
+    """Compiles ``fn`` on ``args`` as the ``bucketed`` baseline with bucket size T.
+
+    The pre-optimization program gets flat gradient buckets of at most ``threshold_bytes``
+    in order of production (:func:`bucketed_plan`, written by ``apply_plan``) and nothing
+    else; XLA then compiles it with its op fusion on and its AllReduce combiner off
+    (:func:`baseline_options` of ``bucketed``), so the buckets are the all-reduces that run.
+
+    Args:
+        fn: a ``shard_map`` train step (plain or jit-wrapped).
+        args: positional arguments to lower it on.
+        threshold_bytes: T, the most bytes of a bucket (None: one bucket).
+        platform: jax platform (default ``jax.default_backend()``).
+        kwargs: keyword arguments to lower ``fn`` on.
+        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
+
+    Raises:
+        ValueError: no gradient all-reduce to bucket, or a negative threshold.
+        jax_bridge.HloCompileError: XLA rejected the program.
+    """
+    return bucketed_candidates(fn, args, (threshold_bytes,), platform=platform, kwargs=kwargs,
+                               config=config)[0]
+
+
+def bucketed_candidates(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    thresholds: Sequence[int | None] = BUCKET_THRESHOLDS,
+    *,
+    platform: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    config: str | Path | None = None,
+) -> list[BucketedCandidate]:
+    """The ``bucketed`` sweep: one compiled candidate per threshold, in the given order.
+
+    The program is extracted once; thresholds that give the same buckets (all of them on
+    a model whose gradients fit in the smallest) share one compiled program. Measuring the
+    candidates and keeping the fastest is the caller's (a benchmark's) business.
+
+    Args:
+        fn, args, platform, kwargs, config: as for :func:`compile_bucketed`.
+        thresholds: the bucket sizes T (None: one bucket).
+    """
+    platform = platform or jax.default_backend()
+    step = jb.fresh_function(fn)
+    module = parse(jb.extract(step, *args, **(kwargs or {})))
+    return _compile_bucketed(step, args, module, thresholds, platform, kwargs, config)
 
 
 # ----------------------------------------------------------------- reading the result

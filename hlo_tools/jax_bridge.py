@@ -62,6 +62,7 @@ __all__ = [
     "hlo_text_to_mlir",
     "load_pass_config",
     "platform_family",
+    "plan_library_options",
     "lowered_text",
     "verify_hlo",
     "xla_canonical_text",
@@ -277,6 +278,27 @@ def exact_compiler_options(platform: str, config: str | Path | None = None,
     return options
 
 
+def plan_library_options(platform: str, config: str | Path | None = None) -> dict[str, Any]:
+    """Exact-mode options under which dots and convolutions run on XLA's kernel library.
+
+    The section's ``library_passes`` keep running (as in
+    ``exact_compiler_options(platform, library=True)``) and its ``library_options`` are
+    added: on XLA:CPU these restrict YNNPACK's rewriter to single dots and convolutions,
+    each wrapped alone in a ``kind=kCustom`` ``__ynn_fusion`` as XLA's default pipeline
+    wraps them, so a plan's own fusions and all-reduces stay exactly as written.
+
+    Args:
+        platform: jax platform name: ``cpu``, ``cuda``, ``rocm`` or ``gpu``.
+        config: Pass config TOML; ``hlo_tools/xla_passes.toml`` when None.
+
+    Returns:
+        Options for ``Lowered.compile(compiler_options=...)``.
+    """
+    options = exact_compiler_options(platform, config, library=True)
+    options.update(load_pass_config(config)[_section(platform)].get("library_options", {}))
+    return options
+
+
 # --------------------------------------------------------------------------- compiling
 
 
@@ -343,13 +365,19 @@ def _install(lowered: jax.stages.Lowered, hlo_text: str) -> jax.stages.Lowered:
 
 
 def _options(
-    lowered: jax.stages.Lowered, exact: bool, extra: Mapping[str, Any] | None
+    lowered: jax.stages.Lowered, exact: bool, extra: Mapping[str, Any] | None,
+    library: bool = False,
 ) -> dict[str, Any]:
-    """Compiler options: the exact-mode ones (if asked) updated with ``extra``.
+    """Compiler options: the exact-mode ones (if asked; with library kernels if
+    ``library``) updated with ``extra``.
 
     ``xla_disable_hlo_passes`` lists are concatenated, other keys of ``extra`` win.
     """
-    options = exact_compiler_options(_platform(lowered)) if exact else {}
+    if exact:
+        platform = _platform(lowered)
+        options = plan_library_options(platform) if library else exact_compiler_options(platform)
+    else:
+        options = {}
     extra = dict(extra or {})
     disabled = [options.get(_DISABLE, ""), extra.pop(_DISABLE, "")]
     options.update(extra)
@@ -374,6 +402,7 @@ def compile_hlo(
     exact: bool = True,
     kwargs: Mapping[str, Any] | None = None,
     compiler_options: Mapping[str, Any] | None = None,
+    library: bool = False,
 ) -> CompiledHlo:
     """Compiles ``hlo_text`` in place of ``fn``'s own lowering.
 
@@ -387,6 +416,10 @@ def compile_hlo(
         kwargs: Keyword arguments to lower ``fn`` on.
         compiler_options: Extra XLA options. Their ``xla_disable_hlo_passes`` is added to
             the exact-mode list; other keys override it.
+        library: with ``exact``, run dots and convolutions on XLA's kernel library
+            (YNNPACK on CPU) as its default pipeline does, each alone in a ``kind=kCustom``
+            fusion (:func:`plan_library_options`); the text's fusions and all-reduces
+            stay as written. Ignored without ``exact`` (XLA's default uses the library).
 
     Returns:
         A ``CompiledHlo`` taking the same pytrees as ``fn`` and returning its output pytree.
@@ -405,7 +438,7 @@ def compile_hlo(
     lowered = _jitted(fn).lower(*args, **(kwargs or {}))
     if hlo_text is not None:
         lowered = _install(lowered, hlo_text)
-    options = _options(lowered, exact, compiler_options)
+    options = _options(lowered, exact, compiler_options, library)
     return CompiledHlo(_compile(lowered, options), hlo_text, options)
 
 

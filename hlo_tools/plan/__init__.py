@@ -64,6 +64,7 @@ iteration order of a set.
 """
 
 from hlo_tools.opcodes import UNFUSIBLE_OPCODES
+from hlo_tools.plan.buckets import bucket_members, bucket_plan, production_order
 from hlo_tools.plan.groups import dead_groups, group_operands, group_users
 from hlo_tools.plan.kernel import c_kernel_available
 from hlo_tools.plan.legality import LEGAL, Decision, Try, can_combine, can_duplicate, can_fuse
@@ -90,6 +91,8 @@ __all__ = [
     "UNFUSIBLE_OPCODES",
     "allreduce_move",
     "allreduce_neighbours",
+    "bucket_members",
+    "bucket_plan",
     "c_kernel_available",
     "can_combine",
     "can_duplicate",
@@ -107,6 +110,7 @@ __all__ = [
     "initial_plan",
     "members",
     "op_fusion_move",
+    "production_order",
     "random_moves",
     "random_plan",
 ]
