@@ -9,7 +9,9 @@ The public API, re-exported here:
   :func:`sim_graph_from_module`, :func:`simulate_plan`;
 * the simulator (:mod:`disco_jax.simulator`): :func:`simulate`, :class:`SimGraph`,
   :class:`SimResult`;
-* the search (:mod:`disco_jax.search`): :func:`backtracking_search`,
+* the search (:mod:`disco_jax.search`): :func:`search` and its :class:`SearchOutcome`,
+  :class:`SearchStats`, :class:`SearchConfig`, :func:`load_config`,
+  :func:`baseline_plans`; the compact core :func:`backtracking_search`,
   :class:`SearchResult`;
 * the model zoo, :mod:`disco_jax.zoo` (imported on first use: it imports jax).
 
@@ -23,7 +25,16 @@ from typing import Any
 
 from disco_jax.cost_model import BackendConstants, CostModel, GraphCosts, OpTimes
 from disco_jax.lower import sim_graph, sim_graph_from_module, simulate_plan
-from disco_jax.search import SearchResult, backtracking_search
+from disco_jax.search import (
+    SearchConfig,
+    SearchOutcome,
+    SearchResult,
+    SearchStats,
+    backtracking_search,
+    baseline_plans,
+    load_config,
+    search,
+)
 from disco_jax.simulator import SimGraph, SimResult, simulate
 
 __all__ = [
@@ -31,10 +42,16 @@ __all__ = [
     "CostModel",
     "GraphCosts",
     "OpTimes",
+    "SearchConfig",
+    "SearchOutcome",
     "SearchResult",
+    "SearchStats",
     "SimGraph",
     "SimResult",
     "backtracking_search",
+    "baseline_plans",
+    "load_config",
+    "search",
     "sim_graph",
     "sim_graph_from_module",
     "simulate",

@@ -27,7 +27,7 @@ from disco_jax.cost_model import CostModel, GraphCosts
 from disco_jax.simulator import SimGraph, SimResult, simulate
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloModule
-from hlo_tools.plan import Plan, copy_readers, group_outputs, initial_plan
+from hlo_tools.plan import Plan, initial_plan
 
 __all__ = ["sim_graph", "sim_graph_from_module", "simulate_plan"]
 
@@ -224,11 +224,15 @@ def _fill_fusions(gc: GraphCosts, plan: Plan, order: np.ndarray, starts: np.ndar
     if copies:
         group = plan.group
         keys = [(g, copies.get(group[g[0]], ())) for g in groups]
-        readers = copy_readers(gc.graph, plan)
-        special = {p for p, _ in plan.dups} | set(readers)
+        dup_p = np.array(sorted({p for p, _ in plan.dups}), dtype=np.int64)
+        # the duplicated producers and the operands their copies read
+        special = set(dup_p.tolist()) | set(gc.op_idx[_csr_rows(gc.op_ptr, dup_p)[0]].tolist())
+        leaves = None
         for k, (g, c) in enumerate(keys):
             if not special.isdisjoint(g):
-                keys[k] = (g, c, group_outputs(gc.graph, plan, g, readers))
+                if leaves is None:
+                    leaves = _leaving(gc, plan)
+                keys[k] = (g, c, tuple(m for m in g if leaves[m]))
     else:
         keys = [(g, ()) for g in groups]
     hits = list(map(gc.fused_cache.get, keys))
@@ -238,6 +242,28 @@ def _fill_fusions(gc: GraphCosts, plan: Plan, order: np.ndarray, starts: np.ndar
     at = sim_start[runs]
     t, ob, nm = zip(*hits)
     dur[at], nbytes[at], names[at] = t, ob, nm
+
+
+def _leaving(gc: GraphCosts, plan: Plan) -> list[bool]:
+    """Per node, whether its value leaves its group: :func:`hlo_tools.plan.group_outputs`'s
+    rule for every node at once (the root; a reader in another group that holds no copy
+    of it; a copy held by another group that reads it)."""
+    n, group = gc.n, np.frombuffer(plan.group, dtype=np.int32) \
+        if plan.group.itemsize == 4 else np.asarray(plan.group, dtype=np.int32)
+    dups = np.array(sorted(plan.dups), dtype=np.int64).reshape(-1, 2)
+    dup_codes = dups[:, 0] * n + dups[:, 1]
+    out = np.zeros(n, dtype=np.bool_)
+    out[gc.root] = True
+    src, rg = gc.op_idx.astype(np.int64), group[gc.edge_dst].astype(np.int64)
+    cross = rg != group[src]
+    src, rg = src[cross], rg[cross]
+    out[src[~np.isin(src * n + rg, dup_codes)]] = True
+    ops, which = _csr_rows(gc.op_ptr, dups[:, 0])
+    o, h = gc.op_idx[ops].astype(np.int64), dups[which, 1]
+    cross = h != group[o]
+    o, h = o[cross], h[cross]
+    out[o[~np.isin(o * n + h, dup_codes)]] = True
+    return out.tolist()
 
 
 def _fill_buckets(gc: GraphCosts, costs: CostModel, order: np.ndarray, starts: np.ndarray,

@@ -5,36 +5,196 @@ takes the cheapest, applies each of the three kinds of move a random number of t
 ``[0, beta]`` (op fusion, duplicate fusion, AllReduce combination), and costs the result
 with the simulator. A candidate better than the best so far becomes the best; one within
 ``alpha`` times the best goes back into the queue. The search stops when the queue is
-empty, when the best has not improved for ``patience`` steps, or when the time budget is
-spent.
+empty, when the best has not improved for ``patience`` evaluated candidates, or when the
+time budget is spent.
 
-This module holds the compact core of the search: :func:`backtracking_search` and its
-:class:`SearchResult`. The cost of a plan is any callable; the ``disco demo`` command
-passes :func:`disco_jax.lower.simulate_plan`'s iteration time.
+Two entry points share one loop:
+
+* :func:`search`, the product form: a graph and a cost model in, a :class:`SearchOutcome`
+  out. The queue starts from the no-fusion plan *and* every start plan (by default the
+  baselines expressible as plans, :func:`baseline_plans`: flat gradient buckets of at most
+  T bytes for T in :data:`BUCKET_THRESHOLDS`, when :func:`hlo_tools.plan.bucket_plan` is
+  available), so the result is never predicted worse than any of them. Its parameters come
+  from ``disco_jax/configs/search.toml`` (:func:`load_config`), overridable by arguments.
+  It shows a ``rich`` progress line (best cost, candidates/s) when stderr is a terminal.
+* :func:`backtracking_search`, the compact core: any cost callable, one start plan.
+
+Both are seeded: for a seed and the same inputs they evaluate the same candidates in the
+same order and return the same plan, as long as the time budget is not what stops them.
+A candidate whose plan key (:meth:`hlo_tools.plan.Plan.key`) was seen before is skipped
+without being costed or counted (its cost is that of the first plan with the key).
 """
 
 from __future__ import annotations
 
 import heapq
+import importlib.resources
+import math
 import random
 import sys
 import time
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
+from disco_jax.cost_model import CostModel
+from disco_jax.lower import sim_graph
+from disco_jax.simulator import full_overlap_bound, simulate
 from hlo_tools import plan as P
+from hlo_tools.graph import DeviceGraph
 
-__all__ = ["SearchResult", "backtracking_search"]
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "BUCKET_THRESHOLDS",
+    "NO_FUSION",
+    "STOP_PATIENCE",
+    "STOP_QUEUE_EMPTY",
+    "STOP_TIME_BUDGET",
+    "SearchConfig",
+    "SearchOutcome",
+    "SearchResult",
+    "SearchStats",
+    "backtracking_search",
+    "baseline_plans",
+    "load_config",
+    "search",
+]
+
+#: Name of the no-fusion start plan (every node its own group), always in the queue.
+NO_FUSION = "no_fusion"
+#: Bucket thresholds of the ``bucketed`` start plans, bytes (None: one bucket).
+BUCKET_THRESHOLDS: tuple[int | None, ...] = (1 << 20, 4 << 20, 16 << 20, 64 << 20, None)
+
+#: Stop reason: ``patience`` candidates in a row did not improve the best.
+STOP_PATIENCE = "patience"
+#: Stop reason: the time budget was spent.
+STOP_TIME_BUDGET = "time_budget"
+#: Stop reason: the queue ran empty.
+STOP_QUEUE_EMPTY = "queue_empty"
+
+_CONFIG_KEYS = {"alpha": float, "beta": int, "patience": int, "time_budget_s": float}
+
+
+class SearchConfig(NamedTuple):
+    """Parameters of a search.
+
+    Attributes:
+        alpha: children predicted at most ``alpha`` times the best are queued (>= 1).
+        beta: each kind of move is applied ``randint(0, beta)`` times per child (>= 0).
+        patience: stop after this many evaluated candidates without a new best (>= 1).
+        time_budget_s: stop after this many seconds (> 0; ``math.inf``: no limit).
+    """
+
+    alpha: float
+    beta: int
+    patience: int
+    time_budget_s: float
+
+    def check(self) -> SearchConfig:
+        """Returns ``self``; raises ValueError for a value out of range."""
+        if not (self.alpha >= 1.0 and math.isfinite(self.alpha)):
+            raise ValueError(f"alpha must be a finite number >= 1, got {self.alpha}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.patience < 1:
+            raise ValueError(f"patience must be >= 1, got {self.patience}")
+        if not self.time_budget_s > 0:
+            raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
+        return self
+
+
+def load_config(path: str | None = None) -> SearchConfig:
+    """The search parameters of a TOML file's ``[search]`` table.
+
+    Args:
+        path: the file (default: the packaged ``disco_jax/configs/search.toml``, read with
+            :mod:`importlib.resources`).
+
+    Raises:
+        ValueError: a key is missing, unknown or out of range.
+    """
+    if path is None:
+        resource = importlib.resources.files("disco_jax") / "configs" / "search.toml"
+        raw = tomllib.loads(resource.read_text(encoding="utf-8"))
+        where = "disco_jax/configs/search.toml"
+    else:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+        where = str(path)
+    table = raw.get("search")
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: no [search] table")
+    unknown = sorted(set(table) - set(_CONFIG_KEYS))
+    missing = sorted(set(_CONFIG_KEYS) - set(table))
+    if unknown or missing:
+        raise ValueError(f"{where}: [search] unknown keys {unknown}, missing keys {missing}")
+    try:
+        return SearchConfig(**{k: kind(table[k]) for k, kind in _CONFIG_KEYS.items()}).check()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+class SearchStats(NamedTuple):
+    """What a search did.
+
+    Attributes:
+        evaluated: candidates costed (start plans included), each once per plan key.
+        pops: plans taken from the queue and expanded.
+        duplicates: children skipped because a plan with their key was already seen.
+        seconds: wall time of the whole search, start plans and final bound included.
+        stop_reason: :data:`STOP_PATIENCE`, :data:`STOP_TIME_BUDGET` or
+            :data:`STOP_QUEUE_EMPTY`.
+    """
+
+    evaluated: int
+    pops: int
+    duplicates: int
+    seconds: float
+    stop_reason: str
+
+    @property
+    def candidates_per_s(self) -> float:
+        """Evaluated candidates per second of wall time."""
+        return self.evaluated / self.seconds if self.seconds > 0 else 0.0
+
+
+class SearchOutcome(NamedTuple):
+    """Result of :func:`search`.
+
+    Attributes:
+        plan: the best plan found.
+        cost_s: its predicted iteration time, seconds.
+        start_costs_s: predicted iteration time of each start plan by name, seconds
+            (:data:`NO_FUSION` first, then the seeded start plans in the order given).
+        best_start: name of the cheapest start plan.
+        fo_bound_s: full-overlap bound of the best plan
+            (:func:`disco_jax.simulator.full_overlap_bound` of its SimGraph), seconds.
+        stats: the :class:`SearchStats`.
+        config: the parameters the search ran with.
+        seed: the seed it ran with.
+    """
+
+    plan: P.Plan
+    cost_s: float
+    start_costs_s: dict[str, float]
+    best_start: str
+    fo_bound_s: float
+    stats: SearchStats
+    config: SearchConfig
+    seed: int
 
 
 class SearchResult(NamedTuple):
-    """Outcome of a search.
+    """Outcome of :func:`backtracking_search`.
 
     Attributes:
         plan: the best plan found.
         cost_s: its predicted iteration time, seconds.
         initial_cost_s: predicted iteration time of the starting plan, seconds.
-        evaluated: candidates costed.
+        evaluated: candidates costed (the start included).
         steps: queue pops.
         seconds: wall time spent.
     """
@@ -47,6 +207,72 @@ class SearchResult(NamedTuple):
     seconds: float
 
 
+# --------------------------------------------------------------------------- start plans
+
+
+def _threshold_name(threshold: int | None) -> str:
+    return "bucketed_one" if threshold is None else f"bucketed_{threshold >> 20}MiB"
+
+
+def baseline_plans(space: P.FusionSpace) -> dict[str, P.Plan]:
+    """The baselines expressible as plans, by name: no fusion, and -- when
+    ``hlo_tools.plan.bucket_plan`` exists -- flat gradient buckets in order of production,
+    each at most T bytes, for T in :data:`BUCKET_THRESHOLDS` (``bucketed_1MiB`` ...
+    ``bucketed_one``)."""
+    plans = {NO_FUSION: P.initial_plan(space.graph)}
+    bucket_plan = getattr(P, "bucket_plan", None)
+    if bucket_plan is not None:
+        for threshold in BUCKET_THRESHOLDS:
+            plans[_threshold_name(threshold)] = bucket_plan(space, threshold)
+    return plans
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class _Progress:
+    """A ``rich`` status line on stderr (best cost, candidates/s), or nothing."""
+
+    def __init__(self, enabled: bool):
+        self._live = None
+        self._last = 0.0
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(SpinnerColumn(), TextColumn("search: {task.description}"),
+                             TimeElapsedColumn(), console=Console(stderr=True),
+                             transient=True)
+        self._task = self._bar.add_task("starting", total=None)
+        self._bar.start()
+        self._live = True
+
+    def update(self, now: float, t0: float, evaluated: int, best: float, first: float,
+               force: bool = False) -> None:
+        if self._live is None or (not force and now - self._last < 0.2):
+            return
+        self._last = now
+        rate = evaluated / max(now - t0, 1e-9)
+        self._bar.update(self._task, description=(
+            f"best {best * 1e3:.3f} ms ({first / best:.2f}x the best start), "
+            f"{evaluated} candidates, {rate:.0f} candidates/s"))
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._bar.stop()
+            self._live = None
+
+
+class _Loop(NamedTuple):
+    plan: P.Plan
+    cost_s: float
+    evaluated: int
+    pops: int
+    duplicates: int
+    stop_reason: str
+
+
 def _random_apply(space: P.FusionSpace, plan: P.Plan, move, rng: random.Random,
                   beta: int) -> P.Plan:
     """``RandomApply`` of Algorithm 1: ``move`` applied ``randint(0, beta)`` times."""
@@ -55,11 +281,135 @@ def _random_apply(space: P.FusionSpace, plan: P.Plan, move, rng: random.Random,
     return plan
 
 
+def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
+          cost: Callable[[P.Plan], float], config: SearchConfig, rng: random.Random,
+          seen: dict, t0: float, show: _Progress) -> _Loop:
+    """Algorithm 1 from costed start plans (``seen`` holds their keys already)."""
+    queue: list[tuple[float, int, P.Plan]] = []
+    best, best_cost = None, math.inf
+    for tie, (plan, c) in enumerate(starts):
+        queue.append((c, tie, plan))
+        if c < best_cost:
+            best, best_cost = plan, c
+    heapq.heapify(queue)
+    tie = len(queue)
+    first = best_cost
+    evaluated = len(seen)
+    pops = duplicates = unchanged = 0
+    alpha, beta, patience, deadline = (config.alpha, config.beta, config.patience,
+                                       t0 + config.time_budget_s)
+    stop = STOP_QUEUE_EMPTY
+    while queue:
+        now = time.perf_counter()
+        if unchanged >= patience:
+            stop = STOP_PATIENCE
+            break
+        if now >= deadline:
+            stop = STOP_TIME_BUDGET
+            break
+        show.update(now, t0, evaluated, best_cost, first)
+        _, _, plan = heapq.heappop(queue)
+        pops += 1
+        for move in P.MOVES:
+            child = _random_apply(space, plan, move, rng, beta)
+            key = child.key()
+            if key in seen:
+                duplicates += 1
+                continue
+            c = cost(child)
+            seen[key] = c
+            evaluated += 1
+            if c < best_cost:
+                best, best_cost, unchanged = child, c, 0
+            else:
+                unchanged += 1
+            if c <= alpha * best_cost:
+                heapq.heappush(queue, (c, tie, child))
+                tie += 1
+    show.update(time.perf_counter(), t0, evaluated, best_cost, first, force=True)
+    return _Loop(best, best_cost, evaluated, pops, duplicates, stop)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
+           time_budget_s: float | None = None, alpha: float | None = None,
+           beta: int | None = None, patience: int | None = None,
+           start_plans: Mapping[str, P.Plan] | None = None, progress: bool | None = None,
+           space: P.FusionSpace | None = None, config: SearchConfig | None = None
+           ) -> SearchOutcome:
+    """Searches the plan of ``graph`` with the lowest predicted iteration time.
+
+    The cost of a plan is :func:`disco_jax.simulator.simulate` of its
+    :func:`disco_jax.lower.sim_graph` with the cost model's overlap.
+
+    Args:
+        graph: the per-device graph (:func:`hlo_tools.device_graph`).
+        costs: the cost model.
+        seed: seeds the moves.
+        time_budget_s: overrides the config's time budget, seconds (``math.inf``: none).
+        alpha: overrides the config's alpha.
+        beta: overrides the config's beta.
+        patience: overrides the config's patience.
+        start_plans: plans queued at the start besides no fusion, by name (default:
+            :func:`baseline_plans`; an empty mapping: no fusion alone).
+        progress: show a progress line on stderr; None: when stderr is a terminal. Never
+            shown when stderr is not a terminal.
+        space: the graph's :class:`~hlo_tools.plan.FusionSpace` (built when None).
+        config: the parameters before overrides (default: :func:`load_config`).
+
+    Returns:
+        The :class:`SearchOutcome`: the best plan is never predicted worse than any start.
+
+    Raises:
+        ValueError: a parameter out of range, or a start plan named :data:`NO_FUSION`
+            that is not the no-fusion plan.
+    """
+    t0 = time.perf_counter()
+    base = config or load_config()
+    overrides = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("patience", patience),
+                                   ("time_budget_s", time_budget_s)) if v is not None}
+    config = base._replace(**overrides).check()
+    space = space if space is not None else P.FusionSpace(graph)
+    starts = {NO_FUSION: P.initial_plan(graph)}
+    given = baseline_plans(space) if start_plans is None else dict(start_plans)
+    if NO_FUSION in given and given[NO_FUSION].key() != starts[NO_FUSION].key():
+        raise ValueError(f"start plan {NO_FUSION!r} is not the no-fusion plan")
+    starts.update(given)
+    overlap = costs.overlap
+
+    def cost(plan: P.Plan) -> float:
+        return simulate(sim_graph(graph, plan, costs), overlap, check=False).iteration_s
+
+    seen: dict[Any, float] = {}
+    start_costs: dict[str, float] = {}
+    queued: list[tuple[P.Plan, float]] = []
+    for name, plan in starts.items():
+        key = plan.key()
+        if key not in seen:  # e.g. one bucket and 64 MiB buckets on a small model
+            seen[key] = cost(plan)
+            queued.append((plan, seen[key]))
+        start_costs[name] = seen[key]
+    best_start = min(start_costs, key=start_costs.__getitem__)
+    show = _Progress(progress is not False and sys.stderr.isatty())
+    try:
+        loop = _loop(space, queued, cost, config, random.Random(seed), seen, t0, show)
+    finally:
+        show.close()
+    fo = full_overlap_bound(sim_graph(graph, loop.plan, costs))
+    stats = SearchStats(loop.evaluated, loop.pops, loop.duplicates,
+                        time.perf_counter() - t0, loop.stop_reason)
+    return SearchOutcome(loop.plan, loop.cost_s, start_costs, best_start, fo, stats, config,
+                         seed)
+
+
 def backtracking_search(space: P.FusionSpace, start: P.Plan, cost: Callable[[P.Plan], float],
                         *, alpha: float = 1.05, beta: int = 10, patience: int = 1000,
                         time_budget_s: float = 60.0, seed: int = 0,
                         progress: bool = False) -> SearchResult:
-    """Searches for the plan with the lowest ``cost`` (Algorithm 1 of the paper).
+    """Searches for the plan with the lowest ``cost`` from one start plan (the compact core
+    of :func:`search`, with any cost callable).
 
     Args:
         space: the fusion space of the graph.
@@ -71,38 +421,17 @@ def backtracking_search(space: P.FusionSpace, start: P.Plan, cost: Callable[[P.P
         time_budget_s: stop after this many seconds.
         seed: seeds the moves; with the same inputs the search is deterministic as long
             as the time budget is not what stops it.
-        progress: print the best cost and candidates/s to stderr.
+        progress: show the best cost and candidates/s on stderr (when it is a terminal).
     """
-    rng = random.Random(seed)
     t0 = time.perf_counter()
-    best, best_cost = start, cost(start)
-    initial = best_cost
-    queue, tie = [(best_cost, 0, start)], 1
-    seen = {start.key()}
-    evaluated = steps = unchanged = 0
-    while queue and unchanged < patience and time.perf_counter() - t0 < time_budget_s:
-        _, _, plan = heapq.heappop(queue)
-        steps += 1
-        for move in P.MOVES:
-            child = _random_apply(space, plan, move, rng, beta)
-            key = child.key()
-            if key in seen:
-                continue
-            seen.add(key)
-            c = cost(child)
-            evaluated += 1
-            if c < best_cost:
-                best, best_cost, unchanged = child, c, 0
-            else:
-                unchanged += 1
-            if c <= alpha * best_cost:
-                heapq.heappush(queue, (c, tie, child))
-                tie += 1
-        if progress and steps % 20 == 0:
-            rate = evaluated / (time.perf_counter() - t0)
-            print(f"\r  search: {evaluated} candidates, best {best_cost * 1e3:.3f} ms "
-                  f"({initial / best_cost:.2f}x predicted), {rate:.0f} candidates/s ",
-                  end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
-    return SearchResult(best, best_cost, initial, evaluated, steps, time.perf_counter() - t0)
+    config = SearchConfig(alpha, beta, patience, time_budget_s).check()
+    initial = cost(start)
+    seen = {start.key(): initial}
+    show = _Progress(progress and sys.stderr.isatty())
+    try:
+        loop = _loop(space, [(start, initial)], cost, config, random.Random(seed), seen, t0,
+                     show)
+    finally:
+        show.close()
+    return SearchResult(loop.plan, loop.cost_s, initial, loop.evaluated, loop.pops,
+                        time.perf_counter() - t0)

@@ -269,6 +269,33 @@ def test_plan_and_its_rewritten_module_cost_the_same(seed: int) -> None:
     assert a.peak_bytes == b.peak_bytes
 
 
+@pytest.mark.parametrize("fixture", ["shard_map_mlp.pre.hlo", "grad_mlp.pre.hlo"])
+def test_lowering_uses_the_plan_packages_outputs_rule(fixture: str) -> None:
+    """The lowering's all-nodes-at-once form of "which members leave their group" agrees
+    with the one rule, hlo_tools.plan.group_outputs, on every group of plans with copies."""
+    import random
+
+    from disco_jax.lower import _leaving
+
+    module = hlo_tools.parse((FIXTURES / fixture).read_text())
+    graph = device_graph(module)
+    space = P.FusionSpace(graph)
+    costs = C.CostModel("inproc4")
+    gc = costs.graph_costs(graph)
+    checked = 0
+    for seed in range(40):
+        plan = P.random_moves(space, P.initial_plan(graph), random.Random(seed), 80,
+                              weights=(0.4, 0.6, 0.0))
+        if not plan.dups:
+            continue
+        leaves = _leaving(gc, plan)
+        for members in plan.groups().values():
+            assert tuple(m for m in members if leaves[m]) == \
+                P.group_outputs(graph, plan, members), (seed, members)
+            checked += 1
+    assert checked > 20
+
+
 def test_bucket_is_one_comm_node_with_the_model_time() -> None:
     costs, module = _model(GRADS, {"g1": 3e-6, "g2": 2e-6, "u1": 3e-6, "u2": 2e-6})
     graph = device_graph(module)

@@ -51,11 +51,10 @@ def run_demo(args: argparse.Namespace) -> int:
     from disco_jax import zoo
     from disco_jax.cli import UserError
     from disco_jax.cost_model import CostModel
-    from disco_jax.lower import sim_graph_from_module, simulate_plan
-    from disco_jax.search import backtracking_search
+    from disco_jax.lower import sim_graph_from_module
+    from disco_jax.search import search
     from disco_jax.simulator import simulate
     from hlo_tools import baselines
-    from hlo_tools import plan as P
 
     if len(jax.devices()) < DEVICES:
         raise UserError(f"needs {DEVICES} devices; set XLA_FLAGS="
@@ -78,14 +77,12 @@ def run_demo(args: argparse.Namespace) -> int:
                                  costs.overlap).iteration_s
 
     _say(f"[3/5] searching plans ({args.time_budget:.0f} s budget)")
-    space = P.FusionSpace(graph)
-    result = backtracking_search(
-        space, P.initial_plan(graph), lambda p: simulate_plan(graph, p, costs).iteration_s,
-        time_budget_s=args.time_budget, seed=args.seed, progress=True)
+    result = search(graph, costs, time_budget_s=args.time_budget, seed=args.seed)
     groups = result.plan.groups()
     fusions = sum(1 for ms in groups.values() if graph.opcodes[ms[0]] != "all-reduce")
     buckets = sum(1 for ms in groups.values() if graph.opcodes[ms[0]] == "all-reduce")
-    _say(f"      {result.evaluated} candidates in {result.seconds:.1f} s: {fusions} fusions, "
+    _say(f"      {result.stats.evaluated} candidates in {result.stats.seconds:.1f} s "
+         f"(stopped by {result.stats.stop_reason}): {fusions} fusions, "
          f"{len(result.plan.dups)} duplicated producers, {buckets} AllReduce buckets")
 
     _say("[4/5] enacting the plan exactly")
@@ -96,7 +93,8 @@ def run_demo(args: argparse.Namespace) -> int:
     _say(f"[5/5] measuring ({args.repeats} interleaved iterations each)")
     programs = {"no fusion": unfused, "XLA default": default, "DisCo plan": disco}
     measured = _measure(programs, fargs, args.repeats)
-    predicted = {"no fusion": result.initial_cost_s, "XLA default": predicted_default,
+    predicted = {"no fusion": result.start_costs_s["no_fusion"],
+                 "XLA default": predicted_default,
                  "DisCo plan": result.cost_s}
     _print_table(predicted, measured)
     _check_outputs(programs, step, fargs)

@@ -1,0 +1,106 @@
+"""``disco optimize``: HLO in, optimized HLO out -- exact, numerically the same, atomic."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import hlo_tools
+from disco_jax import zoo
+from disco_jax.cli import main
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "shard_map_mlp.pre.hlo"
+FAST_MODELS = ("vgg", "transformer")
+ALL_MODELS = tuple(n for n in zoo.names() if n != zoo.AUTO_SHARDED)
+
+
+def _optimize_and_check(name: str, tmp_path, capsys, extra=()) -> dict:
+    step, args = zoo.get(name)(4, "tiny")
+    src = tmp_path / f"{name}.hlo"
+    src.write_text(hlo_tools.extract(step, *args))
+    out = tmp_path / f"{name}.opt.hlo"
+    code = main(["optimize", str(src), "-o", str(out), "--time-budget", "3", "--json",
+                 *extra])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["predicted_s"] <= min(report["start_predicted_s"].values())
+    assert report["fo_bound_s"] <= report["predicted_s"]
+    assert report["search"]["evaluated"] >= 1
+    text = out.read_text()
+    assert text != src.read_text()  # the search changed something on a zoo model
+    run = hlo_tools.compile_hlo(step, args, text, exact=True)
+    got, want = jax.tree.leaves(run(*args)), jax.tree.leaves(jax.jit(step)(*args))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    return report
+
+
+@pytest.mark.parametrize("name", FAST_MODELS)
+def test_optimized_output_compiles_exactly_and_matches_jit(name, tmp_path, capsys):
+    _optimize_and_check(name, tmp_path, capsys, extra=("--no-bench",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_every_zoo_model_with_measured_op_times(name, tmp_path, capsys):
+    _optimize_and_check(name, tmp_path, capsys)
+
+
+def test_text_report(tmp_path, capsys):
+    src = tmp_path / "in.hlo"
+    src.write_text(FIXTURE.read_text())
+    out = tmp_path / "out.hlo"
+    assert main(["optimize", str(src), "-o", str(out), "--no-bench", "--time-budget", "2",
+                 "--seed", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "start no_fusion" in text and "optimized plan" in text
+    assert "full-overlap bound" in text and "seed 1" in text
+    assert hlo_tools.parse(out.read_text())
+
+
+def _bad_inputs(tmp_path):
+    empty = tmp_path / "empty.hlo"
+    empty.write_text("")
+    garbage = tmp_path / "garbage.hlo"
+    garbage.write_text("HloModule m\n\nENTRY e {\n  this is not hlo\n}\n")
+    binary = tmp_path / "binary.hlo"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    return {"empty": empty, "garbage": garbage, "binary": binary,
+            "missing": tmp_path / "missing.hlo", "directory": tmp_path}
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "binary", "missing", "directory"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_bad_input_is_one_line_and_writes_nothing(kind, existing, tmp_path, capsys):
+    src = _bad_inputs(tmp_path)[kind]
+    out = tmp_path / "out" / "opt.hlo"
+    out.parent.mkdir()
+    if existing:
+        out.write_text("previous")
+    code = main(["optimize", str(src), "-o", str(out), "--no-bench", "--time-budget", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("disco: error: "), err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in out.parent.iterdir()) == (["opt.hlo"] if existing else [])
+    if existing:
+        assert out.read_text() == "previous"
+
+
+def test_bad_output_and_options(tmp_path, capsys):
+    src = tmp_path / "in.hlo"
+    src.write_text(FIXTURE.read_text())
+    for argv in (["-o", str(tmp_path / "nodir" / "x.hlo")], ["-o", str(tmp_path)],
+                 ["-o", str(tmp_path / "x.hlo"), "--time-budget", "0"],
+                 ["-o", str(tmp_path / "x.hlo"), "--hardware", "no-such-hardware"]):
+        assert main(["optimize", str(src), "--no-bench", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("disco: error: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hlo"]
