@@ -63,6 +63,7 @@ def test_readme_main_command_runs():
         capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "XLA default" in proc.stdout and "DisCo plan" in proc.stdout
+    assert "bucketed " in proc.stdout  # hand bucketing, the baseline users run
     assert "predicted ms" in proc.stdout
 
 

@@ -1,8 +1,10 @@
 """``disco demo``: the whole pipeline on a bundled train step.
 
 Extract the step's HLO, time its single ops on this machine, search plans with the
-simulator as cost model, enact the best plan exactly, and print XLA's default against
-the optimized program — predicted and measured per-iteration time.
+simulator as cost model, enact the best plan exactly, and print XLA's default and hand
+bucketing (the ``bucketed`` baseline: XLA's fusion plus flat gradient buckets, one row per
+distinct set of buckets of the 1/4/16/64 MiB/one-bucket sweep) against the optimized
+program — predicted and measured per-iteration time.
 
 This module holds the subcommand's parser (:func:`register`) and its run
 (:func:`run_demo`).
@@ -75,6 +77,11 @@ def run_demo(args: argparse.Namespace) -> int:
     default_module = baselines.module_from_compiled(default)
     predicted_default = simulate(sim_graph_from_module(default_module, costs),
                                  costs.overlap).iteration_s
+    bucketed = {}  # hand bucketing, one program per distinct set of buckets
+    for cand in baselines.bucketed_candidates(step, fargs):
+        label = "one bucket" if cand.threshold_bytes is None else \
+            f"{cand.threshold_bytes >> 20} MiB"
+        bucketed.setdefault(cand.buckets, (f"bucketed {label}", cand.run))
 
     _say(f"[3/5] searching plans ({args.time_budget:.0f} s budget)")
     result = search(graph, costs, time_budget_s=args.time_budget, seed=args.seed)
@@ -91,11 +98,15 @@ def run_demo(args: argparse.Namespace) -> int:
     unfused = hlo_tools.compile_hlo(step, fargs, hlo_tools.to_text(module), exact=True)
 
     _say(f"[5/5] measuring ({args.repeats} interleaved iterations each)")
-    programs = {"no fusion": unfused, "XLA default": default, "DisCo plan": disco}
+    programs = {"no fusion": unfused, "XLA default": default,
+                **dict(bucketed.values()), "DisCo plan": disco}
     measured = _measure(programs, fargs, args.repeats)
     predicted = {"no fusion": result.start_costs_s["no_fusion"],
-                 "XLA default": predicted_default,
-                 "DisCo plan": result.cost_s}
+                 "XLA default": predicted_default, "DisCo plan": result.cost_s}
+    for name, run in bucketed.values():
+        module_b = baselines.module_from_compiled(run)
+        predicted[name] = simulate(sim_graph_from_module(module_b, costs),
+                                   costs.overlap).iteration_s
     _print_table(predicted, measured)
     _check_outputs(programs, step, fargs)
     return 0
@@ -117,12 +128,12 @@ def _measure(programs: dict, fargs: tuple, repeats: int) -> dict[str, list[float
 
 def _print_table(predicted: dict[str, float], measured: dict[str, list[float]]) -> None:
     base = statistics.median(measured["XLA default"])
-    print(f"\n{'program':14} {'predicted ms':>13} {'measured ms':>12} {'p25-p75 ms':>15} "
+    print(f"\n{'program':22} {'predicted ms':>13} {'measured ms':>12} {'p25-p75 ms':>15} "
           f"{'vs XLA default':>15}")
     for name, samples in measured.items():
         q = statistics.quantiles(samples, n=4)
         med = statistics.median(samples)
-        print(f"{name:14} {predicted[name] * 1e3:>13.3f} {med * 1e3:>12.3f} "
+        print(f"{name:22} {predicted[name] * 1e3:>13.3f} {med * 1e3:>12.3f} "
               f"{q[0] * 1e3:>7.3f}-{q[2] * 1e3:<7.3f} {base / med:>14.2f}x")
 
 
@@ -135,4 +146,4 @@ def _check_outputs(programs: dict, step, fargs: tuple) -> None:
         got = jax.tree.leaves(run(*fargs))
         worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                     for a, b in zip(got, want))
-        print(f"{name:14} max |output - jax.jit output| = {worst:.2e}")
+        print(f"{name:22} max |output - jax.jit output| = {worst:.2e}")
