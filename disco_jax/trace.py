@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from disco_jax.simulator import SimGraph, SimResult
 from estimator.profiler import COMM_TID, COMPUTE_TID
+from hlo_tools.dirs import write_atomic
 
 __all__ = ["COMPUTE_TID", "COMM_TID", "to_chrome_trace", "write_trace"]
 
@@ -108,15 +108,5 @@ def write_trace(
     """
     dest = Path(path)
     trace = to_chrome_trace(result, graph, pid=pid, label=label)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(trace, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(dest, json.dumps(trace), mkdir=False)
     return dest

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from estimator.allreduce import AllReduceModel, MeasuredAllReduce
-from hlo_tools.dirs import config_dir
+from hlo_tools.dirs import config_dir, write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -380,19 +380,6 @@ def _probe_tables(probes: Sequence[Mapping[str, Any]]) -> list[str]:
             + _toml_table("probes", {"program_d_s": latency, **table}))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory and
-    ``os.replace``: readers see the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_hardware_text(name: str, text: str,
                         directory: str | os.PathLike[str] | None = None) -> Path:
     """Validates a hardware file's text and writes it as ``<directory>/<name>.toml``
@@ -413,7 +400,7 @@ def write_hardware_text(name: str, text: str,
     except tomllib.TOMLDecodeError as err:
         raise InvalidHardwareError(f"{path}: invalid hardware file: not TOML ({err})") from None
     validate(raw, path)
-    _write_atomic(path, text)
+    write_atomic(path, text)
     return path
 
 
@@ -431,5 +418,5 @@ def write_hardware(result: SetupResult,
     """
     base = Path(directory) if directory is not None else user_hardware_dir()
     path = base / f"{result.setup.name}{_SUFFIX}"
-    _write_atomic(path, hardware_toml(result))
+    write_atomic(path, hardware_toml(result))
     return path

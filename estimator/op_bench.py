@@ -654,16 +654,7 @@ class OpTimeCache:
             merged = {**self._read(), **self.entries}
             data = {"schema": OP_CACHE_SCHEMA, "fingerprint": self.fingerprint,
                     "ops": {k: merged[k].to_json() for k in sorted(merged)}}
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
-                                       dir=self.directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(data, f, indent=0, allow_nan=False)
-                os.chmod(tmp, 0o644)  # mkstemp creates 0600
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            dirs.write_atomic(self.path, json.dumps(data, indent=0, allow_nan=False))
             self.entries = merged
         return self.path
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from hlo_tools.dirs import write_atomic
 from hlo_tools.opcodes import is_collective
 
 __all__ = [
@@ -926,16 +927,7 @@ class OpProfile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the profile as JSON atomically (temporary file + ``os.replace``)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, json.dumps(self.to_json(), indent=1, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> OpProfile:

@@ -17,12 +17,10 @@ This module holds the subcommand's parser (:func:`register`) and its run (:func:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +57,9 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
     """Writes ``text`` to ``path`` through a temporary file in the same directory and
     ``os.replace``: readers see the old file or the whole new one, never a part; on an
     error the temporary file is removed and ``path`` is untouched."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    from hlo_tools.dirs import write_atomic
+
+    write_atomic(path, text, mkdir=False)
 
 
 def _check_output(spec: str) -> Path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from flax import serialization
 
 from estimator.gnn.features import DTYPE_VOCAB, FEATURE_VERSION, OPCODE_VOCAB
 from estimator.gnn.model import GnnConfig
+from hlo_tools.dirs import write_atomic
 
 __all__ = ["CHECKPOINT_SCHEMA", "Checkpoint", "load", "save"]
 
@@ -59,16 +59,7 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     data = serialization.msgpack_serialize({
         "header": json.dumps(_header(ckpt), sort_keys=True),
         "params": serialization.to_state_dict(ckpt.params)})
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, data)
 
 
 def load(path: str | os.PathLike) -> Checkpoint:
