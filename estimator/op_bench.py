@@ -83,6 +83,7 @@ __all__ = [
     "benchable_ops",
     "bench_ops",
     "cache_dir",
+    "called_closure",
     "is_library_fusion",
     "kernel_instructions",
     "library_computations",
@@ -93,6 +94,7 @@ __all__ = [
     "op_key",
     "op_status",
     "random_inputs",
+    "standalone_attrs",
     "standalone_op",
     "time_standalone",
     "timing_key",
@@ -303,8 +305,9 @@ def _index_bounds(module_instr: Mapping[str, HloInstruction],
     return {}
 
 
-def _kept_attrs(instr: HloInstruction) -> dict[str, str]:
-    """Attributes without metadata (its stack frame ids point into the source module)."""
+def standalone_attrs(instr: HloInstruction) -> dict[str, str]:
+    """An instruction's attributes for a standalone module: without metadata (its stack
+    frame ids point into the source module) and what does not change what it computes."""
     return {k: v for k, v in instr.attrs.items() if k not in _DROP_ATTRS}
 
 
@@ -319,8 +322,10 @@ def _unbitcast(instr: HloInstruction, comp: HloComputation) -> HloInstruction:
     return instr.copy(opcode="reshape" if same_type else "bitcast-convert")
 
 
-def _called_closure(module: HloModule, instr: HloInstruction) -> list[HloComputation]:
-    """The computations ``instr`` calls, transitively, callees before callers."""
+def called_closure(module: HloModule, instrs: Iterable[HloInstruction]
+                   ) -> list[HloComputation]:
+    """The computations the instructions call, transitively, callees before callers, made
+    standalone (:func:`standalone_attrs`; post-layout bitcasts as the ops they stand for)."""
     comps = module.computations_by_name()
     out: list[HloComputation] = []
     seen: set[str] = set()
@@ -333,9 +338,9 @@ def _called_closure(module: HloModule, instr: HloInstruction) -> list[HloComputa
             comp = comps[name]
             visit(n for i in comp.instructions for n in i.called_computations)
             out.append(dataclasses.replace(comp, is_entry=False, instructions=[
-                _unbitcast(i, comp).copy(attrs=_kept_attrs(i)) for i in comp.instructions]))
+                _unbitcast(i, comp).copy(attrs=standalone_attrs(i)) for i in comp.instructions]))
 
-    visit(instr.called_computations)
+    visit(n for instr in instrs for n in instr.called_computations)
     return out
 
 
@@ -376,10 +381,10 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
             inputs.append(InputSpec(shape, bounds.get(k, 0)))
         names.append(body[-1].name)
     body.append(HloInstruction("op", instr.opcode, instr.shape.without_layout(), names,
-                               _kept_attrs(instr), instr.payload))
+                               standalone_attrs(instr), instr.payload))
     digest = hashlib.sha1(info.key.encode().encode()).hexdigest()[:16]
     name = f"disco_op_{digest}"
-    comps = [*_called_closure(module, instr),
+    comps = [*called_closure(module, [instr]),
              HloComputation("main", body, "op", is_entry=True)]
     text = to_text(HloModule(name, {}, comps, percent_names=module.percent_names))
     return StandaloneOp(info.key, text, name, tuple(inputs), info, library)

@@ -189,31 +189,6 @@ def node_arrays(graph: DeviceGraph, time_s: np.ndarray, free: np.ndarray) -> Nod
 # --------------------------------------------------------------------------- modules
 
 
-def _closure(module: HloModule, instrs: Iterable[HloInstruction]) -> list[HloComputation]:
-    """Computations the instructions call, transitively, callees first."""
-    comps = module.computations_by_name()
-    out: list[HloComputation] = []
-    seen: set[str] = set()
-
-    def visit(names: Iterable[str]) -> None:
-        for name in names:
-            if name in seen or name not in comps:
-                continue
-            seen.add(name)
-            comp = comps[name]
-            visit(c for i in comp.instructions for c in i.called_computations)
-            out.append(dataclasses.replace(comp, is_entry=False, instructions=[
-                i.copy(attrs=_clean(i.attrs)) for i in comp.instructions]))
-
-    visit(c for i in instrs for c in i.called_computations)
-    return out
-
-
-def _clean(attrs: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in attrs.items() if k not in ("metadata", "sharding",
-                                                          "frontend_attributes")}
-
-
 def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[int] = (),
                  name: str = "disco_fused") -> tuple[str, list[op_bench.InputSpec]]:
     """A single-output group as a standalone module holding one ``fusion``.
@@ -255,14 +230,14 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
                 specs.append(op_bench.InputSpec(shape, 1 if index else 0))
                 inner[o] = f"p{k}"
             ops.append(inner[o])
-        body.append(src.copy(name=f"n{node}", operands=ops, attrs=_clean(src.attrs)))
+        body.append(src.copy(name=f"n{node}", operands=ops, attrs=op_bench.standalone_attrs(src)))
         inner[node] = f"n{node}"
     root, shape = inner[outputs[0]], instrs[outputs[0]].shape
     fused = HloComputation("fused_group", params + body, root)
     fusion = HloInstruction("fusion", "fusion", shape, [p.name for p in entry_params],
                             {"kind": "kLoop", "calls": "fused_group"})
     entry = HloComputation("main", [*entry_params, fusion], "fusion", is_entry=True)
-    comps = [*_closure(graph.module, (instrs[i] for i in inside)), fused, entry]
+    comps = [*op_bench.called_closure(graph.module, (instrs[i] for i in inside)), fused, entry]
     return to_text(HloModule(name, {}, comps, percent_names=False)), specs
 
 
