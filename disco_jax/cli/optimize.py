@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from disco_jax.cli import UserError
+from disco_jax.cli.simulate import (
+    add_cost_model_arguments,
+    check_arguments,
+    cost_model,
+    load_module,
+)
+from hlo_tools.dirs import write_atomic
 
-__all__ = ["register", "run", "write_atomically"]
+__all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
@@ -37,29 +44,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", metavar="IN.hlo", help="pre-optimization HLO text")
     p.add_argument("-o", "--output", required=True, metavar="OUT.hlo",
                    help="where to write the optimized HLO (atomically)")
-    p.add_argument("--hardware", default="inproc4", metavar="NAME|PATH",
-                   help="hardware file: a name (the user's hardware directory, then the "
-                        "shipped files) or a .toml path (default: inproc4)")
     p.add_argument("--time-budget", type=float, metavar="S",
                    help="search time budget in seconds (default: configs/search.toml)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default: 0)")
-    p.add_argument("--profile", metavar="PROFILE.json",
-                   help="measured op times (estimator.profiler.OpProfile JSON), used first")
-    p.add_argument("--no-bench", action="store_true",
-                   help="do not time single ops on this machine (profile/analytic only)")
-    p.add_argument("--replicas", type=int, default=1, metavar="N",
-                   help="devices that run each timed op at once (default: 1)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.set_defaults(func=run, overlap=None, trace=None)
-
-
-def write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory and
-    ``os.replace``: readers see the old file or the whole new one, never a part; on an
-    error the temporary file is removed and ``path`` is untouched."""
-    from hlo_tools.dirs import write_atomic
-
-    write_atomic(path, text, mkdir=False)
+    add_cost_model_arguments(p)
+    p.set_defaults(func=run)
 
 
 def _check_output(spec: str) -> Path:
@@ -77,10 +67,9 @@ def _check_output(spec: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit code."""
     import hlo_tools
-    from disco_jax.cli.simulate import _check_args, _cost_model, load_module
     from disco_jax.search import search
 
-    _check_args(args)
+    check_arguments(args)
     out = _check_output(args.output)
     if args.time_budget is not None and not args.time_budget > 0:
         raise UserError(f"--time-budget must be > 0, got {args.time_budget}")
@@ -92,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
         graph = hlo_tools.device_graph(module)
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
-    costs = _cost_model(module, args)
+    costs = cost_model(module, args)
     outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget)
     text = hlo_tools.to_text(hlo_tools.apply_plan(module, outcome.plan, graph))
     try:
-        write_atomically(out, text)
+        write_atomic(out, text, mkdir=False)
     except OSError as err:
         raise UserError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
     report = _report(args, graph, outcome, costs)

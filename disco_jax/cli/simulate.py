@@ -26,7 +26,14 @@ from typing import Any
 
 from disco_jax.cli import UserError
 
-__all__ = ["register", "run", "load_module"]
+__all__ = [
+    "add_cost_model_arguments",
+    "check_arguments",
+    "cost_model",
+    "load_module",
+    "register",
+    "run",
+]
 
 #: Instruction names in a verifier message: quoted, or the leading ``name:``.
 _PROBLEM_NAMES = re.compile(r"'([^']+)'|^([\w.\-]+):")
@@ -38,6 +45,17 @@ def register(subparsers: Any) -> None:
         "simulate", help="simulate one training iteration of an HLO module as written",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.hlo", help="HLO text (pre- or post-optimization)")
+    add_cost_model_arguments(p)
+    p.add_argument("--overlap", type=float, metavar="PHI",
+                   help="override the hardware's compute/communication overlap phi in [0, 1]")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
+    p.set_defaults(func=run)
+
+
+def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that choose a cost model (``--hardware``, ``--profile``,
+    ``--no-bench``, ``--replicas``), shared by the commands that cost plans."""
     p.add_argument("--hardware", default="inproc4", metavar="NAME|PATH",
                    help="hardware file: a name (the user's hardware directory, then the "
                         "shipped files) or a .toml path (default: inproc4)")
@@ -47,11 +65,6 @@ def register(subparsers: Any) -> None:
                    help="do not time single ops on this machine (profile/analytic only)")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="devices that run each timed op at once (default: 1)")
-    p.add_argument("--overlap", type=float, metavar="PHI",
-                   help="override the hardware's compute/communication overlap phi in [0, 1]")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
-    p.set_defaults(func=run)
 
 
 # --------------------------------------------------------------------------- input
@@ -140,12 +153,15 @@ def _profile(spec: str | None) -> Any:
             from None
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    if args.overlap is not None and not 0.0 <= args.overlap <= 1.0:
-        raise UserError(f"--overlap must be in [0, 1], got {args.overlap}")
+def check_arguments(args: argparse.Namespace) -> None:
+    """Checks the cost-model options (and ``--overlap``, ``--trace`` where the command
+    has them); raises :class:`UserError`."""
+    overlap, trace = getattr(args, "overlap", None), getattr(args, "trace", None)
+    if overlap is not None and not 0.0 <= overlap <= 1.0:
+        raise UserError(f"--overlap must be in [0, 1], got {overlap}")
     if args.replicas < 1:
         raise UserError(f"--replicas must be >= 1, got {args.replicas}")
-    if args.trace is not None:
+    if trace is not None:
         parent = Path(args.trace).resolve().parent
         if not parent.is_dir():
             raise UserError(f"--trace {args.trace}: directory {parent} does not exist")
@@ -154,7 +170,9 @@ def _check_args(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- run
 
 
-def _cost_model(module: Any, args: argparse.Namespace) -> Any:
+def cost_model(module: Any, args: argparse.Namespace) -> Any:
+    """The :class:`~disco_jax.cost_model.CostModel` the options choose, with op times
+    covering ``module``; raises :class:`UserError` for a bad hardware or profile file."""
     import dataclasses
 
     from disco_jax.cost_model import CostModel
@@ -171,7 +189,7 @@ def _cost_model(module: Any, args: argparse.Namespace) -> Any:
                                      bench=not args.no_bench, replicas=replicas)
     except ValueError as err:
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
-    if args.overlap is not None:
+    if getattr(args, "overlap", None) is not None:
         costs.constants = dataclasses.replace(costs.constants, overlap=args.overlap,
                                               source="--overlap")
     return costs
@@ -183,9 +201,9 @@ def run(args: argparse.Namespace) -> int:
     from disco_jax.simulator import full_overlap_bound, simulate
     from hlo_tools.graph import device_graph
 
-    _check_args(args)
+    check_arguments(args)
     module = load_module(args.file)
-    costs = _cost_model(module, args)
+    costs = cost_model(module, args)
     graph = device_graph(module)
     sim = sim_graph_from_module(module, costs)
     result = simulate(sim, costs.overlap)
