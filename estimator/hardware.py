@@ -325,8 +325,21 @@ def _backend_family(backend: str) -> str:
     return platform_family(backend) or backend
 
 
-def hardware_toml(result: SetupResult) -> str:
-    """The hardware TOML text (schema documented at its top) for a measured setup."""
+def hardware_toml(result: SetupResult,
+                  carried: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The hardware TOML text (schema documented at its top) for a measured setup.
+
+    Args:
+        result: the measured setup (with probes: the in-program latency becomes ``d_s``
+            and the overlap ``[costs] overlap``).
+        carried: values not measured here, by table (``"allreduce"``, ``"costs"``), e.g.
+            from the shipped file of the same setup; measured values win.
+    """
+    carried = carried or {}
+    latency = overlap = None
+    if result.probes:
+        latency = statistics.median(p["latency_s"] for p in result.probes)
+        overlap = statistics.median(p["overlap"] for p in result.probes)
     s, f, w = result.setup, result.fit, result.wall_fit
     facts = result.facts
     hw = {"backend": _backend_family(facts.get("backend", "cpu")),
@@ -341,8 +354,9 @@ def hardware_toml(result: SetupResult) -> str:
           "time_metric": "op", "time_statistic": result.stat, "fit_weighting": f.weighting,
           "mean_rel_err": f.mean_rel_err, "max_rel_err": f.max_rel_err,
           "min_bytes": result.points[0].bytes, "max_bytes": result.points[-1].bytes}
-    if result.probes:  # what one all-reduce adds to a program, not to a microbenchmark
-        ar.update(d_s=statistics.median(p["latency_s"] for p in result.probes),
+    ar = {**carried.get("allreduce", {}), **ar}
+    if latency is not None:  # what one all-reduce adds to a program, not to a microbenchmark
+        ar.update(d_s=latency,
                   time_metric="program", microbenchmark_c_s_per_byte=f.model.c_s_per_byte,
                   microbenchmark_d_s=f.model.d_s)
         hw["source"] = "measured by disco calibrate (estimator.allreduce, estimator.probes)"
@@ -358,26 +372,18 @@ def hardware_toml(result: SetupResult) -> str:
                                 "description": s.description})
     lines += _toml_table("hardware", hw) + _toml_table("allreduce", ar)
     lines += _toml_table("allreduce.wall", wall) + _toml_table("allreduce.points", pts)
+    costs = {**carried.get("costs", {}), **({} if overlap is None else {"overlap": overlap})}
+    if costs:
+        lines += _toml_table("costs", costs)
     if result.probes:
-        lines += _probe_tables(result.probes)
+        lines += _toml_table("probes", {"program_d_s": latency, **_probe_table(result.probes)})
     return "\n".join(lines)
 
 
-def _probe_tables(probes: Sequence[Mapping[str, Any]]) -> list[str]:
-    """``[costs]`` and ``[probes]`` from the probes of every process (medians over them).
-
-    The program latency replaces the microbenchmark's ``d_s`` in the model the simulator
-    uses (``time_metric = "program"``: what one all-reduce adds to a train step), and the
-    measured overlap becomes ``[costs] overlap``.
-    """
-    latency = statistics.median(p["latency_s"] for p in probes)
-    overlap = statistics.median(p["overlap"] for p in probes)
-    keys = ("comm_s", "compute_s", "both_s", "comm_bytes", "matmuls")
-    table = {"latency_s": [p["latency_s"] for p in probes],
-             "overlap": [p["overlap"] for p in probes],
-             **{k: [p[k] for p in probes] for k in keys}}
-    return (_toml_table("costs", {"overlap": overlap})
-            + _toml_table("probes", {"program_d_s": latency, **table}))
+def _probe_table(probes: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """What each process's probes measured, one list per quantity (index = process)."""
+    keys = ("latency_s", "overlap", "comm_s", "compute_s", "both_s", "comm_bytes", "matmuls")
+    return {k: [p[k] for p in probes] for k in keys}
 
 
 def write_hardware_text(name: str, text: str,

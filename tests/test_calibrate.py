@@ -33,6 +33,9 @@ def test_calibrate_writes_a_hardware_file_found_first(setup, tmp_path, monkeypat
     for key, value in shipped.get("costs", {}).items():  # carried over, but phi
         if key != "overlap":
             assert hw.raw["costs"][key] == value
+    for key in ("small_bytes", "d_small_s"):  # gloo's short path, carried over
+        if key in shipped["allreduce"]:
+            assert hw.raw["allreduce"][key] == shipped["allreduce"][key]
     assert hw.allreduce.c_s_per_byte > 0
 
 

@@ -49,24 +49,18 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _shipped(name: str) -> dict[str, Any]:
-    """The shipped hardware file ``name``, parsed ({} if there is none)."""
-    from estimator.hardware import shipped_hardware_dir
+def _carried(name: str) -> dict[str, dict[str, Any]]:
+    """What the calibration does not measure, from the shipped file ``name`` (if any): the
+    backend's launch/memory constants and gloo's latency for one-element buffers."""
+    from estimator.hardware import load_hardware, shipped_hardware_dir
 
     path = shipped_hardware_dir() / f"{name}.toml"
     if not path.is_file():
         return {}
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:
-        import tomli as tomllib
-    return tomllib.loads(path.read_text())
-
-
-def _add_keys(text: str, table: str, items: dict[str, Any]) -> str:
-    """``text`` with ``items`` added at the top of its ``[table]``."""
-    lines = "".join(f"{k} = {v!r}\n" for k, v in items.items())
-    return text.replace(f"[{table}]\n", f"[{table}]\n{lines}", 1) if lines else text
+    raw = load_hardware(path).raw
+    return {"costs": {k: v for k, v in raw.get("costs", {}).items() if k != "overlap"},
+            "allreduce": {k: v for k, v in raw.get("allreduce", {}).items()
+                          if k in ("small_bytes", "d_small_s")}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,14 +82,7 @@ def run(args: argparse.Namespace) -> int:
                            pin_cpus=args.pin_cpus)
     except Exception as err:  # the workers' own messages are on stderr above
         raise UserError(f"measuring {setup.name} failed: {err}") from None
-    text = hardware_toml(result)
-    shipped = _shipped(setup.name)
-    # not measured here: the backend's launch/memory constants and gloo's short path for
-    # one-element buffers come from the shipped file of the same setup
-    text = _add_keys(text, "costs", {k: v for k, v in shipped.get("costs", {}).items()
-                                     if k != "overlap"})
-    text = _add_keys(text, "allreduce", {k: v for k, v in shipped.get("allreduce", {}).items()
-                                         if k in ("small_bytes", "d_small_s")})
+    text = hardware_toml(result, _carried(setup.name))
     path = write_hardware_text(setup.name, text, args.out_dir)
     probes = result.probes or []
     d = sorted(p["latency_s"] for p in probes)
