@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import re
 import sys
@@ -696,8 +697,6 @@ class Coordinator:
 
     def share(self, key: str, value: Any, pid: int) -> Any:
         """Process 0's ``value`` (JSON-serializable) on every process."""
-        import json
-
         if pid == 0:
             self.client.key_value_set(f"{self.prefix}/{key}", json.dumps(value))
         return json.loads(self.client.blocking_key_value_get(f"{self.prefix}/{key}",
@@ -705,8 +704,6 @@ class Coordinator:
 
     def all_values(self, key: str, value: Any, pid: int, n: int) -> list[Any]:
         """Every process's ``value`` (index = process id)."""
-        import json
-
         self.client.key_value_set(f"{self.prefix}/{key}/{pid}", json.dumps(value))
         return [json.loads(self.client.blocking_key_value_get(f"{self.prefix}/{key}/{i}",
                                                               self.timeout_ms))

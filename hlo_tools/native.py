@@ -29,7 +29,7 @@ import sysconfig
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,16 +55,30 @@ def _toolchain() -> tuple[str, str]:
     return cc, include
 
 
-def _compile(cc: str, include: str, source: str, out: Path) -> None:
-    """Compiles the C text ``source`` into the extension ``out``, atomically (build, rename)."""
+def _compile(cc: str, flags: Sequence[str], source: str, out: Path) -> None:
+    """Compiles the C text ``source`` into ``out``, atomically (build, rename)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src = Path(tmp) / "kernel.c"
         src.write_text(source)
         lib = Path(tmp) / out.name
-        subprocess.run([cc, *CFLAGS, f"-I{include}", "-o", str(lib), str(src)], check=True,
+        subprocess.run([cc, *flags, "-o", str(lib), str(src)], check=True,
                        capture_output=True, timeout=120)
         os.replace(lib, out)
+
+
+def _cached_build(cc: str, flags: Sequence[str], source: str, name: str) -> Path:
+    """``name`` in the cache directory, compiled there first unless it is there already
+    (into a fresh private temporary directory if the cache is not writable)."""
+    out = cache_dir() / name
+    if out.exists():
+        return out
+    try:
+        _compile(cc, flags, source, out)
+    except PermissionError:
+        out = Path(tempfile.mkdtemp(prefix="disco_jax-")) / name
+        _compile(cc, flags, source, out)
+    return out
 
 
 def build(source: Path, prefix: str) -> Path:
@@ -87,15 +101,7 @@ def build(source: Path, prefix: str) -> Path:
     tag = "\0".join([text, cc, *CFLAGS, include, sys.version, platform.machine()]).encode()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     name = f"{prefix}-{hashlib.sha256(tag).hexdigest()[:16]}{suffix}"
-    out = cache_dir() / name
-    if out.exists():
-        return out
-    try:
-        _compile(cc, include, text, out)
-    except PermissionError:
-        out = Path(tempfile.mkdtemp(prefix="disco_jax-")) / name
-        _compile(cc, include, text, out)
-    return out
+    return _cached_build(cc, (*CFLAGS, f"-I{include}"), text, name)
 
 
 def _import(name: str, path: Path) -> ModuleType:
@@ -209,16 +215,6 @@ class SharedLibrary:
         self.tried = False
         self._lock = threading.Lock()
 
-    def _compile(self, cc: str, out: Path) -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            src = Path(tmp) / f"{self.prefix}.c"
-            src.write_text(self.source)
-            lib = Path(tmp) / f"{self.prefix}.so"
-            subprocess.run([cc, *self.cflags, "-o", str(lib), str(src)], check=True,
-                           capture_output=True, timeout=120)
-            os.replace(lib, out)
-
     def build(self) -> Path:
         """Compiles the library into the cache directory unless it is there already (into
         a fresh private temporary directory if the cache is not writable); its path.
@@ -231,15 +227,7 @@ class SharedLibrary:
             raise OSError("no C compiler (cc) found")
         tag = "\0".join([self.source, cc, *self.cflags, platform.machine()]).encode()
         name = f"{self.prefix}-{hashlib.sha256(tag).hexdigest()[:16]}.so"
-        out = cache_dir() / name
-        if out.exists():
-            return out
-        try:
-            self._compile(cc, out)
-        except PermissionError:
-            out = Path(tempfile.mkdtemp(prefix="disco_jax-")) / name
-            self._compile(cc, out)
-        return out
+        return _cached_build(cc, self.cflags, self.source, name)
 
     def load(self) -> Any:
         """The loaded library (built on first call), or None after one warning."""
