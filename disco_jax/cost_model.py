@@ -663,12 +663,13 @@ class CostModel:
         """Seconds of one AllReduce of ``nbytes`` bytes per device.
 
         ``buffers``: the byte sizes of the separate arrays of a variadic (tuple-shaped)
-        all-reduce, as XLA's combiner writes them; each pays its own latency, as
+        all-reduce, as XLA's combiner writes them; on CPU each pays its own latency, as
         XLA:CPU's collectives reduce each buffer on its own (measured:
-        ``benchmarks/simulator_accuracy.py``). Our own buckets are one flat buffer.
+        ``benchmarks/simulator_accuracy.py``); elsewhere (NCCL groups the buffers of
+        one collective) the tuple pays one latency. Our own buckets are one flat buffer.
         """
         model = self._allreduce
-        if len(buffers) <= 1:
+        if len(buffers) <= 1 or self.hardware.hardware.get("backend", "cpu") != "cpu":
             return float(model.time(nbytes))
         linear = getattr(model, "linear", model)  # MeasuredAllReduce keeps its fit
         return linear.c_s_per_byte * float(nbytes) + sum(linear.latency(b) for b in buffers)

@@ -175,6 +175,9 @@ class SearchOutcome(NamedTuple):
         stats: the :class:`SearchStats`.
         config: the parameters the search ran with.
         seed: the seed it ran with.
+        top: the ``top_k`` cheapest distinct plans evaluated (by plan key), as
+            ``(plan, predicted seconds)``, cheapest first; ``top[0]`` is the best plan.
+            They are the candidates a final choice by measurement runs.
     """
 
     plan: P.Plan
@@ -185,6 +188,7 @@ class SearchOutcome(NamedTuple):
     stats: SearchStats
     config: SearchConfig
     seed: int
+    top: tuple[tuple[P.Plan, float], ...] = ()
 
 
 class SearchResult(NamedTuple):
@@ -271,6 +275,27 @@ class _Loop(NamedTuple):
     pops: int
     duplicates: int
     stop_reason: str
+    top: tuple[tuple[P.Plan, float], ...]
+
+
+class _Top:
+    """The ``k`` cheapest plans offered (each key offered once), kept in a max-heap."""
+
+    def __init__(self, k: int):
+        self.k, self._heap, self._tie = k, [], 0
+
+    def offer(self, plan: P.Plan, cost: float) -> None:
+        if self.k <= 0:
+            return
+        self._tie += 1
+        item = (-cost, -self._tie, plan)
+        if len(self._heap) < self.k:
+            heapq.heappush(self._heap, item)
+        elif cost < -self._heap[0][0]:
+            heapq.heapreplace(self._heap, item)
+
+    def sorted(self) -> tuple[tuple[P.Plan, float], ...]:
+        return tuple((plan, -neg) for neg, _, plan in sorted(self._heap, reverse=True))
 
 
 def _random_apply(space: P.FusionSpace, plan: P.Plan, move, rng: random.Random,
@@ -283,12 +308,14 @@ def _random_apply(space: P.FusionSpace, plan: P.Plan, move, rng: random.Random,
 
 def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
           cost: Callable[[P.Plan], float], config: SearchConfig, rng: random.Random,
-          seen: dict, t0: float, show: _Progress) -> _Loop:
+          seen: dict, t0: float, show: _Progress, top_k: int = 1) -> _Loop:
     """Algorithm 1 from costed start plans (``seen`` holds their keys already)."""
     queue: list[tuple[float, int, P.Plan]] = []
     best, best_cost = None, math.inf
+    top = _Top(top_k)
     for tie, (plan, c) in enumerate(starts):
         queue.append((c, tie, plan))
+        top.offer(plan, c)
         if c < best_cost:
             best, best_cost = plan, c
     heapq.heapify(queue)
@@ -319,6 +346,7 @@ def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
             c = cost(child)
             seen[key] = c
             evaluated += 1
+            top.offer(child, c)
             if c < best_cost:
                 best, best_cost, unchanged = child, c, 0
             else:
@@ -327,7 +355,7 @@ def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
                 heapq.heappush(queue, (c, tie, child))
                 tie += 1
     show.update(time.perf_counter(), t0, evaluated, best_cost, first, force=True)
-    return _Loop(best, best_cost, evaluated, pops, duplicates, stop)
+    return _Loop(best, best_cost, evaluated, pops, duplicates, stop, top.sorted())
 
 
 # --------------------------------------------------------------------------- entry points
@@ -337,8 +365,8 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
            time_budget_s: float | None = None, alpha: float | None = None,
            beta: int | None = None, patience: int | None = None,
            start_plans: Mapping[str, P.Plan] | None = None, progress: bool | None = None,
-           space: P.FusionSpace | None = None, config: SearchConfig | None = None
-           ) -> SearchOutcome:
+           space: P.FusionSpace | None = None, config: SearchConfig | None = None,
+           top_k: int = 3) -> SearchOutcome:
     """Searches the plan of ``graph`` with the lowest predicted iteration time.
 
     The cost of a plan is :func:`disco_jax.simulator.simulate` of its
@@ -358,6 +386,7 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
             shown when stderr is not a terminal.
         space: the graph's :class:`~hlo_tools.plan.FusionSpace` (built when None).
         config: the parameters before overrides (default: :func:`load_config`).
+        top_k: how many of the cheapest distinct plans to return in ``top``.
 
     Returns:
         The :class:`SearchOutcome`: the best plan is never predicted worse than any start.
@@ -394,14 +423,15 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
     best_start = min(start_costs, key=start_costs.__getitem__)
     show = _Progress(progress is not False and sys.stderr.isatty())
     try:
-        loop = _loop(space, queued, cost, config, random.Random(seed), seen, t0, show)
+        loop = _loop(space, queued, cost, config, random.Random(seed), seen, t0, show,
+                     top_k)
     finally:
         show.close()
     fo = full_overlap_bound(sim_graph(graph, loop.plan, costs))
     stats = SearchStats(loop.evaluated, loop.pops, loop.duplicates,
                         time.perf_counter() - t0, loop.stop_reason)
     return SearchOutcome(loop.plan, loop.cost_s, start_costs, best_start, fo, stats, config,
-                         seed)
+                         seed, loop.top)
 
 
 def backtracking_search(space: P.FusionSpace, start: P.Plan, cost: Callable[[P.Plan], float],

@@ -62,9 +62,10 @@ def test_readme_main_command_runs():
         [sys.executable, "-m", "disco_jax", "demo", "--time-budget", "2", "--repeats", "3"],
         capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "XLA default" in proc.stdout and "DisCo plan" in proc.stdout
-    assert "bucketed " in proc.stdout  # hand bucketing, the baseline users run
-    assert "predicted ms" in proc.stdout
+    assert "xla_default" in proc.stdout and "disco" in proc.stdout
+    assert "bucketed" in proc.stdout  # hand bucketing, the baseline users run
+    assert "meas" in proc.stdout and "pred" in proc.stdout
+    assert "DisCo's choice" in proc.stdout
 
 
 def test_demo_rejects_unknown_model(capsys):

@@ -4,7 +4,8 @@ Every entry is ``make(num_devices, size="tiny") -> (step_fn, (params, opt_state,
 where ``step_fn`` is a plain (not jitted) function returning
 ``(new_params, new_opt_state, loss)`` and the arguments are already placed on a 1-D
 ``"data"`` mesh over ``jax.devices()[:num_devices]`` (batch sharded, the rest
-replicated). Sizes: ``"tiny"`` (seconds to compile on 2 CPU cores) and ``"small"``.
+replicated). Sizes: ``"tiny"`` (seconds to compile on 2 CPU cores), ``"small"`` and
+``"medium"`` (2-10 M parameters: gradients large enough that a 1 Gbit/s link matters).
 
 :data:`MODELS` are ``shard_map`` programs with explicit gradient all-reduces: the
 pre-optimization HLO has exactly one ``all-reduce`` per leaf of ``params`` plus one

@@ -23,6 +23,7 @@ from disco_jax.zoo import common
 SIZES = {
     "tiny": dict(features=32, hidden=(64, 64), classes=10, batch=8),
     "small": dict(features=128, hidden=(256, 256, 256), classes=10, batch=8),
+    "medium": dict(features=512, hidden=(1024, 1024, 1024), classes=10, batch=8),
 }
 LEARNING_RATE = 0.1
 
@@ -55,7 +56,7 @@ def make(num_devices: int, size: str = "tiny"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
 
     Returns:
         ``(step_fn, (variables, opt_state, batch))``; ``step_fn`` is a plain function

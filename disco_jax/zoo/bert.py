@@ -13,6 +13,7 @@ from disco_jax.zoo.layers import Attention, FeedForward, PositionalEmbedding
 SIZES = {
     "tiny": dict(vocab=64, width=32, heads=2, hidden=64, layers=2, seq=16, batch=8),
     "small": dict(vocab=512, width=64, heads=4, hidden=256, layers=4, seq=32, batch=8),
+    "medium": dict(vocab=4096, width=256, heads=4, hidden=1024, layers=4, seq=32, batch=8),
 }
 
 MASK_ID = 1  # id 0 is padding/unused, 1 is [MASK]
@@ -94,7 +95,7 @@ def make(num_devices: int, size: str = "tiny"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
 
     Returns:
         ``(step_fn, (variables, opt_state, batch))``.

@@ -24,6 +24,8 @@ from disco_jax.zoo.layers import FeedForward, PositionalEmbedding, attend, split
 SIZES = {
     "tiny": dict(vocab=64, width=32, heads=2, hidden=64, layers=2, seq=16, chunk=4, batch=8),
     "small": dict(vocab=256, width=64, heads=4, hidden=256, layers=4, seq=64, chunk=16, batch=8),
+    "medium": dict(vocab=2048, width=256, heads=4, hidden=1024, layers=4, seq=64, chunk=16,
+                   batch=8),
 }
 
 # eps=1e-3 instead of Adam's usual 1e-8: round-trip tests compare parameters after
@@ -194,7 +196,7 @@ def make(num_devices: int, size: str = "tiny"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
 
     Returns:
         ``(step_fn, (variables, opt_state, batch))``.

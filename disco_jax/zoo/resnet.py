@@ -18,6 +18,8 @@ from disco_jax.zoo import common
 SIZES = {
     "tiny": dict(image=16, stem=8, widths=(8, 16), blocks=(1, 1), classes=10, batch=8),
     "small": dict(image=32, stem=16, widths=(16, 32, 64), blocks=(2, 2, 2), classes=10, batch=8),
+    "medium": dict(image=32, stem=32, widths=(32, 64, 128, 256), blocks=(1, 1, 1, 1), classes=10,
+                   batch=8),
 }
 
 
@@ -82,7 +84,7 @@ def make(num_devices: int, size: str = "tiny"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
 
     Returns:
         ``(step_fn, (variables, opt_state, batch))``.

@@ -19,6 +19,7 @@ from disco_jax.zoo import common
 SIZES = {
     "tiny": dict(vocab=64, width=32, layers=2, seq=16, batch=8),
     "small": dict(vocab=256, width=128, layers=2, seq=24, batch=8),
+    "medium": dict(vocab=2048, width=384, layers=2, seq=24, batch=8),
 }
 UNROLLS = ("scan", "python")
 
@@ -108,7 +109,7 @@ def make(num_devices: int, size: str = "tiny", unroll: str = "scan"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
         unroll: ``"scan"`` or ``"python"``.
 
     Returns:

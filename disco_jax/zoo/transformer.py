@@ -13,6 +13,7 @@ from disco_jax.zoo.layers import Attention, FeedForward, PositionalEmbedding, ca
 SIZES = {
     "tiny": dict(vocab=64, width=32, heads=2, hidden=64, layers=2, seq=16, batch=8),
     "small": dict(vocab=256, width=64, heads=4, hidden=256, layers=3, seq=32, batch=8),
+    "medium": dict(vocab=2048, width=256, heads=4, hidden=1024, layers=3, seq=32, batch=8),
 }
 
 # eps=1e-3 instead of Adam's usual 1e-8: round-trip tests compare parameters after
@@ -107,7 +108,7 @@ def make(num_devices: int, size: str = "tiny"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
 
     Returns:
         ``(step_fn, (variables, opt_state, batch))``.

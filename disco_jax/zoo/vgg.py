@@ -15,6 +15,9 @@ SIZES = {
     "small": dict(
         image=32, channels=(16, 32, 64), convs_per_block=2, dense=(128, 64), classes=10, batch=8
     ),
+    "medium": dict(
+        image=32, channels=(32, 64, 128), convs_per_block=2, dense=(512, 256), classes=10, batch=8
+    ),
 }
 
 
@@ -55,7 +58,7 @@ def make(num_devices: int, size: str = "tiny"):
 
     Args:
         num_devices: devices of the 1-D ``"data"`` mesh.
-        size: ``"tiny"`` or ``"small"``.
+        size: ``"tiny"``, ``"small"`` or ``"medium"``.
 
     Returns:
         ``(step_fn, (variables, opt_state, batch))``.

@@ -48,6 +48,28 @@ class Plan(_PlanFields):
     def __reduce__(self):
         return Plan, tuple(self)
 
+    def to_json(self) -> dict[str, list]:
+        """The plan as JSON lists: ``{"order": [N], "group": [N], "dups": [[p, g], ...]}``
+        (``dups`` sorted); :meth:`from_json` reads it back."""
+        return {"order": list(self.order), "group": list(self.group),
+                "dups": sorted([int(p), int(g)] for p, g in self.dups)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        """The plan of :meth:`to_json`'s dict.
+
+        Raises:
+            ValueError: ``order`` is not a permutation or ``group`` has another length.
+        """
+        order = array("i", (int(v) for v in data["order"]))
+        group = array("i", (int(v) for v in data["group"]))
+        if sorted(order) != list(range(len(order))) or len(group) != len(order):
+            raise ValueError("plan JSON: order is not a permutation of the group's nodes")
+        pos = array("i", bytes(4 * len(order)))
+        for k, node in enumerate(order):
+            pos[node] = k
+        return cls(order, pos, group, frozenset((int(p), int(g)) for p, g in data["dups"]))
+
     def key(self) -> tuple[bytes, frozenset]:
         """A hashable identity: the partition and the duplicates (not the schedule)."""
         return self.group.tobytes(), self.dups

@@ -1,0 +1,102 @@
+"""Cost-model error on held-out train steps (not zoo models), in every shipped setup.
+
+For each step of ``benchmarks/heldout_steps.py`` and each setup, one ``disco bench`` job
+(:func:`disco_jax.bench.run_job`: in-context profile and fit, search, final choice,
+interleaved measurement) gives the measured and the predicted per-iteration time of
+XLA's four baselines, hand bucketing and DisCo's choice, and of every candidate of the
+final choice (the search's best plans, the bucketed sweep, XLA's default). The error of a
+program is ``|predicted - measured| / measured``. The in-context fit matches two
+programs exactly (no fusion and no fusion with one bucket, both with library dots); the
+programs scored here are all others, compiled differently (XLA's fusion, buckets, plans).
+
+Run from the repository root::
+
+    python benchmarks/heldout_accuracy.py [--steps autoencoder,gru] [--setups gloo2]
+
+Prints a table and writes ``benchmarks/results/heldout_accuracy.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.heldout_steps import STEPS  # noqa: E402
+from disco_jax.bench import SETUPS, run_job  # noqa: E402
+from hlo_tools.dirs import write_atomic  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"
+
+
+def errors(row: dict) -> dict[str, float]:
+    """``|pred - meas| / meas`` per program of a row: the final six (the no-fusion
+    baseline included: XLA's pipeline, not the fitted exact program) and the final
+    choice's candidates (``choice:<name>``)."""
+    out = {}
+    for name, meas in row["measured_s"].items():
+        out[name] = abs(row["predicted_s"][name] - meas) / meas
+    for name, meas in row["choice"]["medians_s"].items():
+        out[f"choice:{name}"] = abs(row["choice"]["predicted_s"][name] - meas) / meas
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--time-budget", type=float, default=20.0)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    rows = []
+    for setup in args.setups.split(","):
+        for step in args.steps.split(","):
+            spec = {"model": step, "step": f"benchmarks.heldout_steps:{step}",
+                    "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
+                    "time_budget_s": args.time_budget, "top_k": 3, "rounds": args.rounds,
+                    "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True}
+            print(f"== {step} in {setup}", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            try:
+                row = run_job(spec, 1200)
+            except (RuntimeError, TimeoutError) as err:
+                rows.append({"model": step, "setup": setup, "error": str(err)[:300]})
+                continue
+            row["errors"] = errors(row)
+            row["wall_s"] = time.perf_counter() - t0
+            rows.append(row)
+            write_atomic(args.out, json.dumps({"rows": rows}, indent=1))
+    summary = {}
+    print(f"{'setup':14} {'step':12} {'programs':>9} {'mean err':>9} {'max err':>8}")
+    for setup in args.setups.split(","):
+        errs = []
+        for row in rows:
+            if row["setup"] != setup or "errors" not in row:
+                continue
+            e = list(row["errors"].values())
+            errs += e
+            print(f"{setup:14} {row['model']:12} {len(e):>9} {statistics.mean(e):>8.1%} "
+                  f"{max(e):>7.1%}")
+        if errs:
+            summary[setup] = {"programs": len(errs), "mean_rel_err": statistics.mean(errs),
+                              "median_rel_err": statistics.median(errs),
+                              "max_rel_err": max(errs)}
+            print(f"{setup:14} {'ALL':12} {len(errs):>9} {statistics.mean(errs):>8.1%} "
+                  f"{max(errs):>7.1%}")
+    write_atomic(args.out, json.dumps({"rows": rows, "summary": summary,
+                                       "meta": vars(args)}, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,413 @@
+"""``disco bench``'s jobs: every baseline and DisCo, measured side by side in a real setup.
+
+One job = one train step in one setup, run in child processes (each setup needs its own
+device configuration; ``gloo2-1gbit`` runs in a private network namespace made with
+``unshare -n`` whose loopback ``tc`` limits to 1 Gbit/s, so the host's network is never
+touched). Every process of a job:
+
+1. builds the step on the job's devices and extracts its pre-optimization HLO;
+2. profiles it in context (:func:`disco_jax.enact.profile_in_context`);
+3. process 0 builds the cost model from that profile and searches (:func:`disco_jax.search`);
+   the best few plans go to every process (as JSON through the job's coordinator);
+4. compiles the baselines (:mod:`hlo_tools.baselines`: ``no_fusion``, ``op_fusion``,
+   ``allreduce_fusion``, ``xla_default`` and every distinct program of the ``bucketed``
+   sweep) and the plans (``exact=True`` with library dots);
+5. **final choice**: the plans, the bucketed sweep and ``xla_default`` run interleaved for
+   a few rounds; the fastest is DisCo's choice (a plan is never chosen when a baseline
+   measured faster), the fastest bucketed program is the ``bucketed`` baseline;
+6. **bench**: the six programs (four baselines, ``bucketed``, DisCo's choice) run
+   interleaved in fresh rounds (so the choice's selection does not bias the figures);
+7. process 0 predicts every program with the same cost model and writes the row.
+
+``--predict-only`` jobs (:func:`predict_row`) do steps 1, 3 and 7 in one process for any
+hardware file (e.g. ``gpu_cluster_example``): no profile (standalone op times of this
+machine, scaled by the file's ``compute_scale``), nothing measured.
+
+Run by :func:`run_job`; the worker side is ``python -m disco_jax.bench {launch,run} ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = [
+    "PROGRAMS",
+    "SETUPS",
+    "Setup",
+    "make_step",
+    "predict_row",
+    "run_job",
+]
+
+#: The programs of a row, in table order.
+PROGRAMS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "bucketed", "disco")
+
+
+class Setup(NamedTuple):
+    """A measured setup.
+
+    Attributes:
+        name: its name (= the hardware file it is priced with).
+        processes: processes of the job.
+        devices: CPU devices per process.
+        rate: ``tc`` rate of the private loopback ("" = the host's loopback, no limit).
+    """
+
+    name: str
+    processes: int
+    devices: int
+    rate: str = ""
+
+
+SETUPS: dict[str, Setup] = {
+    "inproc4": Setup("inproc4", 1, 4),
+    "gloo2": Setup("gloo2", 2, 1),
+    "gloo2-1gbit": Setup("gloo2-1gbit", 2, 1, "1gbit"),
+}
+
+
+def _log(spec: Mapping[str, Any], text: str) -> None:
+    print(f"[{spec['model']} {spec['setup']}] {text}", file=sys.stderr, flush=True)
+
+
+def make_step(spec: Mapping[str, Any], num_devices: int) -> tuple[Callable, tuple]:
+    """The train step of a job spec: a zoo model, or ``spec["step"] = "module:function"``
+    (a ``make(num_devices, size)`` like the zoo's; e.g. held-out steps of a benchmark)."""
+    if spec.get("step"):
+        mod, _, fn = spec["step"].partition(":")
+        return getattr(importlib.import_module(mod), fn)(num_devices, spec["size"])
+    from disco_jax import zoo
+
+    return zoo.get(spec["model"])(num_devices, spec["size"])
+
+
+# --------------------------------------------------------------------------- one process
+
+
+def _predict(module: Any, costs: Any) -> float:
+    from disco_jax.enact import cover
+    from disco_jax.lower import sim_graph_from_module
+    from disco_jax.simulator import simulate
+
+    cover(costs, module)
+    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s
+
+
+def _max_diff(got: Any, want: Any) -> float:
+    import jax
+    import numpy as np
+
+    def local(x: Any) -> Any:
+        return np.asarray(x.addressable_data(0)) if hasattr(x, "addressable_data") else \
+            np.asarray(x)
+
+    return max(float(np.max(np.abs(local(a).astype(np.float64) - local(b))))
+               for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Runs one job in this process (see the module docstring); the row on process 0,
+    None elsewhere."""
+    import jax
+
+    import hlo_tools
+    from disco_jax.enact import (
+        choose,
+        in_context_costs,
+        job_sync,
+        measure,
+        profile_in_context,
+        summarize_samples,
+    )
+    from disco_jax.search import search
+    from hlo_tools import baselines as bl
+    from hlo_tools.jax_bridge import fresh_function
+    from hlo_tools.plan import Plan
+
+    pid = jax.process_index()
+    say = (lambda text: _log(spec, text)) if pid == 0 else (lambda text: None)
+    sync = job_sync(f"bench_{spec['model']}")
+    t_job = time.perf_counter()
+    step, args = make_step(spec, jax.device_count())
+    module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
+    graph = hlo_tools.device_graph(module)
+    say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
+        "profiling in context")
+    measured = profile_in_context(step, args, module, sync=sync)
+
+    row: dict[str, Any] = {"model": spec["model"], "setup": spec["setup"],
+                           "size": spec["size"]}
+    plans_json = None
+    if pid == 0:
+        costs, cal = in_context_costs(module, spec["hardware"], measured, progress=False,
+                                      calibrate=bool(spec.get("calibrate", True)))
+        if cal is not None:
+            row["calibration"] = cal._asdict()
+            say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
+                f"{cal.compute_scale:.2f} (no fusion / one bucket measured "
+                f"{cal.wall_s[0] * 1e3:.2f} / {cal.wall_s[1] * 1e3:.2f} ms, predicted "
+                f"{cal.predicted_s[0] * 1e3:.2f} / {cal.predicted_s[1] * 1e3:.2f} ms)")
+        say(f"searching ({spec['time_budget_s']:.0f} s budget)")
+        outcome = search(graph, costs, seed=int(spec["seed"]),
+                         time_budget_s=float(spec["time_budget_s"]), progress=False,
+                         top_k=int(spec["top_k"]))
+        plans_json = [plan.to_json() for plan, _ in outcome.top]
+        row["search_s"] = outcome.stats.seconds
+        row["search"] = {"evaluated": outcome.stats.evaluated,
+                         "stop_reason": outcome.stats.stop_reason,
+                         "best_start": outcome.best_start,
+                         "start_predicted_s": outcome.start_costs_s,
+                         "top_predicted_s": [c for _, c in outcome.top]}
+        say(f"search: {outcome.stats.evaluated} candidates in {outcome.stats.seconds:.1f} s, "
+            f"predicted {outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start} "
+            f"{outcome.start_costs_s[outcome.best_start] * 1e3:.2f} ms)")
+    if sync is not None:
+        plans_json = sync.share("plans", plans_json)
+
+    say("compiling the baselines, the bucketed sweep and the plans")
+    runs: dict[str, Any] = {name: bl.compile_baseline(step, args, name)
+                            for name in bl.BASELINES}
+    bucketed: dict[str, Any] = {}
+    thresholds: dict[str, Any] = {}
+    seen_buckets: set = set()
+    for cand in bl.bucketed_candidates(step, args):
+        if cand.buckets in seen_buckets:
+            continue
+        seen_buckets.add(cand.buckets)
+        label = "bucketed_one" if cand.threshold_bytes is None else \
+            f"bucketed_{cand.threshold_bytes >> 20}MiB"
+        bucketed[label] = cand.run
+        thresholds[label] = cand.threshold_bytes
+    plans: dict[str, Any] = {}
+    for i, pj in enumerate(plans_json):
+        plans[f"plan_{i}"] = Plan.from_json(pj)
+        text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[f"plan_{i}"], graph))
+        runs[f"plan_{i}"] = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
+    runs.update(bucketed)
+
+    candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans)}
+    say(f"final choice among {len(candidates)} programs")
+    choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
+                    tag="choice", min_sample_s=float(spec["min_sample_s"]))
+    best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
+    finals = {name: runs[name] for name in bl.BASELINES}
+    finals["bucketed"] = runs[best_bucketed]
+    finals["disco"] = runs[choice.name]
+    say(f"choice: {choice.name}; bucketed: {best_bucketed}; measuring "
+        f"{spec['rounds']} interleaved rounds")
+    samples = measure(finals, args, rounds=int(spec["rounds"]), sync=sync, tag="bench",
+                      min_sample_s=float(spec["min_sample_s"]), progress=say)
+    want = jax.jit(step)(*args)
+    diff = _max_diff(finals["disco"](*args), want)
+    if pid != 0:
+        return None
+
+    say("predicting every program")
+    from disco_jax.lower import sim_graph, sim_graph_from_module
+    from disco_jax.simulator import full_overlap_bound
+
+    predicted: dict[str, float] = {}
+    for name in bl.BASELINES:
+        predicted[name] = _predict(bl.module_from_compiled(runs[name]), costs)
+    pred_bucketed = {n: _predict(bl.module_from_compiled(r), costs) for n, r in bucketed.items()}
+    pred_plans = dict(zip(plans, row["search"]["top_predicted_s"]))
+    predicted["bucketed"] = pred_bucketed[best_bucketed]
+    predicted["disco"] = {**pred_bucketed, **pred_plans,
+                          "xla_default": predicted["xla_default"]}[choice.name]
+    # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
+    if choice.name in plans:
+        predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[choice.name], costs))
+    else:
+        predicted["fo"] = full_overlap_bound(sim_graph_from_module(
+            bl.module_from_compiled(runs[choice.name]), costs))
+    row.update({
+        "measured_s": {n: summarize_samples(samples[n])["median_s"] for n in PROGRAMS},
+        "spread_s": {n: summarize_samples(samples[n]) for n in PROGRAMS},
+        "predicted_s": predicted,
+        "choice": {"disco": choice.name, "bucketed": best_bucketed,
+                   "bucketed_threshold_bytes": thresholds[best_bucketed],
+                   "medians_s": choice.medians_s,
+                   "predicted_s": {**pred_bucketed, **pred_plans,
+                                   "xla_default": predicted["xla_default"]}},
+        "disco_max_abs_diff": diff,
+        "job_s": time.perf_counter() - t_job,
+        "facts": {"jax_version": jax.__version__, "num_devices": jax.device_count(),
+                  "num_processes": jax.process_count(), "host_cpus": os.cpu_count() or 0},
+    })
+    return row
+
+
+def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``--predict-only`` row in this process: the hardware file's devices must be this
+    process's devices (host devices will do: nothing is run but the op timings)."""
+    import jax
+
+    import hlo_tools
+    from disco_jax.cost_model import CostModel
+    from disco_jax.lower import sim_graph_from_module
+    from disco_jax.search import search
+    from disco_jax.simulator import simulate
+    from hlo_tools import baselines as bl
+    from hlo_tools.jax_bridge import fresh_function
+
+    step, args = make_step(spec, jax.device_count())
+    module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
+    graph = hlo_tools.device_graph(module)
+    costs = CostModel.for_module(module, spec["hardware"], progress=False)
+    _log(spec, f"searching ({spec['time_budget_s']:.0f} s budget)")
+    outcome = search(graph, costs, seed=int(spec["seed"]),
+                     time_budget_s=float(spec["time_budget_s"]), progress=False)
+
+    def priced(m: Any) -> float:
+        return simulate(sim_graph_from_module(m, costs), costs.overlap).iteration_s
+
+    gpu = costs.hardware.hardware.get("backend") == "gpu"
+    threshold = bl.GPU_DEFAULT_THRESHOLD_BYTES if gpu else None
+    starts = outcome.start_costs_s
+    bucketed = {n: c for n, c in starts.items() if n.startswith("bucketed")}
+    predicted = {
+        "no_fusion": starts["no_fusion"],
+        "op_fusion": _predict(bl.module_from_compiled(bl.compile_baseline(step, args,
+                                                                          "op_fusion")),
+                              costs),
+        "allreduce_fusion": priced(bl.apply_buckets(module, bl.combiner_buckets(
+            module, threshold or bl.CPU_COMBINE_THRESHOLD_BYTES))),
+        # XLA's default = XLA's fusion + its combiner; XLA:GPU combines up to 30 MiB
+        "xla_default": _predict(bl.module_from_compiled(
+            bl.compile_bucketed(step, args, threshold).run if gpu else
+            bl.compile_baseline(step, args, "xla_default")), costs),
+        "bucketed": min(bucketed.values()),
+        "disco": outcome.cost_s,
+        "fo": outcome.fo_bound_s,
+    }
+    return {"model": spec["model"], "setup": spec["setup"], "size": spec["size"],
+            "predicted_s": predicted, "search_s": outcome.stats.seconds,
+            "search": {"evaluated": outcome.stats.evaluated,
+                       "best_start": outcome.best_start,
+                       "bucketed_predicted_s": bucketed},
+            "stand_ins": ("op times: standalone on this machine's CPU x compute_scale; "
+                          "op_fusion / xla_default: XLA:CPU's fusion decisions"
+                          + ("; xla_default combines up to 30 MiB (XLA:GPU's default)"
+                             if gpu else ""))}
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Runs one job (``spec["setup"]`` in :data:`SETUPS`, or ``spec["predict_only"]``) in
+    child processes; returns process 0's row.
+
+    Raises:
+        RuntimeError: the job failed (its processes' stderr went to this one's).
+        TimeoutError: it ran past ``timeout_s``.
+    """
+    from estimator.gloo import child_env, run_bounded
+
+    with tempfile.TemporaryDirectory(prefix="disco_bench_") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(dict(spec)))
+        out = Path(tmp) / "p0.json"
+        me = [sys.executable, "-m", "disco_jax.bench"]
+        if spec.get("predict_only"):
+            cmd = [*me, "run", "--spec", str(spec_path), "--out", str(out)]
+            env = child_env(int(spec["num_devices"]))
+        else:
+            setup = SETUPS[spec["setup"]]
+            env = child_env(setup.devices)
+            if setup.processes == 1:
+                cmd = [*me, "run", "--spec", str(spec_path), "--out", str(out)]
+            else:
+                cmd = [*me, "launch", "--spec", str(spec_path), "--out-dir", tmp,
+                       "--timeout", str(timeout_s),
+                       "--parent-netns", os.readlink("/proc/self/ns/net")]
+                if setup.rate:
+                    cmd = ["unshare", "-n", *cmd]
+        run_bounded(cmd, env, timeout_s + 60)
+        return json.loads(out.read_text())
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _write(path: str, row: Any) -> None:
+    from hlo_tools.dirs import write_atomic
+
+    write_atomic(path, json.dumps(row, indent=1))
+
+
+def _run(args: argparse.Namespace) -> None:
+    spec = json.loads(Path(args.spec).read_text())
+    if spec.get("predict_only"):
+        _write(args.out, predict_row(spec))
+        return
+    if spec.get("pin_cpus") and args.coordinator:
+        from estimator.gloo import pin_to_own_cpu
+
+        pin_to_own_cpu(args.process_id)
+    import jax
+
+    if args.coordinator:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id, initialization_timeout=120)
+    row = bench_row(spec)
+    if row is not None:
+        _write(args.out, row)
+    if args.coordinator:
+        jax.distributed.shutdown()
+
+
+def _launch(args: argparse.Namespace) -> None:
+    """Starts a multi-process job's processes (after limiting the private loopback)."""
+    from estimator.gloo import free_port, set_loopback_rate, wait_all
+
+    spec = json.loads(Path(args.spec).read_text())
+    setup = SETUPS[spec["setup"]]
+    if setup.rate:
+        qdisc = set_loopback_rate(setup.rate, args.parent_netns)
+        print(f"[{spec['model']} {setup.name}] lo: {qdisc}", file=sys.stderr, flush=True)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "disco_jax.bench", "run",
+                               "--spec", args.spec, "--out", str(Path(args.out_dir) / "p0.json"),
+                               "--coordinator", f"127.0.0.1:{port}",
+                               "--num-processes", str(setup.processes),
+                               "--process-id", str(i)])
+             for i in range(setup.processes)]
+    rcs = wait_all(procs, time.monotonic() + args.timeout,
+                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    if any(rcs):
+        raise SystemExit(f"bench workers exited with {rcs}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m disco_jax.bench {launch,run}``: the worker side of :func:`run_job`."""
+    ap = argparse.ArgumentParser(prog="python -m disco_jax.bench")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    la = sub.add_parser("launch")
+    la.add_argument("--spec", required=True)
+    la.add_argument("--out-dir", required=True)
+    la.add_argument("--timeout", type=float, default=1800.0)
+    la.add_argument("--parent-netns", default="")
+    ru = sub.add_parser("run")
+    ru.add_argument("--spec", required=True)
+    ru.add_argument("--out", required=True)
+    ru.add_argument("--coordinator", default="")
+    ru.add_argument("--num-processes", type=int, default=1)
+    ru.add_argument("--process-id", type=int, default=0)
+    args = ap.parse_args(argv)
+    (_launch if args.cmd == "launch" else _run)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""``disco bench``: every baseline and DisCo, measured side by side, per model and setup.
+
+For each zoo model and each setup (``inproc4``: 4 host devices in one process;
+``gloo2``: 2 gloo processes over 127.0.0.1; ``gloo2-1gbit``: the same over a private
+loopback limited to 1 Gbit/s with ``tc``, needs root) one job
+(:mod:`disco_jax.bench`) profiles the step in context, searches, makes the final choice
+by measurement and measures the four baselines of the paper, hand bucketing (the best of
+the 1/4/16/64 MiB/one-bucket sweep) and DisCo's choice in interleaved rounds. Prints a
+table like the paper's Table 1 and writes the rows to ``--out`` (JSON, rewritten
+atomically after every row; ``--resume`` skips the rows it already holds) and a plot to
+``--plot``.
+
+``--predict-only --hardware NAME`` prints the predicted table for any hardware file
+(e.g. ``gpu_cluster_example``) without running anything but the op timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "render_table", "run_bench", "write_plot"]
+
+DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
+BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "bucketed")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``bench`` subcommand."""
+    from disco_jax.bench import SETUPS
+
+    parser = subparsers.add_parser(
+        "bench", help="measure every baseline and DisCo side by side (Table 1)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="comma-separated zoo models (default: %(default)s)")
+    parser.add_argument("--setups", default=",".join(SETUPS),
+                        help="comma-separated setups (default: %(default)s)")
+    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium"),
+                        help="zoo size (default: medium)")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="search budget per job, seconds (default: configs/search.toml)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="interleaved rounds of the final measurement (default: 10)")
+    parser.add_argument("--choice-rounds", type=int, default=5,
+                        help="interleaved rounds of the final choice (default: 5)")
+    parser.add_argument("--top-k", type=int, default=3,
+                        help="plans of the search in the final choice (default: 3)")
+    parser.add_argument("--min-sample-s", type=float, default=0.2,
+                        help="seconds of back-to-back calls per sample (default: 0.2)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="do not pin gloo processes to a CPU each")
+    parser.add_argument("--out", default="bench.json", help="rows as JSON (default: %(default)s)")
+    parser.add_argument("--plot", default=None, help="PNG plot (default: OUT with .png)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows OUT already holds and skip their jobs")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="bound on one job, seconds (default: 1800)")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="predict only, for --hardware (nothing is measured)")
+    parser.add_argument("--hardware", default=None,
+                        help="hardware file (name or path) of --predict-only")
+    parser.set_defaults(func=run_bench)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Runs ``disco bench``; returns the exit code."""
+    from disco_jax import zoo
+    from disco_jax.bench import SETUPS, run_job
+    from disco_jax.cli import UserError
+    from disco_jax.search import load_config
+    from estimator.hardware import load_hardware
+    from hlo_tools.dirs import write_atomic
+
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if m not in zoo.names():
+            raise UserError(f"unknown model {m!r}; valid: {', '.join(zoo.names())}")
+    budget = args.time_budget if args.time_budget is not None else \
+        load_config().time_budget_s
+    if args.predict_only:
+        if not args.hardware:
+            raise UserError("--predict-only needs --hardware NAME|PATH")
+        try:
+            hw = load_hardware(args.hardware)
+        except (OSError, ValueError) as err:
+            raise UserError(str(err)) from None
+        setups = [hw.name]
+    else:
+        setups = [s for s in args.setups.split(",") if s]
+        for s in setups:
+            if s not in SETUPS:
+                raise UserError(f"unknown setup {s!r}; valid: {', '.join(SETUPS)}")
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = []
+    if args.resume and out.exists():
+        try:
+            rows = json.loads(out.read_text())["rows"]
+        except (ValueError, KeyError) as err:
+            raise UserError(f"{out}: not a disco bench file ({err})") from None
+    done = {(r["model"], r["setup"], r["size"]) for r in rows}
+    t0 = time.perf_counter()
+    for setup in setups:
+        for model in models:
+            if (model, setup, args.size) in done:
+                continue
+            spec = {"model": model, "setup": setup, "size": args.size, "seed": args.seed,
+                    "time_budget_s": budget, "top_k": args.top_k, "rounds": args.rounds,
+                    "choice_rounds": args.choice_rounds, "min_sample_s": args.min_sample_s,
+                    "pin_cpus": not args.no_pin}
+            if args.predict_only:
+                spec.update(predict_only=True, hardware=args.hardware,
+                            num_devices=hw.num_devices)
+            else:
+                spec["hardware"] = setup
+            _say(f"== {model} ({args.size}) in {setup} "
+                 f"[{time.perf_counter() - t0:.0f} s so far]")
+            row = None
+            for attempt in (1, 2):  # XLA:CPU's in-process rendezvous can abort a job
+                try:
+                    row = run_job(spec, args.timeout)
+                    break
+                except (RuntimeError, TimeoutError) as err:
+                    _say(f"   {model} in {setup} failed (attempt {attempt}): {err}")
+                    row = {"model": model, "setup": setup, "size": args.size,
+                           "error": str(err)[:500]}
+            rows.append(row)
+            write_atomic(out, json.dumps(_document(rows, args, budget), indent=1))
+    print(render_table(rows))
+    if not args.predict_only:
+        plot = Path(args.plot) if args.plot else out.with_suffix(".png")
+        if write_plot(rows, plot):
+            _say(f"plot: {plot}")
+    _say(f"rows: {out}")
+    return 0
+
+
+def _document(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace,
+              budget: float) -> dict[str, Any]:
+    import platform
+
+    import jax
+
+    return {"rows": list(rows),
+            "meta": {"command": "disco " + " ".join(sys.argv[2:]) if len(sys.argv) > 1
+                     else "disco bench", "size": args.size, "time_budget_s": budget,
+                     "rounds": args.rounds, "choice_rounds": args.choice_rounds,
+                     "top_k": args.top_k, "pin_cpus": not args.no_pin,
+                     "jax_version": jax.__version__, "machine": platform.platform(),
+                     "written": time.strftime("%Y-%m-%dT%H:%M:%S")}}
+
+
+def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
+    """Speed-ups of a row: DisCo (measured) and FO (predicted) over the best baseline,
+    and the share of FO's predicted gain DisCo's plan gets in prediction."""
+    pred = row["predicted_s"]
+    best_pred = min(pred[k] for k in BASELINE_KEYS if k in pred)
+    out: dict[str, float | None] = {
+        "fo_speedup": best_pred / pred["fo"] if pred.get("fo") else None,
+        "share_pred": ((best_pred - pred["disco"]) / (best_pred - pred["fo"])
+                       if pred.get("fo") and best_pred > pred["fo"] else None),
+        "disco_speedup": None, "best_baseline": None}
+    meas = row.get("measured_s")
+    if meas:
+        best = min(BASELINE_KEYS, key=meas.__getitem__)
+        out["disco_speedup"] = meas[best] / meas["disco"]
+        out["best_baseline"] = best
+    return out
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as a text table (milliseconds; ``pred`` rows are predictions)."""
+    head = (f"{'model':12} {'setup':18} {'':5}" + "".join(f"{k[:11]:>12}" for k in
+                                                          (*BASELINE_KEYS, "disco", "fo"))
+            + f"{'DisCo/best':>11} {'FO/best':>8} {'share':>6} {'search s':>9}")
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['model']:12} {row['setup']:18} failed: {row['error'][:60]}")
+            continue
+        g = _gains(row)
+        for kind in ("meas", "pred"):
+            vals = row.get("measured_s" if kind == "meas" else "predicted_s")
+            if not vals:
+                continue
+            cells = "".join(f"{vals[k] * 1e3:>12.2f}" if k in vals else f"{'':>12}"
+                            for k in (*BASELINE_KEYS, "disco", "fo"))
+            if kind == "meas":
+                tail = (f"{g['disco_speedup']:>10.2f}x {'':>8} {'':>6} "
+                        f"{row.get('search_s', 0):>9.1f}")
+                label = (row["model"], row["setup"])
+            else:
+                fo = f"{g['fo_speedup']:.2f}x" if g["fo_speedup"] else ""
+                share = f"{g['share_pred']:.0%}" if g["share_pred"] is not None else ""
+                tail = f"{'':>11} {fo:>8} {share:>6}"
+                if "measured_s" not in row:
+                    tail += f" {row.get('search_s', 0):>9.1f}"
+                label = ("", "") if "measured_s" in row else (row["model"], row["setup"])
+            lines.append(f"{label[0]:12} {label[1]:18} {kind:5}{cells}{tail}")
+    return "\n".join(lines)
+
+
+def write_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> bool:
+    """A bar chart of the measured times relative to XLA's default, one group per row
+    (matplotlib, no display needed); False when there is nothing measured."""
+    measured = [r for r in rows if r.get("measured_s")]
+    if not measured:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hlo_tools.dirs import write_atomic
+
+    keys = (*BASELINE_KEYS, "disco")
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(measured)), 4.0))
+    width = 0.8 / len(keys)
+    for j, key in enumerate(keys):
+        xs = [i + (j - len(keys) / 2 + 0.5) * width for i in range(len(measured))]
+        ys = [r["measured_s"]["xla_default"] / r["measured_s"][key] for r in measured]
+        ax.bar(xs, ys, width, label=key)
+    ax.set_xticks(range(len(measured)))
+    ax.set_xticklabels([f"{r['model']}\n{r['setup']}" for r in measured], fontsize=7)
+    ax.set_ylabel("speed-up over XLA's default (measured)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+    return True

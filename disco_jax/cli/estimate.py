@@ -1,0 +1,188 @@
+"""``disco estimate IN.hlo``: the predicted time of every fusion of an HLO module.
+
+For every ``fusion`` instruction of the module's per-device program (the shard_map body
+of a pre-optimization module, else ENTRY) the fused computation's ops are the members
+of one fusion group, and its time is predicted from their single-op times -- from the
+cost model built as ``disco simulate`` builds it (``--hardware``, ``--profile``,
+single ops timed on this machine and cached, ``--no-bench``) -- by the fallback rule
+(:class:`estimator.interface.FallbackFusedEstimator`) and, with ``--checkpoint``, by the
+GNN (:class:`estimator.gnn.estimator.GnnFusedEstimator`). A module as extracted from jax
+has no fusions yet; ``disco optimize`` writes one that has.
+
+This module holds the subcommand's parser (:func:`register`), the predictions
+(:func:`fusion_groups`, :func:`estimate_fusions`) and the run (:func:`run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from disco_jax.cli import UserError
+from disco_jax.cli.simulate import (
+    add_cost_model_arguments,
+    check_arguments,
+    cost_model,
+    load_module,
+)
+
+__all__ = ["estimate_fusions", "fusion_groups", "register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``estimate`` subcommand."""
+    p = subparsers.add_parser(
+        "estimate", help="predict the time of every fusion of an HLO module",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="IN.hlo", help="HLO text (pre- or post-optimization)")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="GNN estimator checkpoint (disco train-estimator --out); without "
+                        "it only the fallback rule predicts")
+    add_cost_model_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def fusion_groups(module: Any, graph: Any) -> list[tuple[Any, Any, list[int]]]:
+    """The ``fusion`` instructions of ``graph`` as fusion groups.
+
+    Returns:
+        ``(instruction, body graph, members)`` per fusion, in program order: the graph
+        of its fused computation (:func:`hlo_tools.graph.device_graph`) and every node of
+        it that is not a parameter.
+    """
+    from hlo_tools.graph import NodeKind, device_graph
+
+    out = []
+    for instr in graph.computation.instructions:
+        if instr.opcode != "fusion":
+            continue
+        body = device_graph(module, module.computation(instr.called_computations[0]))
+        members = [i for i, kind in enumerate(body.kinds) if kind != NodeKind.PARAMETER]
+        out.append((instr, body, members))
+    return out
+
+
+def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None
+                     ) -> list[dict[str, Any]]:
+    """Predicted seconds of every fusion of ``graph``.
+
+    Args:
+        module: the module.
+        graph: its per-device graph.
+        costs: the :class:`~disco_jax.cost_model.CostModel` giving the member times.
+        gnn: a :class:`~estimator.gnn.estimator.GnnFusedEstimator`, or None.
+
+    Returns:
+        Per fusion ``{"name", "kind", "ops", "members_s" (sum of the member times),
+        "fallback_s", "gnn_s" (None without ``gnn``), "estimated" (a member time came
+        from the analytic model)}``.
+    """
+    from estimator.interface import FallbackFusedEstimator
+
+    fallback = FallbackFusedEstimator(costs)
+    groups = fusion_groups(module, graph)
+    gnn_s: list[float | None] = [None] * len(groups)
+    if gnn is not None and groups:
+        from estimator.gnn.features import subgraph_from_group
+
+        subs = [subgraph_from_group(body, costs.node_costs(body), members)
+                for _, body, members in groups]
+        gnn_s = [float(t) for t in gnn.predict_subgraphs(subs)]
+    rows = []
+    for (instr, body, members), g in zip(groups, gnn_s):
+        gc = costs.graph_costs(body)
+        rows.append({"name": instr.name, "kind": instr.attrs.get("kind", ""),
+                     "ops": len(members),
+                     "members_s": float(gc.time_s[members].sum()),
+                     "fallback_s": float(fallback.predict(body, members)),
+                     "gnn_s": g, "estimated": bool(gc.estimated[members].any())})
+    return rows
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _gnn(path: str) -> Any:
+    """The GNN estimator of checkpoint ``path`` (no member-time source bound yet);
+    raises :class:`UserError`."""
+    from estimator.gnn import checkpoint as ckpt_io
+    from estimator.gnn.estimator import GnnFusedEstimator
+
+    try:
+        ck = ckpt_io.load(path)
+    except FileNotFoundError:
+        raise UserError(f"--checkpoint {path}: no such file") from None
+    except OSError as err:
+        raise UserError(f"--checkpoint {path}: cannot read: {err.strerror or err}") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return GnnFusedEstimator(ck.params, ck.config)
+
+
+def _fmt_us(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return f"{t * 1e6:.2f} us" if math.isfinite(t) else str(t)
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    rows = r["fusions"]
+    gnn = f"GNN {r['checkpoint']}" if r["checkpoint"] else \
+        "no --checkpoint (fallback rule only)"
+    print(f"{r['file']}: {r['computation']}, {len(rows)} fusions; hardware "
+          f"{r['cost_model']['hardware']}; {gnn}", file=out)
+    if not rows:
+        print("no fusion instructions (a module as extracted from jax has none yet)",
+              file=out)
+        return
+    width = max(len("fusion"), *(len(x["name"]) for x in rows))
+    print(f"  {'fusion':{width}s} {'kind':8s} {'ops':>4s} {'members sum':>14s} "
+          f"{'fallback':>14s} {'gnn':>14s}", file=out)
+    for x in rows:
+        mark = " (estimated op times)" if x["estimated"] else ""
+        print(f"  {x['name']:{width}s} {x['kind']:8s} {x['ops']:>4d} "
+              f"{_fmt_us(x['members_s']):>14s} {_fmt_us(x['fallback_s']):>14s} "
+              f"{_fmt_us(x['gnn_s']):>14s}{mark}", file=out)
+    t = r["total"]
+    print(f"  {'total':{width}s} {'':8s} {t['ops']:>4d} {_fmt_us(t['members_s']):>14s} "
+          f"{_fmt_us(t['fallback_s']):>14s} {_fmt_us(t['gnn_s']):>14s}", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``disco estimate``; returns the exit code."""
+    from hlo_tools.graph import device_graph
+
+    check_arguments(args)
+    try:
+        module = load_module(args.file)
+    except UserError as err:  # one line: file:line:col and the reason, not the quote
+        raise UserError(str(err).splitlines()[0]) from None
+    try:
+        graph = device_graph(module)
+    except ValueError as err:
+        raise UserError(f"{args.file}: {err}") from None
+    gnn = _gnn(args.checkpoint) if args.checkpoint is not None else None
+    costs = cost_model(module, args)
+    if gnn is not None:
+        gnn.bind(costs)
+    rows = estimate_fusions(module, graph, costs, gnn)
+    total = {"ops": sum(x["ops"] for x in rows),
+             "members_s": sum(x["members_s"] for x in rows),
+             "fallback_s": sum(x["fallback_s"] for x in rows),
+             "gnn_s": sum(x["gnn_s"] for x in rows) if gnn is not None else None}
+    report = {"file": str(args.file), "computation": graph.computation.name,
+              "checkpoint": args.checkpoint, "fusions": rows, "total": total,
+              "cost_model": costs.describe()}
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        _print_report(report)
+    return 0

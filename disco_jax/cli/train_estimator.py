@@ -1,0 +1,355 @@
+"""``disco train-estimator``: train the GNN fused-op estimator on measured fused ops.
+
+The samples are fusion groups measured as standalone fused ops
+(:mod:`estimator.gnn.dataset`): read from ``--dataset`` (a dataset file, or a directory
+holding one file per backend fingerprint; default: the cache's ``gnn`` directory), or
+first added to it with ``--generate``, which draws groups from the zoo models
+``--models`` at ``--size`` and times up to ``--per-module`` new ones per model (samples
+already stored are never timed again, so a stopped run resumes).
+
+Training (:func:`estimator.gnn.train.train`): Adam on the squared error of log time,
+``--epochs`` passes' worth of minibatch steps (``epochs * ceil(n / batch)``), progress on
+stderr. ``--held-out MODEL`` keeps that model's samples out of training. The trained
+model is written to ``--out`` (:func:`estimator.gnn.checkpoint.save`, atomically) with
+the dataset's backend fingerprint and the training notes.
+
+The report compares the GNN with the fallback rule
+(:func:`estimator.interface.fallback_fused_time`, with the ``--hardware`` file's launch and
+memory costs) on the held-out samples (else on the training samples): their number,
+the fraction predicted within 10% and 14% of the measured time, and the median relative
+error ``|predicted - measured| / measured``.
+
+This module holds the subcommand's parser (:func:`register`), the pure pieces of its run
+(:func:`resolve_dataset`, :func:`split_samples`, :func:`fallback_time`,
+:func:`accuracy`) and the run itself (:func:`run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disco_jax.cli import UserError
+
+__all__ = [
+    "DEFAULT_MODELS",
+    "accuracy",
+    "fallback_time",
+    "register",
+    "resolve_dataset",
+    "run",
+    "split_samples",
+]
+
+#: Zoo models ``--generate`` draws from by default.
+DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert")
+#: Host devices the zoo models are built on (as ``disco demo`` does).
+_DEVICES = 4
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``train-estimator`` subcommand."""
+    p = subparsers.add_parser(
+        "train-estimator", help="train the GNN fused-op estimator on measured fused ops",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", metavar="PATH",
+                   help="dataset file (.jsonl), or a directory of them (this backend's "
+                        "file is used; default: the cache's gnn directory)")
+    p.add_argument("--generate", action="store_true",
+                   help="first add samples of the --models to the dataset (resumable)")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                   help="comma-separated zoo models for --generate (default: %(default)s)")
+    p.add_argument("--size", default="tiny", choices=("tiny", "small", "medium"),
+                   help="zoo size for --generate (default: tiny)")
+    p.add_argument("--per-module", type=int, default=50, metavar="N",
+                   help="new samples per model for --generate (default: 50)")
+    p.add_argument("--repeats", type=int, default=15, metavar="N",
+                   help="timed runs per fused op for --generate (default: 15)")
+    p.add_argument("--epochs", type=int, default=100,
+                   help="passes over the training samples (default: 100)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N",
+                   help="fused ops per step (default: 64)")
+    p.add_argument("--learning-rate", type=float, default=1e-3, metavar="LR",
+                   help="Adam step size, cosine-decayed (default: 1e-3)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of initialisation, minibatches and --generate (default: 0)")
+    p.add_argument("--held-out", metavar="MODEL",
+                   help="keep this model's samples out of training and report on them")
+    p.add_argument("--hardware", default="inproc4", metavar="NAME|PATH",
+                   help="hardware file of the fallback rule's constants (default: inproc4)")
+    p.add_argument("--out", metavar="CHECKPOINT.msgpack",
+                   help="where to write the trained model (atomically)")
+    p.set_defaults(func=run)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def resolve_dataset(spec: str | os.PathLike | None, fingerprint: dict[str, Any]) -> Path:
+    """The dataset file ``--dataset`` names.
+
+    Args:
+        spec: a file, a directory (its file for ``fingerprint``), or None (the file for
+            ``fingerprint`` in the default directory).
+        fingerprint: the backend fingerprint (:func:`estimator.op_bench.backend_fingerprint`).
+    """
+    from estimator.gnn.dataset import dataset_path
+
+    if spec is None:
+        return dataset_path(fingerprint)
+    path = Path(spec)
+    return dataset_path(fingerprint, path) if path.is_dir() else path
+
+
+def split_samples(samples: Sequence[Any], held_out: str | None
+                  ) -> tuple[list[Any], list[Any]]:
+    """``(training, held-out)`` samples: those whose ``source`` is ``held_out`` are held
+    out (none when ``held_out`` is None)."""
+    train = [s for s in samples if held_out is None or s.source != held_out]
+    test = [s for s in samples if held_out is not None and s.source == held_out]
+    return train, test
+
+
+def fallback_time(sub: Any, kernel_launch_s: float, mem_s_per_byte: float) -> float:
+    """The fallback rule's time of a fused op described only by its subgraph, seconds.
+
+    :func:`estimator.interface.fallback_fused_time` on the subgraph's own arrays: each
+    node's time is split by :func:`estimator.interface.split_times` over its traffic
+    (bytes read, plus bytes written for ops that run a kernel, i.e. take time), and the
+    fused op's ``io`` is the subgraph's ``input_bytes + output_bytes``.
+
+    Args:
+        sub: an :class:`estimator.gnn.features.FusedSubgraph`.
+        kernel_launch_s: fixed cost of one kernel, seconds.
+        mem_s_per_byte: seconds per byte of memory traffic.
+    """
+    from estimator.interface import split_times
+
+    time_s = np.asarray(sub.time_s, np.float64)
+    traffic = sub.in_bytes + np.where(time_s > 0, sub.out_bytes, 0)
+    launch, mem, compute = split_times(time_s, traffic, kernel_launch_s, mem_s_per_byte)
+    total = float(traffic.sum())
+    scale = (sub.input_bytes + sub.output_bytes) / total if total > 0 else 1.0
+    return float(launch.max(initial=0.0)) + float(mem.sum()) * min(scale, 1.0) \
+        + float(compute.sum())
+
+
+def accuracy(predicted_s: Sequence[float], measured_s: Sequence[float]) -> dict[str, float]:
+    """``{"n", "within_10", "within_14", "median_rel_err"}`` of predictions: the fractions
+    within 10% and 14% relative error ``|predicted - measured| / measured`` and its
+    median (NaN without samples)."""
+    pred = np.asarray(predicted_s, np.float64)
+    meas = np.asarray(measured_s, np.float64)
+    err = np.abs(pred - meas) / meas
+    n = int(err.size)
+    return {"n": n,
+            "within_10": float(np.mean(err <= 0.10)) if n else math.nan,
+            "within_14": float(np.mean(err <= 0.14)) if n else math.nan,
+            "median_rel_err": float(statistics.median(err.tolist())) if n else math.nan}
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _check_arguments(args: argparse.Namespace) -> list[str]:
+    """The ``--models`` list; raises :class:`UserError` for bad option values."""
+    for name in ("epochs", "batch_size", "per_module", "repeats"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, "
+                            f"got {getattr(args, name)}")
+    if not args.learning_rate > 0:
+        raise UserError(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.out is not None and Path(args.out).is_dir():
+        raise UserError(f"--out {args.out}: is a directory, expected a file name")
+    if args.generate and args.dataset is not None and (
+            Path(args.dataset).is_file() or args.dataset.endswith(".jsonl")):
+        raise UserError(f"--dataset {args.dataset}: --generate needs a directory (samples "
+                        "go to its file for this backend), not a file")
+    models = [m for m in args.models.split(",") if m]
+    if args.generate and not models:
+        raise UserError("--generate needs at least one model in --models")
+    return models
+
+
+def _constants(spec: str) -> Any:
+    """The fallback rule's backend constants of hardware file ``spec``."""
+    from disco_jax.cost_model import BackendConstants
+    from estimator.hardware import HardwareError, load_hardware
+
+    try:
+        return BackendConstants.from_hardware(load_hardware(spec))
+    except HardwareError as err:
+        raise UserError(str(err)) from None
+    except (KeyError, ValueError, TypeError) as err:
+        raise UserError(f"hardware {spec!r}: invalid hardware file: {err}") from None
+
+
+def _generate(args: argparse.Namespace, models: list[str]) -> None:
+    """Adds samples of the zoo ``models`` to the ``--dataset`` directory."""
+    import jax
+
+    import hlo_tools
+    from disco_jax import zoo
+    from estimator.gnn.dataset import generate
+
+    for m in models:
+        if m not in zoo.names():
+            raise UserError(f"unknown model {m!r}; valid: {', '.join(zoo.names())}")
+    if jax.local_device_count() < _DEVICES:
+        raise UserError(f"--generate needs {_DEVICES} devices; set XLA_FLAGS="
+                        f"--xla_force_host_platform_device_count={_DEVICES}")
+    modules = []
+    for m in models:
+        print(f"extracting {m} ({args.size}, {_DEVICES} devices)", file=sys.stderr)
+        step, example = zoo.get(m)(_DEVICES, args.size)
+        modules.append((m, hlo_tools.extract(step, *example)))
+    path, added = generate(modules, per_module=args.per_module, seed=args.seed,
+                           repeats=args.repeats, directory=args.dataset)
+    print(f"{path}: {added} samples added", file=sys.stderr)
+
+
+def _load(path: Path) -> list[Any]:
+    """The samples of a dataset file with a positive time; raises :class:`UserError`."""
+    from estimator.gnn.dataset import load_samples
+
+    if not path.is_file():
+        raise UserError(f"{path}: no such dataset file (add samples with --generate)")
+    try:
+        samples = load_samples(path)
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{path}: not a fused-op dataset ({err})") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read: {err.strerror or err}") from None
+    samples = [s for s in samples if s.time_s > 0]
+    if not samples:
+        raise UserError(f"{path}: no samples of this feature version "
+                        "(add samples with --generate)")
+    return samples
+
+
+def _progress(steps: int) -> tuple[Callable[[dict[str, float]], None], Callable[[], None], int]:
+    """``(callback, close, log_every)`` showing training progress on stderr: a ``rich``
+    bar on a terminal, else a line about every 10% of the steps."""
+    if not sys.stderr.isatty():
+        def line(rec: dict[str, float]) -> None:
+            print(f"step {int(rec['step']) + 1}/{steps}: loss {rec['loss']:.4g}",
+                  file=sys.stderr)
+        return line, lambda: None, max(1, steps // 10)
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    bar = Progress(TextColumn("training: {task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                   transient=True)
+    task = bar.add_task("starting", total=steps)
+    bar.start()
+
+    def update(rec: dict[str, float]) -> None:
+        bar.update(task, completed=int(rec["step"]) + 1, description=f"loss {rec['loss']:.4g}")
+    return update, bar.stop, max(1, steps // 200)
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{x * 100:.1f}%" if math.isfinite(x) else "-"
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    counts = ", ".join(f"{k} {v}" for k, v in r["sources"].items())
+    print(f"dataset {r['dataset']}: {r['samples']} samples ({counts})", file=out)
+    t = r["training"]
+    print(f"trained on {t['samples']} samples: {t['epochs']} epochs = {t['steps']} steps of "
+          f"{t['batch_size']}, final loss {t['final_loss']:.4g} (mean squared log error), "
+          f"{t['seconds']:.1f} s", file=out)
+    print(f"checkpoint written to {r['out']}" if r["out"] else
+          "checkpoint not written (no --out)", file=out)
+    print(f"evaluation on {r['evaluated_on']}:", file=out)
+    print(f"  {'estimator':10s} {'n':>6s} {'within 10%':>11s} {'within 14%':>11s} "
+          f"{'median rel. err':>16s}", file=out)
+    for name in ("gnn", "fallback"):
+        m = r["evaluation"][name]
+        print(f"  {name:10s} {m['n']:>6d} {_fmt_pct(m['within_10']):>11s} "
+              f"{_fmt_pct(m['within_14']):>11s} {_fmt_pct(m['median_rel_err']):>16s}",
+              file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``disco train-estimator``; returns the exit code."""
+    models = _check_arguments(args)
+    if args.generate:  # the zoo models are built on 4 host devices (before jax starts)
+        os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
+    from estimator.gnn import checkpoint as ckpt_io
+    from estimator.gnn.estimator import GnnFusedEstimator
+    from estimator.gnn.train import train
+    from estimator.op_bench import backend_fingerprint
+
+    constants = _constants(args.hardware)
+    fingerprint = backend_fingerprint()
+    if args.generate:
+        _generate(args, models)
+    path = resolve_dataset(args.dataset, fingerprint)
+    samples = _load(path)
+    train_set, test_set = split_samples(samples, args.held_out)
+    sources = sorted({s.source for s in samples})
+    if args.held_out is not None and not test_set:
+        raise UserError(f"--held-out {args.held_out}: no samples of that model in {path} "
+                        f"(models: {', '.join(sources)})")
+    if not train_set:
+        raise UserError(f"--held-out {args.held_out}: no samples left to train on in {path}")
+    steps = args.epochs * math.ceil(len(train_set) / args.batch_size)
+    callback, close, log_every = _progress(steps)
+    try:
+        result = train([s.subgraph for s in train_set], [s.time_s for s in train_set],
+                       steps=steps, learning_rate=args.learning_rate,
+                       batch_size=args.batch_size, seed=args.seed, log_every=log_every,
+                       progress=callback)
+    except FloatingPointError as err:
+        raise UserError(f"training diverged: {err}; try a smaller --learning-rate") from None
+    finally:
+        close()
+    evaluated = test_set or train_set
+    measured = [s.time_s for s in evaluated]
+    gnn = GnnFusedEstimator(result.params, result.config).predict_subgraphs(
+        [s.subgraph for s in evaluated])
+    fallback = [fallback_time(s.subgraph, constants.kernel_launch_s, constants.mem_s_per_byte)
+                for s in evaluated]
+    report = {
+        "dataset": str(path),
+        "samples": len(samples),
+        "sources": {src: sum(s.source == src for s in samples) for src in sources},
+        "training": {"samples": len(train_set), "epochs": args.epochs, "steps": steps,
+                     "batch_size": min(args.batch_size, len(train_set)),
+                     "learning_rate": args.learning_rate, "seed": args.seed,
+                     "final_loss": result.history[-1]["loss"], "seconds": result.seconds},
+        "held_out": args.held_out,
+        "evaluated_on": (f"{len(test_set)} held-out samples ({args.held_out})" if test_set
+                         else f"the {len(train_set)} training samples"),
+        "evaluation": {"gnn": accuracy(gnn, measured),
+                       "fallback": accuracy(fallback, measured)},
+        "hardware": args.hardware,
+        "out": args.out,
+    }
+    if args.out is not None:
+        own = path.name == resolve_dataset(path.parent, fingerprint).name
+        notes = {k: v for k, v in report.items() if k != "out"}
+        try:
+            ckpt_io.save(args.out, ckpt_io.Checkpoint(
+                result.params, result.config, fingerprint if own else {}, notes))
+        except OSError as err:
+            raise UserError(f"--out {args.out}: cannot write: {err.strerror or err}") from None
+    _print_report(report)
+    return 0

@@ -1,0 +1,363 @@
+"""From a train step to the program that runs: in-context costs, candidates, and the
+final choice by measurement (the product path shared by ``disco bench`` and, later,
+``disco_jax.jit``).
+
+1. :func:`profile_in_context` compiles the step's pre-optimization module with nothing
+   fused (``exact=True``, dots and convolutions on XLA's kernel library as in every
+   enacted plan) and profiles it where it will run: the same devices, processes and
+   link. Every process of a multi-process job must call it (the program has
+   collectives).
+2. :func:`in_context_costs` turns that profile into the cost model: in-context single-op
+   times first, standalone timings (:mod:`estimator.op_bench`, cached) only for the ops
+   the profile lacks, the analytic model last. :func:`cover` adds standalone times for
+   the ops of other modules (XLA's compiled plans) before they are priced.
+3. :func:`measure` runs programs interleaved (rounds in a shared seeded order, every
+   sample ``K`` back-to-back calls) and :func:`choose` keeps the fastest: the search's
+   best few plans, hand bucketing and XLA's default run side by side, so a plan is never
+   chosen when a baseline measured faster.
+
+Multi-process jobs synchronize through a :class:`Sync` (:func:`job_sync` wraps
+``jax.distributed``'s coordination service): a barrier before every sample, ``K`` and the
+round order from process 0, and per sample the minimum over processes (the last process
+to arrive at the barrier times the iteration from the moment every participant is there).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import hlo_tools
+from disco_jax.cost_model import CostModel
+from estimator import op_bench
+from estimator import profiler as pr
+from estimator.hardware import HardwareConfig
+from hlo_tools.ir import HloModule
+
+__all__ = [
+    "Calibration",
+    "Choice",
+    "InContext",
+    "Sync",
+    "choose",
+    "cover",
+    "calibrate_in_context",
+    "in_context_costs",
+    "job_sync",
+    "measure",
+    "profile_in_context",
+    "summarize_samples",
+]
+
+
+class Sync(Protocol):
+    """What :func:`measure` needs from a multi-process job (None: one process).
+
+    ``barrier(tag)`` waits for every process; ``share(key, value)`` returns process 0's
+    JSON value everywhere; ``gather(key, value)`` returns every process's value.
+    """
+
+    def barrier(self, tag: str) -> None: ...
+
+    def share(self, key: str, value: Any) -> Any: ...
+
+    def gather(self, key: str, value: Any) -> list[Any]: ...
+
+
+class _JobSync:
+    def __init__(self, prefix: str, timeout_ms: int):
+        import jax
+
+        from hlo_tools.jax_bridge import Coordinator
+
+        self._coord = Coordinator(prefix, timeout_ms)
+        self._pid, self._n = jax.process_index(), jax.process_count()
+
+    def barrier(self, tag: str) -> None:
+        self._coord.barrier(tag)
+
+    def share(self, key: str, value: Any) -> Any:
+        return self._coord.share(key, value, self._pid)
+
+    def gather(self, key: str, value: Any) -> list[Any]:
+        return self._coord.all_values(key, value, self._pid, self._n)
+
+
+def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync | None:
+    """A :class:`Sync` over ``jax.distributed`` when the job has several processes,
+    else None. ``prefix`` keeps the keys of separate uses apart."""
+    import jax
+
+    return _JobSync(prefix, timeout_ms) if jax.process_count() > 1 else None
+
+
+# --------------------------------------------------------------------------- costs
+
+
+class InContext(NamedTuple):
+    """What :func:`profile_in_context` measured.
+
+    Attributes:
+        profile: the traced profile of the no-fusion program (per-op times).
+        wall_s: untraced seconds per iteration of the no-fusion program.
+        one_bucket: the no-fusion program with every gradient in one flat all-reduce
+            bucket (the same computation, one collective), as a module.
+        one_bucket_wall_s: its untraced seconds per iteration.
+
+    Both times are medians of interleaved samples (in a job, per sample the minimum over
+    processes).
+    """
+
+    profile: pr.ProgramProfile
+    wall_s: float
+    one_bucket: HloModule
+    one_bucket_wall_s: float
+
+
+def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
+                       iterations: int = 5, warmup: int = 2, rounds: int = 5,
+                       library: bool = True, sync: Sync | None = None) -> InContext:
+    """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
+    and times it beside the same program with one gradient bucket.
+
+    Args:
+        step: the train step (its calling convention).
+        args: its arguments (placed on the job's devices).
+        module: its pre-optimization module.
+        iterations: profiled iterations (per-op times are medians over them).
+        warmup: untraced iterations first.
+        rounds: untraced samples of each iteration time.
+        library: run dots and convolutions on XLA's kernel library, as enacted plans do
+            (:func:`hlo_tools.compile_hlo`'s ``library``), so their in-context times are
+            the times a plan's dots will take.
+        sync: the job's :class:`Sync` (None: one process).
+    """
+    import statistics as st
+
+    from hlo_tools import plan as P
+
+    graph = hlo_tools.device_graph(module)
+    one = hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
+    runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
+                                        library=library)
+            for name, m in (("no_fusion", module), ("one_bucket", one))}
+    profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
+                                 warmup=warmup)
+    walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
+    return InContext(profile, st.median(walls["no_fusion"]), one,
+                     st.median(walls["one_bucket"]))
+
+
+def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
+                     measured: InContext | None, *, bench: bool = True,
+                     calibrate: bool = True, progress: bool | None = None
+                     ) -> tuple[CostModel, Calibration | None]:
+    """The cost model of ``module`` in the setup ``measured`` was taken in.
+
+    Op times in priority order: the in-context profile (:func:`profile_in_context`), then
+    standalone timings of the ops it lacks (``bench``), then the analytic model. With
+    ``calibrate``, the hardware file's all-reduce model and compute scale are then fitted
+    to the same measurement (:func:`calibrate_in_context`).
+
+    Returns:
+        The cost model and its :class:`Calibration` (None without ``calibrate`` or a
+        measurement).
+    """
+    costs = CostModel.for_module(module, hardware,
+                                 profile=measured.profile if measured else None,
+                                 profiled_module=module, bench=bench, progress=progress)
+    if not calibrate or measured is None:
+        return costs, None
+    return calibrate_in_context(costs, module, measured)
+
+
+def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
+    """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
+    e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
+    runs them; returns how many were added."""
+    todo = [instr for key, (instr, _) in op_bench.benchable_ops(module).items()
+            if key not in costs.op_times.times]
+    if not todo:
+        return 0
+    return costs.op_times.add_timings(op_bench.bench_ops(module, todo, replicas=1,
+                                                         progress=progress))
+
+
+class Calibration(NamedTuple):
+    """What :func:`calibrate_in_context` fitted.
+
+    Attributes:
+        d_s: all-reduce latency inside the program, seconds.
+        compute_scale: the factor on every compute node.
+        wall_s: ``(no fusion, one bucket)`` measured seconds per iteration.
+        predicted_s: ``(no fusion, one bucket)`` predicted after the fit, seconds.
+    """
+
+    d_s: float
+    compute_scale: float
+    wall_s: tuple[float, float]
+    predicted_s: tuple[float, float]
+
+
+def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext
+                         ) -> tuple[CostModel, Calibration]:
+    """Fits the all-reduce latency ``D`` and the compute scale to two programs measured in
+    context: no fusion with every gradient on its own all-reduce, and the same with one
+    bucket (:func:`profile_in_context`).
+
+    The two run the same kernels and differ in the number of collectives, so the pair
+    separates what a collective costs inside a program -- gloo's latency, and the wait
+    for the slower process, which no microbenchmark sees and which changes from run to
+    run on a shared host -- from how fast the kernels run beside the job's other devices
+    (4 devices of one process share 2 cores). Both simulated times are close to affine in
+    ``(scale, D)``: finite differences give the 2x2 system, solved once and refined once;
+    the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
+    ``[0, 1 s]``. ``C`` (seconds per byte) stays the file's.
+
+    Returns:
+        The calibrated cost model (same op times) and the :class:`Calibration`.
+    """
+    import dataclasses
+
+    import numpy as np
+
+    from disco_jax.lower import sim_graph_from_module
+    from disco_jax.simulator import simulate
+
+    modules = (module, measured.one_bucket)
+    want = np.array([measured.wall_s, measured.one_bucket_wall_s])
+    s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
+
+    def model(scale: float, d: float) -> CostModel:
+        ar = dataclasses.replace(costs.hardware.allreduce, d_s=d)
+        consts = dataclasses.replace(costs.constants, compute_scale=scale,
+                                     source=f"{costs.constants.source} + in-context fit")
+        return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
+                         op_times=costs.op_times, constants=consts)
+
+    def times(scale: float, d: float) -> np.ndarray:
+        cm = model(scale, d)
+        return np.array([simulate(sim_graph_from_module(m, cm), cm.overlap).iteration_s
+                         for m in modules])
+
+    x = np.array([s0, max(d0, 1e-5)])
+    lo, hi = np.array([0.25 * s0, 0.0]), np.array([8.0 * s0, 1.0])
+    for _ in range(2):
+        base = times(*x)
+        step = np.maximum(x * 0.5, [1e-3, 1e-5])
+        jac = np.stack([(times(x[0] + step[0], x[1]) - base) / step[0],
+                        (times(x[0], x[1] + step[1]) - base) / step[1]], axis=1)
+        try:
+            x = np.clip(x + np.linalg.solve(jac, want - base), lo, hi)
+        except np.linalg.LinAlgError:
+            break
+    cm = model(*x)
+    got = times(*x)
+    return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
+                           (float(got[0]), float(got[1])))
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _timed(run: Callable[..., Any], args: Sequence[Any], k: int) -> float:
+    """Seconds per iteration of ``k`` back-to-back calls (waited for at the end)."""
+    import jax
+
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(k):
+        out = run(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / k
+
+
+def measure(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
+            rounds: int = 10, min_sample_s: float = 0.1, warmup: int = 2, max_k: int = 50,
+            seed: int = 0, sync: Sync | None = None, tag: str = "measure",
+            progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """Per-iteration seconds of each program, measured interleaved.
+
+    Args:
+        runs: the programs by name; each is called as ``run(*args)``.
+        args: their arguments.
+        rounds: samples per program; each round runs every program once, in an order
+            shuffled per round (seeded, the same on every process).
+        min_sample_s: a sample is ``K`` back-to-back calls lasting about this long (``K``
+            per program from the warm-up, at most ``max_k``).
+        warmup: untimed calls per program first.
+        max_k: the most calls in one sample.
+        seed: seeds the round order.
+        sync: the job's :class:`Sync` (None: one process).
+        tag: keeps the barriers and keys of separate measurements apart.
+        progress: called with a line after the warm-up and every few rounds.
+
+    Returns:
+        ``{name: [seconds per iteration, one per round]}``; in a multi-process job the
+        same on every process (per sample the minimum over processes).
+    """
+    names = sorted(runs)
+    warm: dict[str, float] = {}
+    for name in names:
+        if sync is not None:
+            sync.barrier(f"{tag}_warm")
+        warm[name] = min(_timed(runs[name], args, 1) for _ in range(max(1, warmup)))
+    ks = {n: max(1, min(max_k, round(min_sample_s / max(t, 1e-6)))) for n, t in warm.items()}
+    if sync is not None:
+        ks = sync.share(f"{tag}_k", ks)
+    if progress is not None:
+        progress("warm: " + ", ".join(f"{n} {warm[n] * 1e3:.1f} ms" for n in names))
+    rng = random.Random(f"{seed}/{tag}")
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        for name in order:
+            if sync is not None:
+                sync.barrier(tag)
+            samples[name].append(_timed(runs[name], args, ks[name]))
+        if progress is not None and (r == 0 or (r + 1) % 5 == 0 or r + 1 == rounds):
+            progress(f"round {r + 1}/{rounds}")
+    if sync is not None:
+        everyone = sync.gather(f"{tag}_samples", samples)
+        samples = {n: [min(p[n][i] for p in everyone) for i in range(rounds)]
+                   for n in names}
+    return samples
+
+
+def summarize_samples(samples: Sequence[float]) -> dict[str, float]:
+    """``{"median_s", "p25_s", "p75_s"}`` of per-iteration samples."""
+    if len(samples) == 1:
+        return {"median_s": samples[0], "p25_s": samples[0], "p75_s": samples[0]}
+    q = statistics.quantiles(samples, n=4)
+    return {"median_s": statistics.median(samples), "p25_s": q[0], "p75_s": q[2]}
+
+
+class Choice(NamedTuple):
+    """The outcome of :func:`choose`.
+
+    Attributes:
+        name: the fastest program (lowest median).
+        medians_s: median seconds per iteration of every candidate.
+        samples_s: the samples behind them.
+    """
+
+    name: str
+    medians_s: dict[str, float]
+    samples_s: dict[str, list[float]]
+
+
+def choose(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *, rounds: int = 5,
+           **kwargs: Any) -> Choice:
+    """Measures the candidates side by side (:func:`measure`) and keeps the fastest.
+
+    Ties go to the name first in sorted order, so every process of a job (which sees
+    the same samples) chooses the same program.
+    """
+    samples = measure(runs, args, rounds=rounds, **kwargs)
+    medians = {n: statistics.median(s) for n, s in samples.items()}
+    name = min(sorted(medians), key=medians.__getitem__)
+    return Choice(name, medians, samples)

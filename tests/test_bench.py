@@ -1,0 +1,172 @@
+"""The product path of ``disco bench``: plan JSON, the search's best few plans, in-context
+calibration, measuring and the final choice, and ``disco bench`` end to end (one
+process with 4 host devices, a real 2-process gloo job, and a predicted GPU table)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hlo_tools
+from disco_jax import zoo
+from disco_jax.bench import PROGRAMS
+from disco_jax.cli.bench import render_table
+from disco_jax.cost_model import CostModel
+from disco_jax.enact import (
+    calibrate_in_context,
+    choose,
+    in_context_costs,
+    measure,
+    profile_in_context,
+)
+from disco_jax.search import search
+from hlo_tools import plan as P
+
+
+@pytest.fixture(scope="module")
+def vgg():
+    step, args = zoo.get("vgg")(4, "tiny")
+    module = hlo_tools.parse(hlo_tools.extract(step, *args))
+    return step, args, module, hlo_tools.device_graph(module)
+
+
+def test_plan_json_round_trip(vgg):
+    *_, graph = vgg
+    plan = P.random_moves(P.FusionSpace(graph), P.initial_plan(graph), random.Random(3), 60)
+    back = P.Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert back == plan and back.key() == plan.key()
+    bad = plan.to_json()
+    bad["order"] = bad["order"][:-1] + [bad["order"][0]]
+    with pytest.raises(ValueError, match="permutation"):
+        P.Plan.from_json(bad)
+
+
+def test_search_returns_its_best_few_distinct_plans(vgg):
+    *_, graph = vgg
+    costs = CostModel("inproc4")
+    out = search(graph, costs, seed=1, time_budget_s=60, patience=200, progress=False,
+                 top_k=4)
+    assert 1 <= len(out.top) <= 4
+    assert out.top[0][0] == out.plan and out.top[0][1] == out.cost_s
+    assert [c for _, c in out.top] == sorted(c for _, c in out.top)
+    assert len({p.key() for p, _ in out.top}) == len(out.top)
+
+
+def _sleeper(seconds):
+    def run():
+        time.sleep(seconds)
+        return np.zeros(1)
+    return run
+
+
+def test_measure_interleaves_and_choose_keeps_the_fastest():
+    runs = {"slow": _sleeper(0.004), "fast": _sleeper(0.001), "mid": _sleeper(0.002)}
+    samples = measure(runs, (), rounds=3, min_sample_s=0.005)
+    assert sorted(samples) == ["fast", "mid", "slow"]
+    assert all(len(s) == 3 for s in samples.values())
+    assert min(samples["slow"]) > max(samples["fast"])
+    choice = choose(runs, (), rounds=3, min_sample_s=0.005)
+    assert choice.name == "fast"
+    assert choice.medians_s["fast"] == min(choice.medians_s.values())
+
+
+def test_in_context_calibration_matches_both_programs(vgg):
+    step, args, module, _ = vgg
+    measured = profile_in_context(step, args, module, rounds=3)
+    assert measured.wall_s > measured.one_bucket_wall_s > 0
+    costs, cal = in_context_costs(module, "inproc4", measured, progress=False)
+    assert cal is not None and cal.d_s >= 0 and cal.compute_scale > 0
+    for want, got in zip(cal.wall_s, cal.predicted_s):
+        assert abs(got - want) <= 0.1 * want, cal
+    again, _ = calibrate_in_context(costs, module, measured)
+    assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
+                                                          rel=0.05)
+
+
+def _disco(*argv, timeout=900):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "disco_jax", *argv], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def _check_rows(path, setup):
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 1 and "error" not in rows[0], rows
+    row = rows[0]
+    assert (row["model"], row["setup"]) == ("vgg", setup)
+    assert set(row["measured_s"]) == set(PROGRAMS)
+    assert set(row["predicted_s"]) == set(PROGRAMS) | {"fo"}
+    assert all(t > 0 for t in row["measured_s"].values())
+    assert row["search_s"] > 0
+    assert row["disco_max_abs_diff"] < 1e-4
+    # the final choice: never a plan when a baseline measured faster
+    medians = row["choice"]["medians_s"]
+    assert row["choice"]["disco"] == min(medians, key=medians.__getitem__)
+    return row
+
+
+def test_disco_bench_in_one_process(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _disco("bench", "--models", "vgg", "--setups", "inproc4", "--size", "tiny",
+                  "--time-budget", "2", "--rounds", "2", "--choice-rounds", "2",
+                  "--min-sample-s", "0.01", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_rows(out, "inproc4")
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "vgg" in proc.stdout and "DisCo/best" in proc.stdout
+
+
+def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _disco("bench", "--models", "vgg", "--setups", "gloo2", "--size", "tiny",
+                  "--time-budget", "2", "--rounds", "2", "--choice-rounds", "2",
+                  "--min-sample-s", "0.01", "--out", str(out), "--plot",
+                  str(tmp_path / "plot.png"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = _check_rows(out, "gloo2")
+    assert row["facts"]["num_processes"] == 2
+
+
+def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = _disco("bench", "--predict-only", "--hardware", "gpu_cluster_example",
+                  "--models", "vgg", "--size", "tiny", "--time-budget", "2",
+                  "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert "measured_s" not in row and row["setup"] == "gpu_cluster_example"
+    pred = row["predicted_s"]
+    assert set(pred) == set(PROGRAMS) | {"fo"}
+    assert pred["fo"] <= pred["disco"] <= min(pred["no_fusion"], pred["bucketed"]) + 1e-12
+    assert not (tmp_path / "gpu.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--models", "nope"], "unknown model"),
+    (["bench", "--setups", "mars"], "unknown setup"),
+    (["bench", "--predict-only"], "--hardware"),
+])
+def test_disco_bench_rejects_bad_arguments(argv, message, capsys, tmp_path):
+    from disco_jax.cli import main
+
+    assert main([*argv, "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_render_table_shows_speedups():
+    row = {"model": "m", "setup": "s", "size": "tiny", "search_s": 1.0,
+           "measured_s": {k: 2.0 for k in PROGRAMS} | {"disco": 1.0},
+           "predicted_s": {k: 2.0 for k in PROGRAMS} | {"disco": 1.5, "fo": 1.0}}
+    text = render_table([row, {"model": "x", "setup": "s", "size": "tiny",
+                               "error": "boom"}])
+    assert "2.00x" in text and "50%" in text and "failed: boom" in text

@@ -1,0 +1,160 @@
+"""Tests of ``disco train-estimator`` and ``disco estimate``: real runs, small."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+import hlo_tools
+from disco_jax import zoo
+from disco_jax.cli import main
+from disco_jax.cli.train_estimator import accuracy, fallback_time
+from disco_jax.cost_model import CostModel
+from estimator.gnn import checkpoint as ckpt_io
+from estimator.gnn.dataset import load_samples, plan_groups
+from estimator.gnn.features import subgraph_from_group
+from estimator.interface import FallbackFusedEstimator
+
+
+def _main(*argv: str) -> tuple[int, str, str]:
+    """Runs ``disco`` in this process; returns ``(exit code, stdout, stderr)``."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _user_error(code: int, err: str) -> bool:
+    """Exit 2 with one ``disco: error:`` line and no traceback."""
+    return (code == 2 and err.startswith("disco: error: ") and err.count("\n") == 1
+            and "Traceback" not in err)
+
+
+@pytest.fixture(scope="module")
+def vgg():
+    """Tiny vgg: its pre-optimization text, the text of a random plan, that plan's fusion
+    instructions (names, in program order)."""
+    step, args = zoo.get("vgg")(4, "tiny")
+    text = hlo_tools.extract(step, *args)
+    module = hlo_tools.parse(text)
+    planned = hlo_tools.to_text(hlo_tools.apply_plan(
+        module, hlo_tools.random_plan(module, seed=0, moves=200)))
+    graph = hlo_tools.device_graph(hlo_tools.parse(planned))
+    return text, planned, [n for n, op in zip(graph.names, graph.opcodes) if op == "fusion"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``disco train-estimator --generate`` on a few samples of tiny vgg, 3 epochs."""
+    root = tmp_path_factory.mktemp("gnn")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DISCO_CACHE_DIR", str(root / "cache"))
+        code, out, err = _main("train-estimator", "--generate", "--models", "vgg",
+                               "--size", "tiny", "--per-module", "4", "--repeats", "3",
+                               "--epochs", "3", "--dataset", str(root / "data"),
+                               "--out", str(root / "gnn.msgpack"))
+    return root, code, out, err
+
+
+def test_train_estimator_writes_a_checkpoint_that_loads(trained) -> None:
+    root, code, out, err = trained
+    assert code == 0, err
+    (dataset,) = (root / "data").glob("dataset-*.jsonl")
+    samples = load_samples(dataset)
+    assert 1 <= len(samples) <= 4 and {s.source for s in samples} == {"vgg"}
+    ckpt = ckpt_io.load(root / "gnn.msgpack")
+    assert ckpt.fingerprint["platform"] == "cpu"  # the dataset's own backend
+    assert ckpt.notes["training"]["epochs"] == 3 and ckpt.notes["samples"] == len(samples)
+    assert "loss" in err  # progress on stderr
+    assert f"evaluation on the {len(samples)} training samples" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split()[:1] in (["gnn"], ["fallback"])}
+    assert set(rows) == {"gnn", "fallback"}
+    assert all(int(r[1]) == len(samples) and r[-1].endswith("%") for r in rows.values())
+    assert sorted(p.name for p in root.iterdir()) == ["cache", "data", "gnn.msgpack"]
+
+
+def test_train_estimator_user_errors(trained, tmp_path) -> None:
+    root = trained[0]
+    (dataset,) = (root / "data").glob("dataset-*.jsonl")
+    code, _, err = _main("train-estimator", "--dataset", str(dataset), "--held-out", "vgg")
+    assert _user_error(code, err) and "no samples left to train on" in err, err
+    code, _, err = _main("train-estimator", "--dataset", str(dataset), "--held-out", "bert")
+    assert _user_error(code, err) and "no samples of that model" in err, err
+    code, _, err = _main("train-estimator", "--dataset", str(tmp_path / "none.jsonl"))
+    assert _user_error(code, err) and "no such dataset file" in err, err
+    code, _, err = _main("train-estimator", "--generate", "--models", "nope",
+                         "--dataset", str(tmp_path))
+    assert _user_error(code, err) and "unknown model 'nope'" in err, err
+
+
+def test_fallback_time_of_a_subgraph_is_the_rule(vgg) -> None:
+    graph = hlo_tools.device_graph(hlo_tools.parse(vgg[0]))
+    costs = CostModel("inproc4")  # analytic single-op times: no measuring
+    rule, nodes, c = FallbackFusedEstimator(costs), costs.node_costs(graph), costs.constants
+    groups = plan_groups(graph, 0, plans=2)[:30]
+    assert groups
+    for ms, cs in groups:
+        sub = subgraph_from_group(graph, nodes, ms, cs)
+        assert fallback_time(sub, c.kernel_launch_s, c.mem_s_per_byte) == pytest.approx(
+            rule.predict(graph, list(ms), list(cs)), rel=1e-9)
+    acc = accuracy([1.05, 1.12, 2.0], [1.0, 1.0, 1.0])
+    assert acc["n"] == 3 and acc["within_10"] == pytest.approx(1 / 3)
+    assert acc["within_14"] == pytest.approx(2 / 3) and acc["median_rel_err"] == pytest.approx(0.12)
+
+
+def test_estimate_prints_every_fusion(vgg, trained, tmp_path) -> None:
+    text, planned, fusions = vgg
+    assert fusions
+    pre, post = tmp_path / "pre.hlo", tmp_path / "post.hlo"
+    pre.write_text(text)
+    post.write_text(planned)
+    code, out, err = _main("estimate", str(post), "--no-bench")
+    assert code == 0, err
+    lines = out.splitlines()  # summary, column header, one line per fusion, total
+    assert lines[1].split()[:3] == ["fusion", "kind", "ops"] and lines[-1].split()[0] == "total"
+    assert [ln.split()[0] for ln in lines[2:-1]] == fusions
+    assert "fallback rule only" in out
+    ckpt = str(trained[0] / "gnn.msgpack")
+    code, out, err = _main("estimate", str(post), "--no-bench", "--checkpoint", ckpt, "--json")
+    assert code == 0, err
+    rows = json.loads(out)["fusions"]
+    assert [r["name"] for r in rows] == fusions
+    assert all(r["gnn_s"] > 0 and r["fallback_s"] > 0 and r["ops"] >= 1 for r in rows)
+    assert np.isfinite([r["gnn_s"] for r in rows]).all()
+    code, out, err = _main("estimate", str(post), "--no-bench", "--checkpoint", ckpt)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert [ln.split()[0] for ln in lines[2:-1]] == fusions and "GNN" in lines[0]
+    assert lines[-1].endswith(" us")  # the GNN's total (without a checkpoint: "-")
+    code, out, err = _main("estimate", str(pre), "--no-bench")
+    assert code == 0 and "0 fusions" in out and "no fusion instructions" in out, err
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    (b"", "empty file"),
+    (b"this is not HLO at all\n\x00\x01", ":1:"),
+    (b"HloModule m\n\nENTRY e {\n  a = f32[4] parameter(0)\n  ROOT b = f32[4] frob(a)\n}\n",
+     ":5:"),
+])
+def test_estimate_bad_input_exits_2(tmp_path, content, what) -> None:
+    path = tmp_path / "bad.hlo"
+    path.write_bytes(content)
+    code, out, err = _main("estimate", str(path), "--no-bench")
+    assert _user_error(code, err) and str(path) in err and what in err, err
+    assert out == ""
+
+
+def test_estimate_bad_checkpoint_exits_2(vgg, tmp_path) -> None:
+    post = tmp_path / "post.hlo"
+    post.write_text(vgg[1])
+    junk = tmp_path / "junk.msgpack"
+    junk.write_bytes(b"not a checkpoint")
+    for ckpt, what in ((junk, "not a GNN estimator checkpoint"),
+                       (tmp_path / "missing.msgpack", "no such file")):
+        code, _, err = _main("estimate", str(post), "--no-bench", "--checkpoint", str(ckpt))
+        assert _user_error(code, err) and what in err, err
