@@ -306,7 +306,7 @@ LABELS = {
     legality._NO_PRODUCER: "no producer",
     legality._NEEDS_MULTI_OUTPUT: "multi-output",
     legality._CYCLE: "cycle",
-    legality._LAYOUT_UNSAFE: "layout",
+    legality._LAYOUT_UNSAFE: "operand position",
     legality._COMPARES_COPY: "compare",
     legality._FUSED_PRODUCER: "fused producer",
     legality._NO_OTHER_USERS: "no other users",

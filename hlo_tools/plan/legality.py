@@ -44,8 +44,10 @@ _NEEDS_MULTI_OUTPUT = Decision(False, "producer has users outside the consumer g
                                "needs a multi-output fusion (disabled on this backend; "
                                "duplicate the producer instead)")
 _CYCLE = Decision(False, "fusing would create a cycle (another path joins them)")
-_LAYOUT_UNSAFE = Decision(False, "the consumer reads the producer at an operand position this "
-                          "backend cannot fuse (e.g. a select's on-true/on-false value)")
+_LAYOUT_UNSAFE = Decision(False, "the consumer may not read the producer inside a fusion at "
+                          "this operand position (hlo_tools.opcodes.FUSED_OPERAND_POSITIONS: "
+                          "a select's on-true/on-false value has no layout on XLA:CPU; a "
+                          "broadcast would recompute its operand per output element)")
 _COMPARES_COPY = Decision(False, "a compare in the fusion would read a duplicated copy (or a "
                           "value computed from one): a copy recomputed inside a fusion may "
                           "differ from the original in the last bit (XLA:CPU contracts a "

@@ -103,7 +103,9 @@ class FusionSpace:
         for c, op in enumerate(graph.opcodes):
             allowed = self.fused_operand_positions.get(op)
             if allowed is not None:
-                nodes = frozenset(o for k, o in enumerate(graph.operands[c]) if k not in allowed)
+                nodes = frozenset(o for k, o in enumerate(graph.operands[c]) if k not in allowed
+                                  and not (op == "broadcast"
+                                           and graph.kinds[o] == NodeKind.CONSTANT))
                 bad[c] = nodes or None
             if op == "reduce" and not shared_reduce_operands:
                 shared = frozenset(o for o in graph.operands[c] if len(graph.users[o]) > 1
