@@ -6,7 +6,9 @@ final choice by measurement (the product path shared by ``disco bench`` and, lat
    fused (``exact=True``, dots and convolutions on XLA's kernel library as in every
    enacted plan) and profiles it where it will run: the same devices, processes and
    link. Every process of a multi-process job must call it (the program has
-   collectives).
+   collectives). :func:`profile_module_in_context` does the same for a module given
+   alone (an HLO file: ``disco simulate``, ``disco optimize``), on this process's
+   devices with inputs made from its parameters.
 2. :func:`in_context_costs` turns that profile into the cost model: in-context single-op
    times first, standalone timings (:mod:`estimator.op_bench`, cached) only for the ops
    the profile lacks, the analytic model last. :func:`cover` adds standalone times for
@@ -49,6 +51,7 @@ __all__ = [
     "job_sync",
     "measure",
     "profile_in_context",
+    "profile_module_in_context",
     "summarize_samples",
 ]
 
@@ -135,40 +138,106 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             the times a plan's dots will take.
         sync: the job's :class:`Sync` (None: one process).
     """
-    import statistics as st
-
-    from hlo_tools import plan as P
-
-    graph = hlo_tools.device_graph(module)
-    one = hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
+    one = _one_bucket(module)
     runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
                                         library=library)
             for name, m in (("no_fusion", module), ("one_bucket", one))}
+    return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
+                         rounds=rounds, sync=sync)
+
+
+def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
+                              warmup: int = 2, rounds: int = 5, library: bool = True,
+                              seed: int = 0) -> InContext:
+    """:func:`profile_in_context` for a module given alone (HLO text or our IR), without
+    its train step: e.g. a file for ``disco simulate`` / ``disco optimize``.
+
+    Both programs (nothing fused; one gradient bucket) are compiled from their text by
+    :func:`hlo_tools.jax_bridge.compile_text` on this process's devices, exactly as
+    :func:`hlo_tools.compile_hlo` compiles them for the step (``exact=True``, dots and
+    convolutions on the kernel library with ``library``), and run on the same inputs
+    made from the entry parameters (normal floats, small ints; seeded). One process: the
+    module runs on this process's devices alone.
+
+    Args:
+        module: the pre-optimization whole-program module (text, or parsed).
+        iterations: profiled iterations (per-op times are medians over them).
+        warmup: untraced iterations first.
+        rounds: untraced samples of each iteration time.
+        library: run dots and convolutions on XLA's kernel library, as enacted plans do.
+        seed: seeds the inputs.
+
+    Returns:
+        The :class:`InContext` measurement, for :func:`in_context_costs` of the module.
+
+    Raises:
+        hlo_tools.jax_bridge.DevicesUnavailableError: the module needs more devices than
+            this process has.
+        hlo_tools.HloCompileError: the module cannot be compiled here (a compiled or
+            multi-replica module, or XLA rejects it).
+    """
+    from hlo_tools.jax_bridge import compile_text
+
+    text = module if isinstance(module, str) else hlo_tools.to_text(module)
+    run, inputs = compile_text(text, exact=True, library=library, seed=seed)
+    parsed = hlo_tools.parse(text) if isinstance(module, str) else module
+    one = _one_bucket(parsed)
+    runs = {"no_fusion": run,
+            "one_bucket": compile_text(hlo_tools.to_text(one), exact=True, library=library,
+                                       inputs=False).run}
+    return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
+                         rounds=rounds, sync=None)
+
+
+def _one_bucket(module: HloModule) -> HloModule:
+    """``module`` with every gradient in one flat all-reduce bucket."""
+    from hlo_tools import plan as P
+
+    graph = hlo_tools.device_graph(module)
+    return hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
+
+
+def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
+                  one: HloModule, *, iterations: int, warmup: int, rounds: int,
+                  sync: Sync | None) -> InContext:
+    """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
+    program of ``one``), both called on ``args``."""
     profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                  warmup=warmup)
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
-    return InContext(profile, st.median(walls["no_fusion"]), one,
-                     st.median(walls["one_bucket"]))
+    return InContext(profile, statistics.median(walls["no_fusion"]), one,
+                     statistics.median(walls["one_bucket"]))
 
 
 def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
                      measured: InContext | None, *, bench: bool = True,
-                     calibrate: bool = True, progress: bool | None = None
+                     calibrate: bool = True, progress: bool | None = None,
+                     op_profile: pr.OpProfile | None = None, replicas: int = 1
                      ) -> tuple[CostModel, Calibration | None]:
     """The cost model of ``module`` in the setup ``measured`` was taken in.
 
-    Op times in priority order: the in-context profile (:func:`profile_in_context`), then
-    standalone timings of the ops it lacks (``bench``), then the analytic model. With
-    ``calibrate``, the hardware file's all-reduce model and compute scale are then fitted
-    to the same measurement (:func:`calibrate_in_context`).
+    Op times in priority order: ``op_profile`` (a stored profile, when given), the
+    in-context profile (:func:`profile_in_context`), then standalone timings of the ops
+    they lack (``bench``, each op on ``replicas`` devices at once), then the analytic
+    model. With ``calibrate``, the hardware file's all-reduce model and compute scale are
+    then fitted to the same measurement (:func:`calibrate_in_context`).
 
     Returns:
         The cost model and its :class:`Calibration` (None without ``calibrate`` or a
         measurement).
     """
-    costs = CostModel.for_module(module, hardware,
-                                 profile=measured.profile if measured else None,
-                                 profiled_module=module, bench=bench, progress=progress)
+    if op_profile is None:
+        costs = CostModel.for_module(module, hardware,
+                                     profile=measured.profile if measured else None,
+                                     profiled_module=module, bench=bench,
+                                     replicas=replicas, progress=progress)
+    else:
+        costs = CostModel.for_module(module, hardware, profile=op_profile, bench=False)
+        if measured is not None:
+            costs.op_times.add_program_profile(measured.profile, original=module)
+        if bench:
+            costs.op_times.add_timings(op_bench.bench_ops(module, replicas=replicas,
+                                                          progress=progress))
     if not calibrate or measured is None:
         return costs, None
     return calibrate_in_context(costs, module, measured)

@@ -12,6 +12,12 @@ Typical use::
     new_params, loss = run(params, batch)
     print(run.as_text())                            # what XLA actually compiled
 
+A module given only as text (an HLO file, no Python function) compiles the same way with
+:func:`compile_text`, which also makes inputs from its entry parameters::
+
+    run, inputs = compile_text(text)                # on this process's first N devices
+    outputs = run(*inputs)
+
 With ``exact=True`` the XLA passes that create fusions or combine collectives (listed per
 backend in ``hlo_tools/xla_passes.toml``) are disabled, so the compiled program keeps the
 fusions and AllReduces of the text. On XLA:CPU every op left outside a fusion is still
@@ -20,9 +26,11 @@ wrapped in its own single-op ``wrapped_*`` fusion by ``fusion-wrapper``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -30,11 +38,12 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jaxlib.version
 import numpy as np
+from jax._src import sharding_impls as jax_sharding_impls
 from jax._src import xla_bridge as jax_xla_bridge
 from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import xla_client as xc
@@ -48,13 +57,16 @@ else:  # pragma: no cover - exercised only on Python 3.10
 __all__ = [
     "PINNED_VERSION",
     "CompiledHlo",
+    "CompiledText",
     "Coordinator",
+    "DevicesUnavailableError",
     "HloCompileError",
     "StandaloneHlo",
     "check_versions",
     "backend_info",
     "compile_hlo",
     "compile_standalone",
+    "compile_text",
     "compiled_text",
     "count_all_reduces",
     "exact_compiler_options",
@@ -62,6 +74,7 @@ __all__ = [
     "fresh_function",
     "hlo_text_to_mlir",
     "load_pass_config",
+    "module_devices",
     "platform_family",
     "plan_library_options",
     "lowered_text",
@@ -81,6 +94,12 @@ _DISABLE = "xla_disable_hlo_passes"
 
 class HloCompileError(RuntimeError):
     """XLA rejected HLO text: parse, verification, MLIR conversion or compilation failed."""
+
+
+class DevicesUnavailableError(HloCompileError):
+    """This process's devices cannot run a module (:func:`compile_text`): it needs more
+    devices than the process has locally, e.g. a module of a multi-process job or one
+    extracted on more host devices than this process was started with."""
 
 
 def check_versions(*, warn: bool = True) -> bool:
@@ -632,6 +651,241 @@ def compile_standalone(
 def _module_name(hlo_text: str) -> str:
     match = re.match(r"\s*HloModule\s+([\w.\-]+)", hlo_text)
     return match.group(1) if match else ""
+
+
+# ------------------------------------------------------- whole programs from text alone
+
+#: ``devices=[4,1]...`` of a tiled sharding: the tile assignment's dimensions.
+_TILE_DIMS_RE = re.compile(r"devices=\[([\d,\s]+)\]")
+#: ``maximal device=3``.
+_MAXIMAL_RE = re.compile(r"maximal\s+device=(\d+)")
+#: ``replica_groups=[2,2]<=[4]`` (iota form): its dimensions.
+_IOTA_GROUPS_RE = re.compile(r"replica_groups=\[([\d,\s]+)\]<=")
+#: ``replica_groups={{0,1},{2,3}}`` / ``source_target_pairs={{0,1},{1,0}}``.
+_LIST_GROUPS_RE = re.compile(r"(?:replica_groups|source_target_pairs)=\{([\d,{}\s]*)\}")
+#: ``#sdy.mesh<["data"=4, "model"=2]>`` (quotes possibly escaped): its axes.
+_SDY_MESH_RE = re.compile(r"#sdy\.mesh<\[([^\]]*)\]")
+_SIZE_RE = re.compile(r"=\s*(\d+)")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in re.findall(r"\d+", text)]
+
+
+def module_devices(hlo_text: str) -> int:
+    """How many devices a pre-optimization whole-program module runs on.
+
+    The largest of what the text says: the header's ``num_partitions`` times its
+    ``replica_count``, the size of every shardy mesh (``#sdy.mesh<["data"=4]>``, as jax
+    lowers ``shard_map``), the tile assignment of every sharding (``devices=[4,1]<=[4]``,
+    ``maximal device=3``) and the device ids of every collective (``replica_groups``,
+    ``source_target_pairs``); 1 when it says nothing.
+    """
+    found = [1]
+    header = hlo_text.lstrip().split("\n", 1)[0]
+    partitions = re.search(r"\bnum_partitions=(\d+)", header)
+    replicas = re.search(r"\breplica_count=(\d+)", header)
+    found.append((int(partitions.group(1)) if partitions else 1)
+                 * (int(replicas.group(1)) if replicas else 1))
+    for axes in _SDY_MESH_RE.findall(hlo_text):
+        found.append(math.prod(int(v) for v in _SIZE_RE.findall(axes)))
+    for dims in _TILE_DIMS_RE.findall(hlo_text) + _IOTA_GROUPS_RE.findall(hlo_text):
+        found.append(math.prod(_ints(dims)))
+    found.extend(int(d) + 1 for d in _MAXIMAL_RE.findall(hlo_text))
+    for groups in _LIST_GROUPS_RE.findall(hlo_text):
+        found.append(max(_ints(groups), default=-1) + 1)
+    return max(found)
+
+
+class CompiledText(NamedTuple):
+    """A whole-program module compiled from its text alone (:func:`compile_text`).
+
+    Attributes:
+        run: the program: ``run(*inputs)`` executes it on this process's devices and
+            returns its result (a tuple of jax arrays for a tuple-shaped result).
+            ``run.compiled`` is a ``jax.stages.Compiled`` (``input_shardings``,
+            ``as_text()``), so the profiler takes it as it takes :func:`compile_hlo`'s.
+        inputs: one jax array per entry parameter, placed with the parameter's sharding
+            (empty when :func:`compile_text` was asked for none).
+    """
+
+    run: CompiledHlo
+    inputs: tuple[Any, ...]
+
+
+def _random_array(rng: np.random.Generator, dims: tuple[int, ...], dtype: np.dtype
+                  ) -> np.ndarray:
+    """Realistic values of one parameter: standard normal floats, small ints (0..7)."""
+    if jax.dtypes.issubdtype(dtype, np.complexfloating):
+        return (rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(dtype)
+    if jax.dtypes.issubdtype(dtype, np.floating):
+        return rng.standard_normal(dims, dtype=np.float32).astype(dtype)
+    if dtype == np.bool_:
+        return rng.random(dims) < 0.5
+    if jax.dtypes.issubdtype(dtype, np.integer):
+        return rng.integers(0, 8, dims).astype(dtype)
+    return np.zeros(dims, dtype)
+
+
+def _entry_parameters(hlo_text: str) -> tuple[Any, list[str | None]]:
+    """Our IR of the text and the ``sharding=`` text of each entry parameter (in
+    parameter order; None where it has none)."""
+    from hlo_tools.parser import HloParseError, parse
+
+    try:
+        module = parse(hlo_text)
+    except HloParseError as err:
+        raise HloCompileError(f"could not parse the HLO text: {err}") from err
+    params = sorted((int(i.payload), i) for i in module.entry.instructions
+                    if i.opcode == "parameter")
+    return module, [i.attrs.get("sharding") for _, i in params]
+
+
+def _strip_aliasing(module: Any, hlo_text: str) -> str:
+    """The text without input/output aliasing (buffer donation): the calls of
+    :class:`CompiledText` keep their inputs, and aliasing changes no result."""
+    from hlo_tools.printer import to_text
+
+    dropped = [module.header_attrs.pop(k, None) for k in ("input_output_alias", "buffer_donor")]
+    return to_text(module) if any(v is not None for v in dropped) else hlo_text
+
+
+def _text_shardings(shardings: Sequence[str | None], devices: Sequence[Any]) -> list[Any]:
+    """jax shardings over ``devices`` (the module's device assignment, in order) for the
+    parameters' HLO shardings (replicated where a parameter has none)."""
+    if len(devices) == 1:
+        return [jax.sharding.SingleDeviceSharding(devices[0])] * len(shardings)
+    out = []
+    for k, text in enumerate(shardings):
+        try:
+            hlo = xc.HloSharding.from_string(text) if text else xc.HloSharding.replicate()
+        except Exception as err:
+            raise HloCompileError(f"parameter {k}: unsupported sharding {text}: {err}") \
+                from err
+        if hlo.tuple_elements():
+            raise HloCompileError(f"parameter {k}: tuple-shaped parameters are not supported")
+        out.append(jax_sharding_impls.GSPMDSharding(tuple(devices), hlo))
+    return out
+
+
+def _local_devices_for(hlo_text: str, platform: str) -> tuple[Any, ...]:
+    """The first :func:`module_devices` local devices of ``platform``.
+
+    Raises:
+        DevicesUnavailableError: the process has fewer.
+    """
+    needed = module_devices(hlo_text)
+    local = jax.local_devices(backend=platform)
+    if needed <= len(local):
+        return tuple(local[:needed])
+    hint = ""
+    if jax.process_count() > 1:
+        hint = (f" (process {jax.process_index()} of {jax.process_count()}: a module "
+                "runs here on this process's devices alone)")
+    elif platform == "cpu":
+        hint = (f" (XLA_FLAGS=--xla_force_host_platform_device_count={needed} gives a "
+                f"process {needed} host devices)")
+    raise DevicesUnavailableError(
+        f"the module runs on {needed} devices, this process has {len(local)} local "
+        f"{platform} device{'s' if len(local) != 1 else ''}{hint}")
+
+
+def compile_text(
+    hlo_text: str,
+    *,
+    exact: bool = True,
+    library: bool = True,
+    platform: str | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+    inputs: bool = True,
+    seed: int = 0,
+) -> CompiledText:
+    """Compiles a pre-optimization whole-program module given only as HLO text, to run
+    on this process's devices, with inputs made from its entry parameters.
+
+    The text is what :func:`extract` (``lowered.as_text(dialect="hlo")``) prints, e.g.
+    of a ``shard_map`` + ``pmean`` train step; no Python function is needed. How:
+
+    1. The module's device count (:func:`module_devices`: its header, shardy meshes,
+       shardings and collectives) picks the first that many local devices of
+       ``platform``, in order (the device assignment ``extract`` saw on one process).
+    2. A stand-in function with the module's entry signature -- one flat parameter per
+       entry parameter, placed with the parameter's own ``sharding=`` (an XLA
+       ``HloSharding`` over those devices), outputs of the module's result shapes -- is
+       lowered by ``jax.jit`` (``keep_unused=True``), and the text replaces its module as
+       in :func:`compile_hlo` (signature checked); ``jax`` then compiles it as it
+       compiles a jitted step, taking the result shardings from the executable.
+    3. The exact-mode options are those of :func:`compile_hlo` (``exact``, ``library``),
+       so the program equals ``compile_hlo(step, args, hlo_text, exact=exact,
+       library=library)`` called on the step's flattened arguments.
+
+    Input/output aliasing (``input_output_alias``, ``buffer_donor``) is dropped from the
+    header: the inputs are reused by every call.
+
+    Args:
+        hlo_text: the module's text (pre-optimization; one process's program).
+        exact: disable XLA's fusion and collective-combining passes
+            (``hlo_tools/xla_passes.toml``), as :func:`compile_hlo` does.
+        library: with ``exact``, dots and convolutions on XLA's kernel library
+            (:func:`plan_library_options`), as every enacted plan runs them.
+        platform: jax platform (default: ``jax.default_backend()``).
+        compiler_options: extra XLA options, as in :func:`compile_hlo`.
+        inputs: make inputs: per parameter, standard normal floats, ints in ``0..7``,
+            random booleans (random values, not zeros), the same for the same ``seed``.
+        seed: seeds the inputs.
+
+    Returns:
+        A :class:`CompiledText` ``(run, inputs)``: ``run(*inputs)`` runs the program.
+
+    Raises:
+        DevicesUnavailableError: the module needs more devices than this process has.
+        HloCompileError: the text is a compiled (scheduled) or multi-replica module,
+            XLA rejects it, or compilation fails; the message includes XLA's.
+    """
+    platform = platform or jax.default_backend()
+    module, shardings = _entry_parameters(hlo_text)
+    if module.header_attrs.get("is_scheduled") == "true":
+        raise HloCompileError("the module is compiled (is_scheduled=true: post-optimization);"
+                              " a pre-optimization module is needed")
+    if int(module.header_attrs.get("replica_count", "1")) > 1:
+        raise HloCompileError(f"replica_count={module.header_attrs['replica_count']}: "
+                              "modules of several replicas (pmap) are not supported, only "
+                              "partitioned ones (jax.jit)")
+    devices = _local_devices_for(hlo_text, platform)
+    hlo_text = _strip_aliasing(module, hlo_text)
+    program_shape = _computation(hlo_text).program_shape()
+    params = [_leaf_shapes(p) for p in program_shape.parameter_shapes()]
+    if any(len(leaves) != 1 for leaves in params):
+        raise HloCompileError("tuple-shaped entry parameters are not supported")
+    params_flat = [leaves[0] for leaves in params]
+    result = program_shape.result_shape()
+    outs, tupled = _leaf_shapes(result), bool(result.is_tuple())
+    wide = any(np.dtype(t).itemsize == 8 and np.dtype(t).kind in "iuf"
+               for _, t in params_flat + list(outs))
+
+    def stand_in(*_: Any) -> Any:
+        zeros = tuple(jax.numpy.zeros(dims, dtype) for dims, dtype in outs)
+        return zeros if tupled else zeros[0]
+
+    in_shardings = _text_shardings(shardings, devices)
+    with jax.enable_x64(True) if wide else contextlib.nullcontext():
+        try:
+            lowered = jax.jit(stand_in, in_shardings=tuple(in_shardings), keep_unused=True
+                              ).lower(*(jax.ShapeDtypeStruct(d, t) for d, t in params_flat))
+        except Exception as err:
+            raise HloCompileError(f"could not build the module's calling convention "
+                                  f"(parameter shardings {sorted(set(map(str, shardings)))}): "
+                                  f"{err}") from err
+        lowered = _install(lowered, hlo_text)
+        options = _options(lowered, exact, compiler_options, library)
+        run = CompiledHlo(_compile(lowered, options), hlo_text, options)
+        placed: tuple[Any, ...] = ()
+        if inputs:
+            rng = np.random.default_rng(seed)
+            placed = tuple(jax.device_put(_random_array(rng, d, t), s)
+                           for (d, t), s in zip(params_flat, run.compiled.input_shardings[0],
+                                                strict=True))
+    return CompiledText(run, placed)
 
 
 def backend_info(platform: str | None = None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ The input is pre-optimization HLO text from anywhere (``lowered.as_text(dialect=
 an XLA dump). Its per-device program (the shard_map body, else ENTRY) is searched by
 :func:`disco_jax.search.search` with the simulator as cost model -- built as
 ``disco simulate`` builds it (hardware file; single ops timed on this machine, cached;
-``--profile`` first) -- from the no-fusion plan and the bucketed baselines. The best plan
+``--profile`` first; in context by default when this process's devices can run the
+module: profiled here and the AllReduce latency and compute scale fitted to it, see
+``disco simulate --help``) -- from the no-fusion plan and the bucketed baselines. The best plan
 is written back with :func:`hlo_tools.apply_plan`: compile it with
 ``hlo_tools.compile_hlo(step, args, text, exact=True)`` to run exactly that plan.
 
@@ -27,8 +29,10 @@ from typing import Any
 from disco_jax.cli import UserError
 from disco_jax.cli.simulate import (
     add_cost_model_arguments,
+    add_in_context_argument,
     check_arguments,
-    cost_model,
+    cost_model_in_context,
+    in_context_line,
     load_module,
 )
 from hlo_tools.dirs import write_atomic
@@ -49,6 +53,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="search seed (default: 0)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     add_cost_model_arguments(p)
+    add_in_context_argument(p)
     p.set_defaults(func=run)
 
 
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         graph = hlo_tools.device_graph(module)
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
-    costs = cost_model(module, args)
+    costs, in_context = cost_model_in_context(module, args)
     outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget)
     text = hlo_tools.to_text(hlo_tools.apply_plan(module, outcome.plan, graph))
     try:
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UserError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
     report = _report(args, graph, outcome, costs)
+    report["in_context"] = in_context
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -134,5 +140,6 @@ def _print_report(r: dict[str, Any]) -> None:
     p, s = r["plan"], r["search"]
     print(f"plan: {p['fusions']} fusions, {p['duplicated_producers']} duplicated producers, "
           f"{p['buckets']} AllReduce buckets", file=out)
+    print(in_context_line(r["in_context"]), file=out)
     print(f"search: {s['evaluated']} candidates, {s['pops']} pops in {s['seconds']:.1f} s "
           f"(seed {s['seed']}, stopped by {s['stop_reason']})", file=out)

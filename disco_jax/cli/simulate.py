@@ -8,6 +8,17 @@ from their members (never timed as fusions), all-reduces use the hardware file's
 :mod:`estimator.op_bench` (cached on disk; ``--no-bench`` uses only ``--profile`` and
 the analytic model).
 
+In context (``--in-context``; the default when this process's devices can run the
+module and the hardware file describes this kind of setup): the module is first
+compiled here from its text, with nothing fused and with one gradient bucket, run on
+inputs made from its parameters and profiled
+(:func:`disco_jax.enact.profile_module_in_context`); its op times come right after
+``--profile``'s, and the hardware file's AllReduce latency ``D`` and compute scale are
+fitted to the two measured iterations (:func:`disco_jax.enact.calibrate_in_context`).
+When it cannot (too few devices, a compiled module, another kind of setup), a one-line
+note on stderr says why and the costs are built as without it; ``--no-in-context``
+skips it.
+
 This module holds the subcommand's parser (:func:`register`), the reading and checking
 of its input (:func:`load_module`, hardware and profile files) and its run and report
 (:func:`run`).
@@ -28,8 +39,11 @@ from disco_jax.cli import UserError
 
 __all__ = [
     "add_cost_model_arguments",
+    "add_in_context_argument",
     "check_arguments",
     "cost_model",
+    "cost_model_in_context",
+    "in_context_line",
     "load_module",
     "register",
     "run",
@@ -46,6 +60,7 @@ def register(subparsers: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.hlo", help="HLO text (pre- or post-optimization)")
     add_cost_model_arguments(p)
+    add_in_context_argument(p)
     p.add_argument("--overlap", type=float, metavar="PHI",
                    help="override the hardware's compute/communication overlap phi in [0, 1]")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -65,6 +80,17 @@ def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not time single ops on this machine (profile/analytic only)")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="devices that run each timed op at once (default: 1)")
+
+
+def add_in_context_argument(p: argparse.ArgumentParser) -> None:
+    """``--in-context`` / ``--no-in-context`` (default: when possible), for the commands
+    that cost a module with :func:`cost_model_in_context`."""
+    p.add_argument("--in-context", action=argparse.BooleanOptionalAction, default=None,
+                   help="profile the module here first (compiled with nothing fused and "
+                        "with one gradient bucket, run on this process's devices) and fit "
+                        "the hardware file's AllReduce latency and compute scale to it "
+                        "(default: when this process's devices can run the module and the "
+                        "hardware file is for this kind of setup; else a note on stderr)")
 
 
 # --------------------------------------------------------------------------- input
@@ -173,8 +199,6 @@ def check_arguments(args: argparse.Namespace) -> None:
 def cost_model(module: Any, args: argparse.Namespace) -> Any:
     """The :class:`~disco_jax.cost_model.CostModel` the options choose, with op times
     covering ``module``; raises :class:`UserError` for a bad hardware or profile file."""
-    import dataclasses
-
     from disco_jax.cost_model import CostModel
 
     hardware = _hardware(args.hardware)
@@ -189,10 +213,103 @@ def cost_model(module: Any, args: argparse.Namespace) -> Any:
                                      bench=not args.no_bench, replicas=replicas)
     except ValueError as err:
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
+    _apply_overlap(costs, args)
+    return costs
+
+
+def _apply_overlap(costs: Any, args: argparse.Namespace) -> None:
+    import dataclasses
+
     if getattr(args, "overlap", None) is not None:
         costs.constants = dataclasses.replace(costs.constants, overlap=args.overlap,
                                               source="--overlap")
-    return costs
+
+
+def _setup_mismatch(hardware: Any, platform: str) -> str | None:
+    """Why an in-context profile here would not describe the hardware file's setup
+    (None when it would)."""
+    from hlo_tools.jax_bridge import platform_family
+
+    backend = hardware.hardware.get("backend", "cpu")
+    if platform_family(platform) != backend:
+        return f"hardware {hardware.name} is a {backend} setup, this process runs on {platform}"
+    processes = int(hardware.hardware.get("num_processes", 1))
+    if processes > 1:
+        return (f"hardware {hardware.name} is a job of {processes} processes, the profile "
+                "would be taken in this one process")
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    line = lines[0] if lines else type(err).__name__
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def cost_model_in_context(module: Any, args: argparse.Namespace
+                          ) -> tuple[Any, dict[str, Any]]:
+    """The cost model the options choose, profiled and calibrated in context when asked
+    (``args.in_context`` True), or by default (None) when possible.
+
+    In context: :func:`disco_jax.enact.profile_module_in_context` measures the module
+    here; op times come from ``--profile``, then that profile, then standalone timings
+    (unless ``--no-bench``), then the analytic model; ``--overlap`` is applied, and the
+    AllReduce latency and compute scale are fitted to the two measured programs
+    (:func:`disco_jax.enact.calibrate_in_context`). By default, when that is not possible
+    here -- the devices cannot run the module, it is compiled, the hardware file is for
+    another backend or a multi-process job -- a one-line note goes to stderr and the
+    model is :func:`cost_model`'s.
+
+    Returns:
+        The cost model and the in-context report: ``{"profiled": True, "devices",
+        "platform", "wall_s", "predicted_s", "d_s", "compute_scale"}`` (``wall_s`` and
+        ``predicted_s``: ``{"no_fusion", "one_bucket"}`` seconds per iteration, measured
+        and after the fit) or ``{"profiled": False, "reason"}``.
+
+    Raises:
+        UserError: a bad hardware or profile file; with ``--in-context``, a module that
+            cannot be profiled here.
+    """
+    mode = getattr(args, "in_context", False)
+    if mode is False:
+        return cost_model(module, args), {"profiled": False, "reason": "--no-in-context"}
+    import jax
+
+    from disco_jax.enact import calibrate_in_context, in_context_costs, profile_module_in_context
+    from hlo_tools.jax_bridge import HloCompileError
+
+    hardware = _hardware(args.hardware)
+    op_profile = _profile(args.profile)
+    platform = jax.default_backend()
+    reason = _setup_mismatch(hardware, platform) if mode is None else None
+    measured = None
+    if reason is None:
+        try:
+            measured = profile_module_in_context(module)
+        except (HloCompileError, RuntimeError, ValueError) as err:
+            reason = _one_line(err)
+    if measured is None:
+        if mode:
+            raise UserError(f"--in-context: {reason}")
+        print(f"disco: note: not profiling in context: {reason}; costing without it "
+              "(--no-in-context hides this note)", file=sys.stderr)
+        return cost_model(module, args), {"profiled": False, "reason": reason}
+    replicas = args.replicas
+    if not args.no_bench and replicas > 1:
+        replicas = min(replicas, jax.local_device_count())
+    try:
+        costs, _ = in_context_costs(module, hardware, measured, bench=not args.no_bench,
+                                    calibrate=False, op_profile=op_profile,
+                                    replicas=replicas)
+    except ValueError as err:
+        raise UserError(f"hardware {args.hardware!r}: {err}") from None
+    _apply_overlap(costs, args)
+    costs, cal = calibrate_in_context(costs, module, measured)
+    names = ("no_fusion", "one_bucket")
+    return costs, {"profiled": True, "devices": len(measured.profile.per_device_s) or 1,
+                   "platform": platform, "wall_s": dict(zip(names, cal.wall_s)),
+                   "predicted_s": dict(zip(names, cal.predicted_s)), "d_s": cal.d_s,
+                   "compute_scale": cal.compute_scale}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_arguments(args)
     module = load_module(args.file)
-    costs = cost_model(module, args)
+    costs, in_context = cost_model_in_context(module, args)
     graph = device_graph(module)
     sim = sim_graph_from_module(module, costs)
     result = simulate(sim, costs.overlap)
@@ -223,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
         "time_sources": summary["sources"],
         "estimated_nodes": summary["estimated_nodes"],
         "cost_model": costs.describe(),
+        "in_context": in_context,
     }
     if args.trace is not None:
         from disco_jax.trace import write_trace
@@ -245,6 +363,17 @@ def _fmt_s(t: float) -> str:
     return f"{t * 1e6:.1f} us"
 
 
+def in_context_line(ic: dict[str, Any]) -> str:
+    """One line of a report on the in-context step (:func:`cost_model_in_context`)."""
+    if not ic["profiled"]:
+        return f"in context: not profiled ({ic['reason']})"
+    wall, pred = ic["wall_s"], ic["predicted_s"]
+    return (f"in context on {ic['devices']} {ic['platform']} devices: measured no fusion "
+            f"{_fmt_s(wall['no_fusion'])}, one bucket {_fmt_s(wall['one_bucket'])}; fit "
+            f"(D = {ic['d_s']:.3g} s, compute scale {ic['compute_scale']:.3g}) predicts "
+            f"{_fmt_s(pred['no_fusion'])}, {_fmt_s(pred['one_bucket'])}")
+
+
 def _fmt_bytes(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -260,6 +389,7 @@ def _print_report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"hardware {cm['hardware']}: overlap phi = {cm['overlap']:g}, compute scale "
           f"{cm['compute_scale']:g}, AllReduce T = {cm['allreduce']['c_s_per_byte']:.3g} "
           f"s/B * bytes + {cm['allreduce']['d_s']:.3g} s", file=out)
+    print(in_context_line(r["in_context"]), file=out)
     rows = [("iteration", _fmt_s(r["iteration_s"])),
             ("compute (stream occupied)", _fmt_s(r["compute_s"])),
             ("compute work (kernels)", _fmt_s(r["compute_work_s"])),

@@ -1,0 +1,137 @@
+"""A module given only as HLO text, profiled in context: ``compile_text`` (the program and
+its inputs, no train step), and ``disco simulate`` / ``disco optimize`` taking the
+in-context profile themselves -- or saying in one line why not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import hlo_tools
+from disco_jax import zoo
+from disco_jax.cli import main
+from disco_jax.cli.simulate import in_context_line
+from hlo_tools.jax_bridge import (
+    DevicesUnavailableError,
+    HloCompileError,
+    compile_text,
+    module_devices,
+)
+
+SMALL = """HloModule small
+
+ENTRY main {
+  a = f32[4,3]{1,0} parameter(0)
+  b = s32[5]{0} parameter(1)
+  n = f32[4,3]{1,0} negate(a)
+  c = s32[5]{0} add(b, b)
+  ROOT t = (f32[4,3]{1,0}, s32[5]{0}) tuple(n, c)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def vgg(tmp_path_factory):
+    step, args = zoo.get("vgg")(4, "tiny")
+    text = hlo_tools.extract(step, *args)
+    path = tmp_path_factory.mktemp("hlo") / "vgg.hlo"
+    path.write_text(text)
+    return step, args, text, path
+
+
+def test_compile_text_runs_the_module_as_compile_hlo_does(vgg):
+    step, args, text, _ = vgg
+    assert module_devices(text) == 4
+    run, inputs = compile_text(text)
+    assert [x.shape for x in inputs] == [a.shape for a in jax.tree.leaves(args)]
+    assert [x.sharding.is_fully_replicated for x in inputs][-2:] == [False, False]  # batch
+    floats = np.asarray(inputs[0])
+    labels = np.asarray(inputs[-1])
+    assert floats.std() > 0.3 and labels.dtype == np.int32 and 0 <= labels.min()
+    assert labels.max() < 8 and len(set(labels.tolist())) > 1
+    got = jax.tree.leaves(run(*inputs))
+    ref = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
+    want = jax.tree.leaves(ref(*jax.tree.unflatten(jax.tree.structure(args), inputs)))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5)
+
+
+def test_compile_text_inputs_are_seeded_and_errors_are_clear():
+    first, again = compile_text(SMALL), compile_text(SMALL)
+    for x, y in zip(first.inputs, again.inputs):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    other = compile_text(SMALL, seed=1).inputs
+    assert not np.array_equal(np.asarray(first.inputs[0]), np.asarray(other[0]))
+    neg, doubled = first.run(*first.inputs)
+    np.testing.assert_array_equal(np.asarray(neg), -np.asarray(first.inputs[0]))
+    np.testing.assert_array_equal(np.asarray(doubled), 2 * np.asarray(first.inputs[1]))
+    assert compile_text(SMALL, inputs=False).inputs == ()
+
+    wide = SMALL.replace("parameter(0)", "parameter(0), sharding={devices=[8,1]<=[8]}")
+    assert module_devices(wide) == 8
+    with pytest.raises(DevicesUnavailableError, match="runs on 8 devices, this process has 4"):
+        compile_text(wide)
+    compiled = SMALL.replace("HloModule small", "HloModule small, is_scheduled=true")
+    with pytest.raises(HloCompileError, match="post-optimization"):
+        compile_text(compiled)
+
+
+def test_simulate_profiles_in_context_and_reports_the_fit(vgg, capsys):
+    *_, path = vgg
+    assert main(["simulate", str(path), "--no-bench", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "note" not in captured.err, captured.err
+    report = json.loads(captured.out)
+    ic = report["in_context"]
+    assert ic["profiled"] and ic["devices"] == 4 and ic["platform"] == "cpu"
+    assert ic["d_s"] >= 0 and ic["compute_scale"] > 0
+    for name in ("no_fusion", "one_bucket"):
+        assert ic["wall_s"][name] > 0
+        assert ic["predicted_s"][name] == pytest.approx(ic["wall_s"][name], rel=0.1)
+    assert report["iteration_s"] == pytest.approx(ic["predicted_s"]["no_fusion"], rel=1e-6)
+    assert report["time_sources"].get("profile", 0) > 0
+    assert report["cost_model"]["allreduce"]["d_s"] == pytest.approx(ic["d_s"])
+    line = in_context_line(ic)
+    assert line.startswith("in context on 4 cpu devices: measured no fusion") and "fit" in line
+
+
+def test_optimize_profiles_in_context(vgg, tmp_path, capsys):
+    *_, path = vgg
+    out = tmp_path / "opt.hlo"
+    assert main(["optimize", str(path), "-o", str(out), "--no-bench", "--time-budget", "1",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["in_context"]["profiled"] and report["predicted_s"] > 0
+    assert hlo_tools.parse(out.read_text())
+
+
+def _disco_on_two_devices(*argv):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    return subprocess.run([sys.executable, "-m", "disco_jax", *argv], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_too_few_devices_fall_back_with_a_note(vgg):
+    *_, path = vgg
+    proc = _disco_on_two_devices("simulate", str(path), "--no-bench", "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "disco: note: not profiling in context: the module runs on 4 devices, this "
+        "process has 2 local cpu devices"), proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["iteration_s"] > 0
+    assert not report["in_context"]["profiled"]
+    assert "runs on 4 devices" in report["in_context"]["reason"]
+
+    forced = _disco_on_two_devices("simulate", str(path), "--no-bench", "--in-context")
+    assert forced.returncode == 2 and forced.stdout == ""
+    assert forced.stderr.startswith("disco: error: --in-context: the module runs on 4")
+    assert "Traceback" not in forced.stderr
