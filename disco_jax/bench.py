@@ -115,6 +115,30 @@ def _max_diff(got: Any, want: Any) -> float:
                for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
+def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, graph: Any,
+                       plans: Mapping[str, Any], say: Callable[[str], None]
+                       ) -> dict[str, Any]:
+    """Staged enactments (:mod:`disco_jax.staged`, XLA's fusion inside each stage) for the
+    spec's ``staged`` bucket counts (``"plan"``: the buckets of the search's best plan)."""
+    from disco_jax.staged import staged_step
+    from hlo_tools import plan as P
+
+    out: dict[str, Any] = {}
+    for count in spec.get("staged", ()):
+        if count == "plan":
+            buckets = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
+            if len(buckets) < 2:
+                continue
+            name, arg = "staged_plan", buckets
+        else:
+            name, arg = f"staged_{count}", int(count)
+        try:
+            out[name] = staged_step(step, args, buckets=arg)
+        except ValueError as err:
+            say(f"{name}: not staged ({err})")
+    return out
+
+
 def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     """Runs one job in this process (see the module docstring); the row on process 0,
     None elsewhere."""
@@ -194,8 +218,10 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[f"plan_{i}"], graph))
         runs[f"plan_{i}"] = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
     runs.update(bucketed)
+    staged = _staged_candidates(spec, step, args, graph, plans, say)
+    runs.update(staged)
 
-    candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans)}
+    candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans, *staged)}
     say(f"final choice among {len(candidates)} programs")
     choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
                     tag="choice", min_sample_s=float(spec["min_sample_s"]))
@@ -222,10 +248,13 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     pred_bucketed = {n: _predict(bl.module_from_compiled(r), costs) for n, r in bucketed.items()}
     pred_plans = dict(zip(plans, row["search"]["top_predicted_s"]))
     predicted["bucketed"] = pred_bucketed[best_bucketed]
-    predicted["disco"] = {**pred_bucketed, **pred_plans,
+    pred_staged = {n: None for n in staged}  # the simulator has no staged model yet
+    predicted["disco"] = {**pred_bucketed, **pred_plans, **pred_staged,
                           "xla_default": predicted["xla_default"]}[choice.name]
     # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
-    if choice.name in plans:
+    if choice.name in staged:
+        predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], costs))
+    elif choice.name in plans:
         predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[choice.name], costs))
     else:
         predicted["fo"] = full_overlap_bound(sim_graph_from_module(
@@ -237,7 +266,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         "choice": {"disco": choice.name, "bucketed": best_bucketed,
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
                    "medians_s": choice.medians_s,
-                   "predicted_s": {**pred_bucketed, **pred_plans,
+                   "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,
                                    "xla_default": predicted["xla_default"]}},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,
@@ -324,7 +353,9 @@ def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any
             env = child_env(int(spec["num_devices"]))
         else:
             setup = SETUPS[spec["setup"]]
-            env = child_env(setup.devices)
+            # a process pinned to one CPU gets one thread in XLA:CPU's pool unless NPROC
+            # says otherwise; staged enactments need two (jax/jaxlib 0.10.2)
+            env = child_env(setup.devices, {"NPROC": "4"} if spec.get("pin_cpus") else None)
             if setup.processes == 1:
                 cmd = [*me, "run", "--spec", str(spec_path), "--out", str(out)]
             else:

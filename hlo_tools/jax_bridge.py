@@ -64,7 +64,9 @@ __all__ = [
     "StandaloneHlo",
     "check_versions",
     "backend_info",
+    "PerDeviceHlo",
     "compile_hlo",
+    "compile_per_device",
     "compile_standalone",
     "compile_text",
     "compiled_text",
@@ -643,6 +645,120 @@ def compile_standalone(
         param_shapes=tuple(s for p in program_shape.parameter_shapes() for s in _leaf_shapes(p)),
         result_shapes=_leaf_shapes(result),
         result_is_tuple=bool(result.is_tuple()),
+        hlo_text=hlo_text,
+        compiler_options=options,
+    )
+
+
+@dataclass(frozen=True)
+class PerDeviceHlo:
+    """A per-device HLO module (no collectives) compiled once for several local devices,
+    each running it on its own inputs (:func:`compile_per_device`).
+
+    The program is compiled with one replica per device, as ``pmap`` compiles; a call
+    hands each replica its own device's buffers. Calls do not wait: the results are
+    jax arrays whose values XLA computes asynchronously, like a jitted call's.
+
+    Attributes:
+        executable: the loaded XLA executable.
+        devices: the devices of the replicas, in replica order (all local).
+        param_shapes: ``(dims, numpy dtype)`` of each entry parameter, in order.
+        result_shapes: ``(dims, numpy dtype)`` of each result leaf.
+        hlo_text: the HLO text that was compiled.
+        compiler_options: the XLA options used.
+    """
+
+    executable: Any
+    devices: tuple[Any, ...]
+    param_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    result_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    hlo_text: str
+    compiler_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, inputs: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        """Runs every replica on its own device's inputs, without waiting.
+
+        Args:
+            inputs: ``inputs[param][replica]``: one single-device jax array per entry
+                parameter and device, on ``devices[replica]``.
+
+        Returns:
+            ``[leaf][replica]`` single-device jax arrays (one leaf for a non-tuple result).
+
+        Raises:
+            ValueError: wrong number of parameters or devices, or a shape/dtype that
+                differs from the module's parameter.
+        """
+        if len(inputs) != len(self.param_shapes):
+            raise ValueError(f"the module takes {len(self.param_shapes)} parameters, got "
+                             f"{len(inputs)}")
+        sharding = _replicated_sharding(self.devices) if len(self.devices) > 1 else None
+        args = []
+        for k, (per_device, (dims, dtype)) in enumerate(zip(inputs, self.param_shapes)):
+            if len(per_device) != len(self.devices):
+                raise ValueError(f"parameter {k}: {len(per_device)} arrays for "
+                                 f"{len(self.devices)} devices")
+            for arr in per_device:
+                if tuple(arr.shape) != dims or np.dtype(arr.dtype) != dtype:
+                    raise ValueError(f"parameter {k}: expected {dtype}{list(dims)}, got "
+                                     f"{arr.dtype}{list(arr.shape)}")
+            # One replica per device: the container's sharding only says which buffer
+            # goes to which replica (each replica reads its own), as pmap's arrays did.
+            args.append(per_device[0] if sharding is None else
+                        jax.make_array_from_single_device_arrays(dims, sharding,
+                                                                 list(per_device)))
+        results = self.executable.execute_sharded(args)
+        return results.disassemble_into_single_device_arrays()
+
+
+def compile_per_device(
+    hlo_text: str,
+    devices: Sequence[Any],
+    *,
+    exact: bool = False,
+    library: bool = False,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> PerDeviceHlo:
+    """Compiles a per-device module (a program without collectives, e.g. one stage of a
+    staged train step) once, to run on each of ``devices`` with that device's inputs.
+
+    Args:
+        hlo_text: HLO text of a module without cross-device collectives.
+        devices: local devices (of one platform), one replica each.
+        exact: disable XLA's fusion passes (``hlo_tools/xla_passes.toml``); False keeps
+            XLA's default pipeline.
+        library: with ``exact``, dots and convolutions still on XLA's kernel library.
+        compiler_options: extra XLA options (``xla_disable_hlo_passes`` is appended).
+
+    Returns:
+        A :class:`PerDeviceHlo`.
+
+    Raises:
+        HloCompileError: no devices, XLA rejects the text or fails to compile it.
+    """
+    devices = tuple(devices)
+    if not devices:
+        raise HloCompileError("compile_per_device needs at least one device")
+    platform = devices[0].platform
+    client = jax_xla_bridge.get_backend(platform)
+    computation = _computation(hlo_text)
+    program_shape = computation.program_shape()
+    mlir_text = _to_mlir(computation)
+    compile_options, options = _standalone_options(platform, exact, len(devices),
+                                                   compiler_options, library)
+    compile_options.device_assignment = xc.DeviceAssignment.create(
+        np.array([d.id for d in devices]).reshape(len(devices), 1))
+    try:
+        executable = client.compile_and_load(mlir_text, xc.DeviceList(devices),
+                                             compile_options)
+    except Exception as err:
+        raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
+    return PerDeviceHlo(
+        executable=executable,
+        devices=devices,
+        param_shapes=tuple(s for p in program_shape.parameter_shapes()
+                           for s in _leaf_shapes(p)),
+        result_shapes=_leaf_shapes(program_shape.result_shape()),
         hlo_text=hlo_text,
         compiler_options=options,
     )

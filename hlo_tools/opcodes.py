@@ -50,6 +50,7 @@ subtract tan tanh topk transpose triangular-solve tuple while xor
 CALLED_COMPUTATION_ATTRS = (
     "calls", "to_apply", "condition", "body", "branch_computations",
     "true_computation", "false_computation", "async_computation",
+    "select", "scatter",  # select-and-scatter
 )
 
 #: Ops that compute each output element from the same element of their operands.

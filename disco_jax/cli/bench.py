@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="plans of the search in the final choice (default: 3)")
     parser.add_argument("--min-sample-s", type=float, default=0.2,
                         help="seconds of back-to-back calls per sample (default: 0.2)")
+    parser.add_argument("--staged", default="",
+                        help="comma-separated bucket counts of staged enactments to add to "
+                             "the final choice ('plan': the search's buckets), e.g. plan,2,4")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin gloo processes to a CPU each")
     parser.add_argument("--out", default="bench.json", help="rows as JSON (default: %(default)s)")
@@ -117,7 +120,8 @@ def run_bench(args: argparse.Namespace) -> int:
             spec = {"model": model, "setup": setup, "size": args.size, "seed": args.seed,
                     "time_budget_s": budget, "top_k": args.top_k, "rounds": args.rounds,
                     "choice_rounds": args.choice_rounds, "min_sample_s": args.min_sample_s,
-                    "pin_cpus": not args.no_pin}
+                    "pin_cpus": not args.no_pin,
+                    "staged": [c for c in args.staged.split(",") if c]}
             if args.predict_only:
                 spec.update(predict_only=True, hardware=args.hardware,
                             num_devices=hw.num_devices)
@@ -164,11 +168,12 @@ def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
     """Speed-ups of a row: DisCo (measured) and FO (predicted) over the best baseline,
     and the share of FO's predicted gain DisCo's plan gets in prediction."""
     pred = row["predicted_s"]
-    best_pred = min(pred[k] for k in BASELINE_KEYS if k in pred)
+    best_pred = min(pred[k] for k in BASELINE_KEYS if pred.get(k) is not None)
     out: dict[str, float | None] = {
         "fo_speedup": best_pred / pred["fo"] if pred.get("fo") else None,
         "share_pred": ((best_pred - pred["disco"]) / (best_pred - pred["fo"])
-                       if pred.get("fo") and best_pred > pred["fo"] else None),
+                       if pred.get("fo") and pred.get("disco") is not None
+                       and best_pred > pred["fo"] else None),
         "disco_speedup": None, "best_baseline": None}
     meas = row.get("measured_s")
     if meas:
@@ -193,8 +198,8 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             vals = row.get("measured_s" if kind == "meas" else "predicted_s")
             if not vals:
                 continue
-            cells = "".join(f"{vals[k] * 1e3:>12.2f}" if k in vals else f"{'':>12}"
-                            for k in (*BASELINE_KEYS, "disco", "fo"))
+            cells = "".join(f"{vals[k] * 1e3:>12.2f}" if vals.get(k) is not None
+                            else f"{'':>12}" for k in (*BASELINE_KEYS, "disco", "fo"))
             if kind == "meas":
                 tail = (f"{g['disco_speedup']:>10.2f}x {'':>8} {'':>6} "
                         f"{row.get('search_s', 0):>9.1f}")

@@ -1,0 +1,208 @@
+"""Staged enactment (disco_jax.staged, hlo_tools.stages): the staged step computes what
+``jax.jit(step)`` computes, in one process with 4 host devices and in a 2-process gloo job.
+
+Run as a script (``python tests/test_staged.py --worker ...``) this file is the worker of
+the gloo test: one process of the job, writing its losses to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 3
+
+
+def _run_steps(fn, args, steps=STEPS):
+    """``steps`` successive steps (params and optimizer state fed back, same batch)."""
+    import jax
+
+    outs, (params, opt_state, batch) = [], args
+    for _ in range(steps):
+        params, opt_state, loss = fn(params, opt_state, batch)
+        jax.block_until_ready((params, opt_state, loss))
+        outs.append((params, opt_state, loss))
+    return outs
+
+
+def _local(x):
+    import numpy as np
+
+    return np.asarray(x.addressable_shards[0].data)
+
+
+_STEPS_CACHE: dict[str, tuple] = {}
+
+
+def _zoo_step(name):
+    if name not in _STEPS_CACHE:
+        from disco_jax import zoo
+
+        _STEPS_CACHE[name] = zoo.get(name)(4, "tiny")
+    return _STEPS_CACHE[name]
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 3])
+@pytest.mark.parametrize("name", ["vgg", "transformer"])
+def test_staged_matches_jit(name, buckets, monkeypatch):
+    import jax
+    import numpy as np
+
+    from disco_jax import staged as st
+
+    step, args = _zoo_step(name)
+    threads: set[str] = set()
+    reduce = st.StagedStep._reduce
+
+    def spy(self, k, flat):
+        threads.add(threading.current_thread().name)
+        return reduce(self, k, flat)
+
+    monkeypatch.setattr(st.StagedStep, "_reduce", spy)
+    staged = st.staged_step(step, args, buckets)
+    try:
+        plan = staged.plan
+        assert len(plan.stages) == buckets + 1
+        assert sum(b.gradient for b in plan.comms) == buckets
+        assert plan.fingerprints == tuple(hashlib.sha256(s.text.encode()).hexdigest()
+                                          for s in plan.stages)
+        assert all(" all-reduce(" not in s.text for s in plan.stages)
+        assert [launch.stream for launch in plan.schedule].count(st.COMM) == len(plan.comms)
+        got = _run_steps(staged, args)
+        want = _run_steps(jax.jit(step), args)
+    finally:
+        staged.close()
+    assert threads and all(t.startswith("disco-comm") for t in threads)
+    assert threading.current_thread().name not in threads
+    for i, (g, w) in enumerate(zip(got, want)):
+        leaves_g, leaves_w = jax.tree.leaves(g), jax.tree.leaves(w)
+        assert jax.tree.structure(g) == jax.tree.structure(w)
+        for a, b in zip(leaves_g, leaves_w):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+            np.testing.assert_allclose(_local(a), _local(b), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name}, {buckets} buckets, step {i}")
+
+
+def test_chunked_reduction_matches_one_collective_per_bucket():
+    """Buckets reduced in small pieces (several collectives each) give the same steps."""
+    import jax
+    import numpy as np
+
+    from disco_jax import staged as st
+
+    step, args = _zoo_step("vgg")
+    results = []
+    for chunk in (None, 256):
+        staged = st.staged_step(step, args, 2, chunk_bytes=chunk)
+        try:
+            text = staged.comm_programs[0].as_text()
+            # buffers reduced: XLA combines the pieces into one tuple all-reduce, whose
+            # buffers XLA:CPU still reduces one by one
+            operands = sum(len(re.findall(r"%[\w.\-]+", line.split(" all-reduce(", 1)[1]
+                                          .split(")", 1)[0]))
+                           for line in text.splitlines() if " all-reduce(" in line)
+            results.append((operands, _run_steps(staged, args)))
+        finally:
+            staged.close()
+    (whole, got_whole), (pieces, got_pieces) = results
+    assert pieces > whole >= 1
+    for g, w in zip(jax.tree.leaves(got_pieces), jax.tree.leaves(got_whole)):
+        np.testing.assert_array_equal(_local(g), _local(w))
+
+
+def test_even_buckets_cover_the_gradients():
+    import hlo_tools
+    from disco_jax.staged import even_buckets
+    from hlo_tools.graph import device_graph
+    from hlo_tools.plan import FusionSpace, initial_plan
+    from hlo_tools.plan.buckets import production_order
+
+    step, args = _zoo_step("vgg")
+    graph = device_graph(hlo_tools.parse(hlo_tools.extract(step, *args)))
+    order = production_order(FusionSpace(graph), initial_plan(graph))
+    for count in (1, 2, 3, len(order)):
+        buckets = even_buckets(graph, count)
+        assert len(buckets) == count and all(buckets)
+        assert [a for b in buckets for a in b] == order
+    with pytest.raises(ValueError):
+        even_buckets(graph, len(order) + 1)
+
+
+# ------------------------------------------------------------------ 2-process gloo job
+
+
+def _worker(args: argparse.Namespace) -> None:
+    """One process of the gloo job: 3 staged steps and 3 jitted steps, losses to JSON."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(args.coordinator, num_processes=2,
+                               process_id=args.process_id, initialization_timeout=60)
+    import numpy as np
+
+    from disco_jax import zoo
+    from disco_jax.staged import staged_step
+
+    step, step_args = zoo.get(args.model)(2, "tiny")
+    staged = staged_step(step, step_args, args.buckets)
+    want = _run_steps(jax.jit(step), step_args)
+    got = _run_steps(staged, step_args)
+    staged.close()
+    diff = max(float(np.max(np.abs(_local(a) - _local(b))))
+               for g, w in zip(got, want)
+               for a, b in zip(jax.tree.leaves(g[:2]), jax.tree.leaves(w[:2])))
+    row = {"process": args.process_id, "devices": jax.device_count(),
+           "local_devices": jax.local_device_count(),
+           "comms": len(staged.plan.comms), "stages": len(staged.plan.stages),
+           "staged": [float(_local(g[2])) for g in got],
+           "jit": [float(_local(w[2])) for w in want], "max_param_diff": diff}
+    Path(args.out).write_text(json.dumps(row))
+    jax.distributed.shutdown()
+
+
+def test_staged_gloo_two_processes(tmp_path):
+    from estimator.gloo import child_env, free_port, wait_all
+
+    env = child_env(1)
+    port = free_port()
+    outs = [tmp_path / f"p{i}.json" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i),
+                               "--model", "vgg", "--buckets", "2", "--out", str(outs[i])],
+                              env=env, cwd=str(ROOT), start_new_session=True)
+             for i in range(2)]
+    rcs = wait_all(procs, time.monotonic() + 300,
+                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    assert rcs == [0, 0], f"gloo workers exited with {rcs}"
+    rows = [json.loads(p.read_text()) for p in outs]
+    for row in rows:
+        assert row["devices"] == 2 and row["local_devices"] == 1
+        assert row["stages"] == 3 and row["comms"] == 3
+        assert len(row["staged"]) == STEPS
+        for s, j in zip(row["staged"], row["jit"]):
+            assert s == pytest.approx(j, rel=1e-5)
+        assert row["max_param_diff"] < 1e-5
+    assert rows[0]["staged"] == rows[1]["staged"]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true", required=True)
+    parser.add_argument("--coordinator", required=True)
+    parser.add_argument("--process-id", type=int, required=True)
+    parser.add_argument("--model", default="vgg")
+    parser.add_argument("--buckets", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    sys.path.insert(0, str(ROOT))
+    _worker(parser.parse_args())
