@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import json
+import re
 import subprocess
 import sys
 import threading
