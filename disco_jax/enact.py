@@ -14,7 +14,7 @@ final choice by measurement (the product path shared by ``disco bench`` and, lat
    the profile lacks, the analytic model last. :func:`cover` adds standalone times for
    the ops of other modules (XLA's compiled plans) before they are priced.
 3. :func:`measure` runs programs interleaved (rounds in a shared seeded order, every
-   sample ``K`` back-to-back calls) and :func:`choose` keeps the fastest: the search's
+   sample ``K`` calls, each waited for) and :func:`choose` keeps the fastest: the search's
    best few plans, hand bucketing and XLA's default run side by side, so a plan is never
    chosen when a baseline measured faster.
 
@@ -333,14 +333,19 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
 
 def _timed(run: Callable[..., Any], args: Sequence[Any], k: int) -> float:
-    """Seconds per iteration of ``k`` back-to-back calls (waited for at the end)."""
+    """Seconds per iteration of ``k`` calls, each waited for.
+
+    Each call is waited for before the next is dispatched: XLA:CPU (jax 0.10.2) can
+    deadlock when several calls of a program with in-process collectives are queued on
+    the host devices of one process -- some devices' threads wait in a rendezvous for a
+    device whose execution never starts, and after 40 s XLA aborts the process (seen
+    with 4 host devices on 2 cores, programs of a few milliseconds called back to back).
+    """
     import jax
 
     t0 = time.perf_counter()
-    out = None
     for _ in range(k):
-        out = run(*args)
-    jax.block_until_ready(out)
+        jax.block_until_ready(run(*args))
     return (time.perf_counter() - t0) / k
 
 
@@ -355,8 +360,8 @@ def measure(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
         args: their arguments.
         rounds: samples per program; each round runs every program once, in an order
             shuffled per round (seeded, the same on every process).
-        min_sample_s: a sample is ``K`` back-to-back calls lasting about this long (``K``
-            per program from the warm-up, at most ``max_k``).
+        min_sample_s: a sample is ``K`` calls (each waited for) lasting about this long
+            (``K`` per program from the warm-up, at most ``max_k``).
         warmup: untimed calls per program first.
         max_k: the most calls in one sample.
         seed: seeds the round order.

@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=int, default=3,
                         help="plans of the search in the final choice (default: 3)")
     parser.add_argument("--min-sample-s", type=float, default=0.2,
-                        help="seconds of back-to-back calls per sample (default: 0.2)")
+                        help="seconds of calls per sample (default: 0.2)")
     parser.add_argument("--staged", default="",
                         help="comma-separated bucket counts of staged enactments to add to "
                              "the final choice ('plan': the search's buckets), e.g. plan,2,4")
