@@ -21,7 +21,7 @@ from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
 from hlo_tools.plan import FusionSpace, Plan, copy_readers, dead_groups, group_outputs
 
-__all__ = ["apply_plan", "fusion_kind"]
+__all__ = ["UniqueNames", "apply_plan", "fusion_kind"]
 
 
 def fusion_kind(opcodes: list[str], backend: str = "cpu") -> str:
@@ -41,12 +41,21 @@ def fusion_kind(opcodes: list[str], backend: str = "cpu") -> str:
     return "kLoop"
 
 
-class _Names:
-    """Hands out instruction and computation names that are unique in the module."""
+class UniqueNames:
+    """Hands out names not yet taken: ``fresh("x")`` is ``x``, else ``x.1``, ``x.2``, ...
 
-    def __init__(self, module: HloModule):
-        self.taken = {i.name for _, i in module.instructions()}
-        self.taken |= {c.name for c in module.computations}
+    Args:
+        taken: the names in use (kept: every name handed out is added to it).
+    """
+
+    def __init__(self, taken: set[str]):
+        self.taken = taken
+
+    @classmethod
+    def of_module(cls, module: HloModule) -> UniqueNames:
+        """Names unique among ``module``'s instructions and computations."""
+        return cls({i.name for _, i in module.instructions()}
+                   | {c.name for c in module.computations})
 
     def fresh(self, base: str) -> str:
         name, k = base, 0
@@ -75,7 +84,7 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     out = module.clone()
     comp = out.computation(graph.computation.name)
     instrs = comp.instructions
-    names = _Names(out)
+    names = UniqueNames.of_module(out)
     groups = plan.groups()
     copies: dict[int, list[int]] = {}
     for p, g in plan.dups:
@@ -108,7 +117,8 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     return out
 
 
-def _bucket(instrs: list[HloInstruction], ms: list[int], names: _Names) -> list[HloInstruction]:
+def _bucket(instrs: list[HloInstruction], ms: list[int], names: UniqueNames
+            ) -> list[HloInstruction]:
     """One all-reduce for the bucket ``ms`` over a flat buffer of all its gradients.
 
     Each gradient is reshaped to 1-D, the pieces are concatenated, one all-reduce sums
@@ -147,7 +157,7 @@ def _bucket(instrs: list[HloInstruction], ms: list[int], names: _Names) -> list[
 
 
 def _fusion(module: HloModule, instrs: list[HloInstruction], ms: list[int], copied: list[int],
-            outputs: list[int], names: _Names, backend: str,
+            outputs: list[int], names: UniqueNames, backend: str,
             graph: DeviceGraph) -> tuple[list[HloInstruction], HloComputation]:
     """The fusion instruction(s) for group ``ms`` and its fused computation."""
     inner: dict[str, str] = {}  # outer name -> name inside the fused computation

@@ -38,6 +38,7 @@ from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
 from hlo_tools.opcodes import COLLECTIVE_OPCODES
 from hlo_tools.printer import to_text
+from hlo_tools.rewrite import UniqueNames
 
 __all__ = [
     "ARG",
@@ -303,7 +304,7 @@ class _Builder:
 
     def __init__(self, graph: DeviceGraph, names: set[str]):
         self.graph = graph
-        self.taken = names
+        self.names = UniqueNames(names)
         self.params: list[HloInstruction] = []
         self.inputs: list[ValueRef] = []
         self.body: list[HloInstruction] = []
@@ -311,12 +312,7 @@ class _Builder:
         self.outputs: list[tuple[ValueRef, str, Shape]] = []
 
     def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}.{k}"
-        self.taken.add(name)
-        return name
+        return self.names.fresh(base)
 
     def parameter(self, name: str, shape: Shape, ref: ValueRef) -> None:
         self.params.append(HloInstruction(name, "parameter", default_layout(shape),

@@ -363,7 +363,8 @@ def test_compute_scale_and_overlap_from_hardware() -> None:
     assert inproc.compute_scale == 2.0 and inproc.overlap == 0.0  # 4 devices, 2 cores
     assert C.BackendConstants.from_hardware(load_hardware("gloo2")).compute_scale == 1.0
     gpu = C.BackendConstants.from_hardware(load_hardware("gpu_cluster_example"))
-    assert gpu.overlap == 1.0 and gpu.compute_scale == 1.0
+    assert gpu.overlap == 1.0 and gpu.compute_scale == 0.01  # the file's [costs]
+    assert C.BackendConstants.for_backend("gpu").compute_scale == 1.0
     costs, module = _model(CHAIN, {"a": 5e-6, "b": 4e-6, "c": 6e-6, "d": 3e-6}, inproc)
     sim = sim_graph_from_module(module, costs)
     assert sim.duration_s[sim.names.index("a")] == pytest.approx(10e-6)
