@@ -47,6 +47,17 @@ def _labels(tag: int, n: int, classes: int, *shape: int) -> np.ndarray:
     return common.rng(tag).integers(0, classes, size=(n, *shape)).astype(np.int32)
 
 
+def _classifier(num_devices: int, model: nn.Module, batch: dict, optimizer):
+    """The data-parallel step of ``model`` trained on ``batch["x"] -> batch["y"]`` with
+    softmax cross-entropy (the zoo's generic shard_map + pmean helper)."""
+    variables = common.init_variables(model, batch["x"][:1])
+
+    def loss_fn(v, b):
+        return common.cross_entropy(model.apply(v, b["x"]), b["y"]), {}
+
+    return common.build(common.make_mesh(num_devices), loss_fn, optimizer, variables, batch)
+
+
 class _AutoEncoder(nn.Module):
     hidden: tuple[int, ...]
     features: int
@@ -91,13 +102,7 @@ def conv1d(num_devices: int, size: str = "tiny"):
     model = _Conv1D(tuple(cfg["channels"]), cfg["kernel"], cfg["classes"])
     n = common.global_batch(num_devices, cfg["batch"])
     batch = {"x": _data(2, n, cfg["length"], 4), "y": _labels(3, n, cfg["classes"])}
-    variables = common.init_variables(model, batch["x"][:1])
-
-    def loss_fn(v, b):
-        return common.cross_entropy(model.apply(v, b["x"]), b["y"]), {}
-
-    return common.build(common.make_mesh(num_devices), loss_fn,
-                        optax.adamw(1e-3, eps=1e-3), variables, batch)
+    return _classifier(num_devices, model, batch, optax.adamw(1e-3, eps=1e-3))
 
 
 class _MixerBlock(nn.Module):
@@ -135,13 +140,7 @@ def mixer(num_devices: int, size: str = "tiny"):
                    cfg["classes"])
     n = common.global_batch(num_devices, cfg["batch"])
     batch = {"x": _data(4, n, cfg["patches"], 12), "y": _labels(5, n, cfg["classes"])}
-    variables = common.init_variables(model, batch["x"][:1])
-
-    def loss_fn(v, b):
-        return common.cross_entropy(model.apply(v, b["x"]), b["y"]), {}
-
-    return common.build(common.make_mesh(num_devices), loss_fn,
-                        optax.lamb(1e-3, eps=1e-3), variables, batch)
+    return _classifier(num_devices, model, batch, optax.lamb(1e-3, eps=1e-3))
 
 
 class _GRULM(nn.Module):
@@ -167,10 +166,4 @@ def gru(num_devices: int, size: str = "tiny"):
     n = common.global_batch(num_devices, cfg["batch"])
     tokens = _labels(6, n, cfg["vocab"], cfg["seq"] + 1)
     batch = {"x": tokens[:, :-1], "y": tokens[:, 1:]}
-    variables = common.init_variables(model, batch["x"][:1])
-
-    def loss_fn(v, b):
-        return common.cross_entropy(model.apply(v, b["x"]), b["y"]), {}
-
-    return common.build(common.make_mesh(num_devices), loss_fn,
-                        optax.rmsprop(1e-3, eps=1e-3), variables, batch)
+    return _classifier(num_devices, model, batch, optax.rmsprop(1e-3, eps=1e-3))

@@ -153,7 +153,9 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         profile_in_context,
         summarize_samples,
     )
+    from disco_jax.lower import sim_graph, sim_graph_from_module
     from disco_jax.search import search
+    from disco_jax.simulator import full_overlap_bound
     from hlo_tools import baselines as bl
     from hlo_tools.jax_bridge import fresh_function
     from hlo_tools.plan import Plan
@@ -239,9 +241,6 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
 
     say("predicting every program")
-    from disco_jax.lower import sim_graph, sim_graph_from_module
-    from disco_jax.simulator import full_overlap_bound
-
     predicted: dict[str, float] = {}
     for name in bl.BASELINES:
         predicted[name] = _predict(bl.module_from_compiled(runs[name]), costs)
@@ -259,9 +258,10 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     else:
         predicted["fo"] = full_overlap_bound(sim_graph_from_module(
             bl.module_from_compiled(runs[choice.name]), costs))
+    spread = {n: summarize_samples(samples[n]) for n in PROGRAMS}
     row.update({
-        "measured_s": {n: summarize_samples(samples[n])["median_s"] for n in PROGRAMS},
-        "spread_s": {n: summarize_samples(samples[n]) for n in PROGRAMS},
+        "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
+        "spread_s": spread,
         "predicted_s": predicted,
         "choice": {"disco": choice.name, "bucketed": best_bucketed,
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
@@ -283,9 +283,7 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     import hlo_tools
     from disco_jax.cost_model import CostModel
-    from disco_jax.lower import sim_graph_from_module
     from disco_jax.search import search
-    from disco_jax.simulator import simulate
     from hlo_tools import baselines as bl
     from hlo_tools.jax_bridge import fresh_function
 
@@ -297,9 +295,6 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     outcome = search(graph, costs, seed=int(spec["seed"]),
                      time_budget_s=float(spec["time_budget_s"]), progress=False)
 
-    def priced(m: Any) -> float:
-        return simulate(sim_graph_from_module(m, costs), costs.overlap).iteration_s
-
     gpu = costs.hardware.hardware.get("backend") == "gpu"
     threshold = bl.GPU_DEFAULT_THRESHOLD_BYTES if gpu else None
     starts = outcome.start_costs_s
@@ -309,8 +304,8 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
         "op_fusion": _predict(bl.module_from_compiled(bl.compile_baseline(step, args,
                                                                           "op_fusion")),
                               costs),
-        "allreduce_fusion": priced(bl.apply_buckets(module, bl.combiner_buckets(
-            module, threshold or bl.CPU_COMBINE_THRESHOLD_BYTES))),
+        "allreduce_fusion": _predict(bl.apply_buckets(module, bl.combiner_buckets(
+            module, threshold or bl.CPU_COMBINE_THRESHOLD_BYTES)), costs),
         # XLA's default = XLA's fusion + its combiner; XLA:GPU combines up to 30 MiB
         "xla_default": _predict(bl.module_from_compiled(
             bl.compile_bucketed(step, args, threshold).run if gpu else

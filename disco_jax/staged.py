@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 import hlo_tools
 from hlo_tools import jax_bridge
 from hlo_tools.graph import DeviceGraph, device_graph
-from hlo_tools.ir import HloModule
+from hlo_tools.ir import NUMPY_DTYPES, HloModule
 from hlo_tools.plan import FusionSpace, initial_plan
 from hlo_tools.plan.buckets import production_order
 from hlo_tools.stages import (
@@ -224,15 +224,6 @@ def _comm_program(mesh: Mesh, bucket: CommBucket, dtype: np.dtype,
     return fn.lower(spec).compile()
 
 
-def _dtype(element_type: str) -> np.dtype:
-    table = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32,
-             "s64": np.int64, "u32": np.uint32, "u8": np.uint8, "s8": np.int8,
-             "pred": np.bool_}
-    if element_type == "bf16":
-        return np.dtype(jax.numpy.bfloat16)
-    return np.dtype(table[element_type])
-
-
 class StagedStep:
     """A train step run as staged enactment: ``staged(params, opt_state, batch)``.
 
@@ -258,7 +249,7 @@ class StagedStep:
                          for s in plan.stages]
         comm_mesh = Mesh(np.array(list(mesh.devices.flat)), (_AXIS,))
         self.comm_mesh = comm_mesh
-        self.comm_programs = [_comm_program(comm_mesh, b, _dtype(b.element_type),
+        self.comm_programs = [_comm_program(comm_mesh, b, NUMPY_DTYPES[b.element_type],
                                             chunk_bytes)
                               for b in plan.comms]
         self.out_shardings = [NamedSharding(mesh, P()) for _ in plan.cut.result_shapes]

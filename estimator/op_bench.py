@@ -59,7 +59,7 @@ import numpy as np
 
 from estimator import profiler as pr
 from hlo_tools import dirs
-from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
+from hlo_tools.ir import NUMPY_DTYPES, HloComputation, HloInstruction, HloModule, Shape
 from hlo_tools.opcodes import (
     COLLECTIVE_PREFIXES,
     CONTROL_FLOW_OPCODES,
@@ -110,20 +110,6 @@ _DROP_ATTRS = frozenset({"metadata", "sharding", "frontend_attributes", "backend
                          "control-predecessors", "statistics", "origin", "schedule_id"})
 #: Constant operands up to this many bytes stay constants in the standalone module.
 _CONSTANT_BYTES = 1024
-_NUMPY_DTYPES: dict[str, Any] = {
-    "pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
-    "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
-    "f16": np.float16, "f32": np.float32, "f64": np.float64,
-    "c64": np.complex64, "c128": np.complex128,
-}
-try:  # jax's own extension types (a jax dependency)
-    import ml_dtypes
-
-    _NUMPY_DTYPES.update({"bf16": ml_dtypes.bfloat16, "f8e4m3fn": ml_dtypes.float8_e4m3fn,
-                          "f8e5m2": ml_dtypes.float8_e5m2})
-except ImportError:  # pragma: no cover
-    pass
-
 OpStatus = Literal["bench", "free", "skip"]
 
 
@@ -214,7 +200,7 @@ def op_status(instr: HloInstruction) -> tuple[OpStatus, str]:
     if op in NOT_STANDALONE_OPCODES:
         return "skip", f"{op} cannot run standalone"
     leaves = list(instr.shape.leaves())
-    if any(leaf.element_type not in _NUMPY_DTYPES for leaf in leaves):
+    if any(leaf.element_type not in NUMPY_DTYPES for leaf in leaves):
         return "skip", f"result type {instr.shape} is not supported"
     return "bench", ""
 
@@ -371,7 +357,7 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
     for k, name in enumerate(instr.operands):
         src = module_instr[name]
         shape = src.shape.without_layout()
-        if not shape.is_array or shape.element_type not in _NUMPY_DTYPES:
+        if not shape.is_array or shape.element_type not in NUMPY_DTYPES:
             raise ValueError(f"operand {k} of type {shape} is not supported")
         if (src.opcode == "constant" and shape.is_array
                 and shape.byte_size() <= _CONSTANT_BYTES and k not in bounds):
@@ -403,7 +389,7 @@ def random_inputs(op: StandaloneOp | Sequence[InputSpec], seed: int = 0) -> list
     out = []
     for spec in specs:
         dims, etype = spec.shape.dims, spec.shape.element_type
-        dtype = np.dtype(_NUMPY_DTYPES[etype])
+        dtype = np.dtype(NUMPY_DTYPES[etype])
         if spec.index_high:
             out.append(rng.integers(0, spec.index_high, size=dims).astype(dtype))
         elif dtype == np.bool_:

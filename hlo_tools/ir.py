@@ -13,10 +13,13 @@ import math
 import re
 from collections.abc import Iterator
 
+import numpy as np
+
 from hlo_tools.opcodes import CALLED_COMPUTATION_ATTRS, HLO_OPCODES
 
 __all__ = [
     "ELEMENT_BYTES",
+    "NUMPY_DTYPES",
     "HLO_OPCODES",
     "Shape",
     "HloInstruction",
@@ -34,6 +37,23 @@ ELEMENT_BYTES: dict[str, int] = {
     "f8e4m3": 1, "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1,
     "token": 0, "opaque": 0,
 }
+
+#: The numpy type of each HLO primitive type that has one (jax's ``ml_dtypes`` for bf16
+#: and the 8-bit floats).
+NUMPY_DTYPES: dict[str, np.dtype] = {k: np.dtype(v) for k, v in {
+    "pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
+    "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+    "f16": np.float16, "f32": np.float32, "f64": np.float64,
+    "c64": np.complex64, "c128": np.complex128,
+}.items()}
+try:  # jax's own extension types (a jax dependency)
+    import ml_dtypes
+
+    NUMPY_DTYPES.update({"bf16": np.dtype(ml_dtypes.bfloat16),
+                         "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+                         "f8e5m2": np.dtype(ml_dtypes.float8_e5m2)})
+except ImportError:  # pragma: no cover
+    pass
 
 
 _COMPUTATION_REF = re.compile(r"%?([A-Za-z_][\w.\-]*)")
