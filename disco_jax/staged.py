@@ -60,12 +60,12 @@ __all__ = [
     "CHUNK_BYTES",
     "COMM",
     "COMPUTE",
-    "Enactment",
     "Launch",
+    "StagedPlan",
     "StagedStep",
-    "enactment",
     "even_buckets",
     "schedule",
+    "staged_plan",
     "staged_step",
 ]
 
@@ -100,7 +100,7 @@ class Launch(NamedTuple):
     after: tuple[tuple[str, int], ...]
 
 
-class Enactment(NamedTuple):
+class StagedPlan(NamedTuple):
     """A step cut for staged enactment: what runs, where, after what.
 
     Attributes:
@@ -121,6 +121,53 @@ class Enactment(NamedTuple):
     @property
     def comms(self) -> tuple[CommBucket, ...]:
         return self.cut.buckets
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (HLO as text, shapes as HLO shape strings)."""
+        cut = self.cut
+        return {
+            "body_name": cut.body_name,
+            "stages": [{"text": st.text, "inputs": [list(r) for r in st.inputs],
+                        "outputs": [list(r) for r in st.outputs]} for st in cut.stages],
+            "buckets": [b._asdict() for b in cut.buckets],
+            "arg_shapes": [str(s) for s in cut.arg_shapes],
+            "result_shapes": [str(s) for s in cut.result_shapes],
+            "schedule": [[ln.stream, ln.program, [list(a) for a in ln.after]]
+                         for ln in self.schedule],
+            "fingerprints": list(self.fingerprints),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StagedPlan:
+        """The inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: a field is missing or malformed, or a stage's text does not
+                match its fingerprint.
+        """
+        from hlo_tools.parser import parse_shape
+        from hlo_tools.stages import ValueRef
+
+        try:
+            stages = tuple(Stage(st["text"], tuple(ValueRef(*r) for r in st["inputs"]),
+                                 tuple(ValueRef(*r) for r in st["outputs"]))
+                           for st in data["stages"])
+            buckets = tuple(CommBucket(**{**b, "members": tuple(b["members"]),
+                                          "sizes": tuple(b["sizes"])})
+                            for b in data["buckets"])
+            cut = StageCut(stages, buckets,
+                           tuple(parse_shape(s) for s in data["arg_shapes"]),
+                           tuple(parse_shape(s) for s in data["result_shapes"]),
+                           data["body_name"])
+            sched = tuple(Launch(stream, int(k), tuple((a, int(b)) for a, b in after))
+                          for stream, k, after in data["schedule"])
+            prints = tuple(data["fingerprints"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"malformed staged plan: {err!r}") from None
+        if prints != tuple(_fingerprint(st.text) for st in stages):
+            raise ValueError("malformed staged plan: a stage's text does not match its "
+                             "fingerprint")
+        return cls(cut, sched, prints)
 
 
 def schedule(cut: StageCut) -> tuple[Launch, ...]:
@@ -179,12 +226,12 @@ def _nonempty(buckets: list[list[int]], order: list[int]) -> list[list[int]]:
     return out
 
 
-def enactment(module: HloModule, buckets: Sequence[Sequence[int]],
-              graph: DeviceGraph | None = None) -> Enactment:
-    """The :class:`Enactment` of a ``shard_map`` step's pre-optimization module for a
+def staged_plan(module: HloModule, buckets: Sequence[Sequence[int]],
+              graph: DeviceGraph | None = None) -> StagedPlan:
+    """The :class:`StagedPlan` of a ``shard_map`` step's pre-optimization module for a
     bucketing of its gradient all-reduces (node indices of ``graph``, in order)."""
     cut = cut_stages(module, buckets, graph)
-    return Enactment(cut, schedule(cut), tuple(_fingerprint(s.text) for s in cut.stages))
+    return StagedPlan(cut, schedule(cut), tuple(_fingerprint(s.text) for s in cut.stages))
 
 
 # --------------------------------------------------------------------------- running
@@ -232,11 +279,11 @@ class StagedStep:
     is a daemon worker thread owned by this object; :meth:`close` stops it.
 
     Attributes:
-        plan: the :class:`Enactment` it runs.
+        plan: the :class:`StagedPlan` it runs.
         devices: the step's mesh devices local to this process, in mesh order.
     """
 
-    def __init__(self, plan: Enactment, mesh: Mesh, out_tree: Any, *, exact: bool = False,
+    def __init__(self, plan: StagedPlan, mesh: Mesh, out_tree: Any, *, exact: bool = False,
                  comm_timeout_s: float = _COMM_TIMEOUT_S,
                  chunk_bytes: int | None = CHUNK_BYTES):
         self.plan = plan
@@ -256,6 +303,13 @@ class StagedStep:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="disco-comm")
         self._lock = threading.Lock()  # one call at a time: one schedule in flight
+
+    @classmethod
+    def for_args(cls, plan: StagedPlan, args: Sequence[Any], out_tree: Any,
+                 **kwargs: Any) -> StagedStep:
+        """The step that runs ``plan`` on arguments placed like ``args`` (on one mesh);
+        ``out_tree`` is the step's output tree structure; ``kwargs`` as ``__init__``."""
+        return cls(plan, _mesh_of(args), out_tree, **kwargs)
 
     def close(self) -> None:
         """Stops the communication thread (after the launches already queued)."""
@@ -361,7 +415,7 @@ def staged_step(step: Callable[..., Any], args: Sequence[Any],
     graph = device_graph(module)
     if isinstance(buckets, int):
         buckets = even_buckets(graph, buckets)
-    plan = enactment(module, buckets, graph)
+    plan = staged_plan(module, buckets, graph)
     if len(plan.cut.arg_shapes) != len(jax.tree.leaves(args)):
         raise ValueError("the step's program does not take every argument (jax dropped "
                          "unused ones)")
