@@ -5,8 +5,9 @@ takes the cheapest, applies each of the three kinds of move a random number of t
 ``[0, beta]`` (op fusion, duplicate fusion, AllReduce combination), and costs the result
 with the simulator. A candidate better than the best so far becomes the best; one within
 ``alpha`` times the best goes back into the queue. The search stops when the queue is
-empty, when the best has not improved for ``patience`` evaluated candidates, or when the
-time budget is spent.
+empty, when the best has not improved for ``patience`` evaluated candidates, when the
+time budget is spent, or when the caller's ``stop`` callable says so (``disco optimize``
+sets it on SIGINT/SIGTERM): the best plan so far is the result in every case.
 
 Two entry points share one loop:
 
@@ -50,6 +51,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 __all__ = [
     "BUCKET_THRESHOLDS",
     "NO_FUSION",
+    "STOP_INTERRUPTED",
     "STOP_PATIENCE",
     "STOP_QUEUE_EMPTY",
     "STOP_TIME_BUDGET",
@@ -74,6 +76,8 @@ STOP_PATIENCE = "patience"
 STOP_TIME_BUDGET = "time_budget"
 #: Stop reason: the queue ran empty.
 STOP_QUEUE_EMPTY = "queue_empty"
+#: Stop reason: the caller's ``stop`` callable returned True (e.g. after Ctrl-C).
+STOP_INTERRUPTED = "interrupted"
 
 _CONFIG_KEYS = {"alpha": float, "beta": int, "patience": int, "time_budget_s": float}
 
@@ -145,8 +149,8 @@ class SearchStats(NamedTuple):
         pops: plans taken from the queue and expanded.
         duplicates: children skipped because a plan with their key was already seen.
         seconds: wall time of the whole search, start plans and final bound included.
-        stop_reason: :data:`STOP_PATIENCE`, :data:`STOP_TIME_BUDGET` or
-            :data:`STOP_QUEUE_EMPTY`.
+        stop_reason: :data:`STOP_PATIENCE`, :data:`STOP_TIME_BUDGET`,
+            :data:`STOP_QUEUE_EMPTY` or :data:`STOP_INTERRUPTED`.
     """
 
     evaluated: int
@@ -308,8 +312,10 @@ def _random_apply(space: P.FusionSpace, plan: P.Plan, move, rng: random.Random,
 
 def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
           cost: Callable[[P.Plan], float], config: SearchConfig, rng: random.Random,
-          seen: dict, t0: float, show: _Progress, top_k: int = 1) -> _Loop:
-    """Algorithm 1 from costed start plans (``seen`` holds their keys already)."""
+          seen: dict, t0: float, show: _Progress, top_k: int = 1,
+          stop_now: Callable[[], bool] | None = None) -> _Loop:
+    """Algorithm 1 from costed start plans (``seen`` holds their keys already); asks
+    ``stop_now`` (when given) before each pop."""
     queue: list[tuple[float, int, P.Plan]] = []
     best, best_cost = None, math.inf
     top = _Top(top_k)
@@ -333,6 +339,9 @@ def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
             break
         if now >= deadline:
             stop = STOP_TIME_BUDGET
+            break
+        if stop_now is not None and stop_now():
+            stop = STOP_INTERRUPTED
             break
         show.update(now, t0, evaluated, best_cost, first)
         _, _, plan = heapq.heappop(queue)
@@ -366,7 +375,7 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
            beta: int | None = None, patience: int | None = None,
            start_plans: Mapping[str, P.Plan] | None = None, progress: bool | None = None,
            space: P.FusionSpace | None = None, config: SearchConfig | None = None,
-           top_k: int = 3) -> SearchOutcome:
+           top_k: int = 3, stop: Callable[[], bool] | None = None) -> SearchOutcome:
     """Searches the plan of ``graph`` with the lowest predicted iteration time.
 
     The cost of a plan is :func:`disco_jax.simulator.simulate` of its
@@ -387,6 +396,10 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
         space: the graph's :class:`~hlo_tools.plan.FusionSpace` (built when None).
         config: the parameters before overrides (default: :func:`load_config`).
         top_k: how many of the cheapest distinct plans to return in ``top``.
+        stop: asked before each pop of the queue and between start plans (after the
+            no-fusion plan); when it returns True the search ends as the time budget
+            ends it, with the best plan so far and :data:`STOP_INTERRUPTED`. A signal
+            handler that sets a flag it reads stops a search cleanly.
 
     Returns:
         The :class:`SearchOutcome`: the best plan is never predicted worse than any start.
@@ -415,6 +428,8 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
     start_costs: dict[str, float] = {}
     queued: list[tuple[P.Plan, float]] = []
     for name, plan in starts.items():
+        if queued and stop is not None and stop():
+            break  # (the start plans not costed are left out of start_costs)
         key = plan.key()
         if key not in seen:  # e.g. one bucket and 64 MiB buckets on a small model
             seen[key] = cost(plan)
@@ -424,7 +439,7 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
     show = _Progress(progress is not False and sys.stderr.isatty())
     try:
         loop = _loop(space, queued, cost, config, random.Random(seed), seen, t0, show,
-                     top_k)
+                     top_k, stop)
     finally:
         show.close()
     fo = full_overlap_bound(sim_graph(graph, loop.plan, costs))

@@ -36,7 +36,8 @@ from hlo_tools.ir import (
     Shape,
 )
 
-__all__ = ["HloParseError", "parse", "parse_backend", "parse_shape"]
+__all__ = ["MAX_ARRAY_BYTES", "MAX_TUPLE_DEPTH", "HloParseError", "parse", "parse_backend",
+           "parse_shape"]
 
 
 class HloParseError(ValueError):
@@ -55,8 +56,17 @@ class HloParseError(ValueError):
         self.text_line = text_line
         where = f"{source or '<hlo>'}:{line}:{column}"
         detail = f" (expected {expected})" if expected else ""
-        snippet = f"\n    {text_line.strip()[:160]}" if text_line.strip() else ""
+        quoted = _printable(text_line.strip()[:160])
+        snippet = f"\n    {quoted}" if quoted else ""
         super().__init__(f"{where}: {message}{detail}{snippet}")
+
+
+def _printable(text: str) -> str:
+    """``text`` with control and other unprintable characters escaped (as ``repr`` does),
+    so that quoting a line of a binary or hostile file cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 _NAME = r"[A-Za-z_][\w.\-]*"
@@ -80,6 +90,12 @@ _FLAT_TUPLE = re.compile(rf"\(((?:{_SHAPE_TEXT}, )*{_SHAPE_TEXT})\)")
 _OPERAND_NAMES = re.compile(rf"%?{_NAME}(?:, %?{_NAME})*")
 #: array shapes by their text (``f32[8,16]{1,0}``); cleared when it grows past 100k
 _SHAPE_CACHE: dict[str, Shape] = {}
+#: Tuple shapes nested deeper than this are refused (XLA's own are a few levels deep;
+#: the limit keeps the recursive shape parser far from Python's recursion limit).
+MAX_TUPLE_DEPTH = 64
+#: Arrays of more bytes than this (1 PiB) are refused: no device holds one, and sums of
+#: such sizes would overflow the int64 arithmetic of the graph and the simulator.
+MAX_ARRAY_BYTES = 1 << 50
 
 
 def parse(text: str, source: str | None = None) -> HloModule:
@@ -98,10 +114,12 @@ def parse(text: str, source: str | None = None) -> HloModule:
     was_enabled = gc.isenabled()
     gc.disable()  # the parser allocates many small acyclic objects; GC passes only cost
     try:
+        lines = _split_lines(text)  # (once: on a large text the split costs most)
         try:
-            return _Parser(text, source, fast=True).module()
+            return _Parser(text, source, fast=True, lines=lines).module()
         except (HloParseError, _Retry):
-            return _Parser(text, source, fast=False).module()  # raises the first error
+            # raises the first error
+            return _Parser(text, source, fast=False, lines=lines).module()
     finally:
         if was_enabled:
             gc.enable()
@@ -115,10 +133,13 @@ def parse_shape(text: str) -> Shape:
     return shape
 
 
-def _parse_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
+def _parse_shape(line: str, pos: int, lineno: int, depth: int = 0) -> tuple[Shape, int]:
     """Parses a shape starting at ``line[pos]``; returns it and the position after it."""
     if line.startswith("(", pos):
-        return _parse_tuple_shape(line, pos, lineno)
+        if depth >= MAX_TUPLE_DEPTH:
+            raise HloParseError(f"tuple shape nested more than {MAX_TUPLE_DEPTH} deep",
+                                lineno, pos + 1, "a shape", text_line=line)
+        return _parse_tuple_shape(line, pos, lineno, depth + 1)
     m = _ARRAY_SHAPE.match(line, pos)
     if not m:
         raise HloParseError("bad shape", lineno, pos + 1, "a shape like f32[8,16]{1,0}",
@@ -132,6 +153,10 @@ def _parse_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
                             "a primitive type", text_line=line)
     dims, dynamic = _parse_dims(dims_text, lineno, m.start(2) + 1, line)
     shape = Shape(etype, dims, layout, (), dynamic)
+    if shape.byte_size() > MAX_ARRAY_BYTES:
+        raise HloParseError(f"shape {m.group()[:60]} is too large ({shape.byte_size()} "
+                            "bytes)", lineno, pos + 1, f"at most {MAX_ARRAY_BYTES} bytes",
+                            text_line=line)
     if len(_SHAPE_CACHE) >= 100_000:
         _SHAPE_CACHE.clear()
     _SHAPE_CACHE[m.group()] = shape
@@ -146,7 +171,7 @@ def _parse_dims(text: str, lineno: int, col: int, line: str) -> tuple[tuple[int,
         part = part.strip()
         dyn = part.startswith("<=")
         digits = part[2:] if dyn else part
-        if not digits.isdigit():
+        if not (digits.isascii() and digits.isdigit()):
             raise HloParseError(f"bad dimension {part!r}", lineno, col, "an integer",
                                 text_line=line)
         dims.append(int(digits))
@@ -154,7 +179,8 @@ def _parse_dims(text: str, lineno: int, col: int, line: str) -> tuple[tuple[int,
     return tuple(dims), (tuple(dynamic) if any(dynamic) else ())
 
 
-def _parse_tuple_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
+def _parse_tuple_shape(line: str, pos: int, lineno: int, depth: int = 1
+                       ) -> tuple[Shape, int]:
     m = _FLAT_TUPLE.match(line, pos)
     if m:  # common case first: "(shape, shape, ...)" of array shapes seen before
         elements = [_SHAPE_CACHE.get(text) for text in _SHAPE_TEXTS.findall(m.group(1))]
@@ -167,7 +193,7 @@ def _parse_tuple_shape(line: str, pos: int, lineno: int) -> tuple[Shape, int]:
             pos += 1
         if line.startswith(")", pos):
             return Shape("tuple", tuple_shapes=tuple(elements)), pos + 1
-        shape, pos = _parse_shape(line, pos, lineno)
+        shape, pos = _parse_shape(line, pos, lineno, depth)
         elements.append(shape)
         while line.startswith(" ", pos):
             pos += 1
@@ -241,8 +267,9 @@ class _Retry(Exception):
 
 
 class _Parser:
-    def __init__(self, text: str, source: str | None, fast: bool = False):
-        self.lines = _split_lines(text)
+    def __init__(self, text: str, source: str | None, fast: bool = False,
+                 lines: list[str] | None = None):
+        self.lines = _split_lines(text) if lines is None else lines  # (never modified)
         self.source = source
         self.fast = fast
         self.i = 0
@@ -388,7 +415,7 @@ class _Parser:
                 payload = ""
                 if opcode in no_operands:
                     payload, operands = inner.strip(), []
-                    if opcode == "parameter" and not payload.isdigit():
+                    if opcode == "parameter" and not (payload.isascii() and payload.isdigit()):
                         raise _Retry  # a bad parameter number
                 elif not inner:
                     operands = []
@@ -588,7 +615,7 @@ def _parse_instruction(line: str, lineno: int) -> tuple[HloInstruction, bool]:
     payload = ""
     if opcode in _NO_OPERAND_OPCODES:
         payload = inner.strip()
-        if opcode == "parameter" and not payload.isdigit():
+        if opcode == "parameter" and not (payload.isascii() and payload.isdigit()):
             return _parse_instruction_slow(line, lineno)
         inner = ""
     shape = _shape_at(shape_text, line, m.start(3), lineno)
@@ -651,7 +678,7 @@ def _parse_instruction_slow(line: str, lineno: int) -> tuple[HloInstruction, boo
     operands, payload = [], ""
     if opcode in _NO_OPERAND_OPCODES:
         payload = inner.strip()
-        if opcode == "parameter" and not payload.isdigit():
+        if opcode == "parameter" and not (payload.isascii() and payload.isdigit()):
             raise HloParseError("bad parameter number", lineno, start + 1, "an integer",
                                 text_line=line)
     elif inner.strip():

@@ -30,7 +30,8 @@ def find_problems(module: HloModule) -> list[str]:
     """Every structural problem of ``module``, as readable reasons (empty if valid).
 
     Checks: unique names; each operand defined earlier in its computation (SSA,
-    def-before-use, which also rules out cycles); the root exists; called computations
+    def-before-use, which also rules out cycles; a cycle is named as such, with its
+    instructions); the root exists; called computations
     exist and the call graph is acyclic; result shapes of ``fusion``, ``all-reduce``,
     ``tuple``, ``get-tuple-element`` and elementwise ops agree with their operands.
     """
@@ -55,15 +56,52 @@ def _name_problems(module: HloModule) -> Iterator[str]:
 
 def _ssa_problems(comp: HloComputation) -> list[str]:
     problems, defined = [], set()
+    later = comp.by_name()
+    searched = 0  # cycles are looked for behind the first few misplaced operands only
     for instr in comp.instructions:
         for op in instr.operands:
-            if op not in defined:
-                problems.append(f"{comp.name}/{instr.name}: operand {op!r} used before "
-                                "definition (or not defined, or part of a cycle)")
+            if op in defined:
+                continue
+            where = f"{comp.name}/{instr.name}: operand {op!r}"
+            if op not in later:
+                problems.append(f"{where} is not defined")
+                continue
+            searched += 1
+            cycle = _cycle_through(instr.name, op, later) if searched <= 3 else []
+            if cycle:
+                problems.append(f"{where} is part of a cycle: {' -> '.join(cycle)}")
+            else:
+                problems.append(f"{where} is used before definition (instructions must "
+                                "come in def-before-use order)")
         defined.add(instr.name)
     if comp.root_name not in defined:
         problems.append(f"{comp.name}: root {comp.root_name!r} is not an instruction")
     return problems
+
+
+def _cycle_through(user: str, operand: str, by_name: dict[str, HloInstruction],
+                   limit: int = 8) -> list[str]:
+    """A dataflow cycle ``user -> operand -> ... -> user`` (each name reads the next), as
+    names (at most ``limit`` of them, then ``...``); empty if ``operand`` does not
+    depend on ``user``."""
+    if operand == user:
+        return [user, user]
+    parent: dict[str, str] = {operand: user}
+    stack = [operand]
+    while stack:  # depth-first over the operands of operand
+        name = stack.pop()
+        for op in by_name[name].operands:
+            if op == user:
+                chain, node = [name], name
+                while node != operand:
+                    node = parent[node]
+                    chain.append(node)
+                names = [user, *reversed(chain), user]
+                return names if len(names) <= limit else [*names[:limit - 1], "...", user]
+            if op in by_name and op not in parent:
+                parent[op] = name
+                stack.append(op)
+    return []
 
 
 def _call_graph_problems(module: HloModule) -> list[str]:
@@ -106,11 +144,15 @@ def _shape_problems(instr: HloInstruction, defined: dict[str, HloInstruction],
     if instr.opcode == "all-reduce":
         want = ops[0] if len(ops) == 1 else Shape("tuple", tuple_shapes=tuple(ops))
         if not _same(instr.shape, want):
-            return [f"{where}: all-reduce result {instr.shape} does not match operands"]
+            return [f"{where}: all-reduce result {instr.shape} does not match its "
+                    f"operands {want}"]
     elif instr.opcode == "tuple":
         if not _same(instr.shape, Shape("tuple", tuple_shapes=tuple(ops))):
-            return [f"{where}: tuple shape {instr.shape} does not match its operands"]
+            return [f"{where}: tuple shape {instr.shape} does not match its operands "
+                    f"{tuple(str(o) for o in ops)}"]
     elif instr.opcode == "get-tuple-element":
+        if len(ops) != 1:
+            return [f"{where}: get-tuple-element has {len(ops)} operands, expected 1"]
         return _gte_problems(instr, ops[0])
     elif instr.opcode in ELEMENTWISE_OPCODES:
         bad = [s for s in ops if s.is_array and s.dims and s.dims != instr.shape.dims]
@@ -121,7 +163,10 @@ def _shape_problems(instr: HloInstruction, defined: dict[str, HloInstruction],
 
 
 def _gte_problems(instr: HloInstruction, operand: Shape) -> list[str]:
-    index = int(instr.attrs.get("index", "-1"))
+    text = instr.attrs.get("index", "")
+    if not (text.isascii() and text.isdigit()):
+        return [f"{instr.name}: get-tuple-element index {text!r} is not a number"]
+    index = int(text)
     if not operand.is_tuple or not 0 <= index < len(operand.tuple_shapes):
         return [f"{instr.name}: get-tuple-element index {index} out of range for {operand}"]
     if not _same(instr.shape, operand.tuple_shapes[index]):

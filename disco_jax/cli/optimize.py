@@ -11,7 +11,18 @@ is written back with :func:`hlo_tools.apply_plan`: compile it with
 ``hlo_tools.compile_hlo(step, args, text, exact=True)`` to run exactly that plan.
 
 OUT is written atomically (a temporary file in its directory, then ``os.replace``): on
-any error there is no partial file, and an existing OUT is left as it was.
+any error there is no partial file, and an existing OUT is left as it was. Beside it,
+OUT.plan.json (written the same way) holds the plan itself, its predicted time and a
+fingerprint of the module's per-device graph.
+
+Stopping: Ctrl-C (SIGINT) or SIGTERM during the search ends it as the time budget does:
+the best plan so far is written to OUT and OUT.plan.json and the exit code is 130 (a
+second Ctrl-C gives up at once, writing nothing; before the search starts, one is
+enough). ``--resume`` starts the search again from the plan in OUT.plan.json, queued
+with the usual start plans (so the result is never predicted worse than it); the plan
+must be for the same module (its fingerprint), else the command refuses it. Without
+such a file ``--resume`` starts afresh, with a note. Input files larger than 64 MiB are
+refused (``$DISCO_MAX_INPUT_MB`` sets the limit).
 
 This module holds the subcommand's parser (:func:`register`) and its run (:func:`run`).
 """
@@ -19,14 +30,17 @@ This module holds the subcommand's parser (:func:`register`) and its run (:func:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
-from disco_jax.cli import UserError
+from disco_jax.cli import EXIT_INTERRUPTED, UserError
 from disco_jax.cli.simulate import (
     add_cost_model_arguments,
     add_in_context_argument,
@@ -37,7 +51,10 @@ from disco_jax.cli.simulate import (
 )
 from hlo_tools.dirs import write_atomic
 
-__all__ = ["register", "run"]
+__all__ = ["PLAN_FORMAT", "graph_fingerprint", "plan_path", "register", "run"]
+
+#: The ``format`` of OUT.plan.json.
+PLAN_FORMAT = "disco-plan/1"
 
 
 def register(subparsers: Any) -> None:
@@ -50,7 +67,13 @@ def register(subparsers: Any) -> None:
                    help="where to write the optimized HLO (atomically)")
     p.add_argument("--time-budget", type=float, metavar="S",
                    help="search time budget in seconds (default: configs/search.toml)")
+    p.add_argument("--patience", type=int, metavar="N",
+                   help="stop after N candidates without a new best (default: "
+                        "configs/search.toml)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default: 0)")
+    p.add_argument("--resume", action="store_true",
+                   help="start from the plan of OUT.plan.json (written by an earlier run, "
+                        "also an interrupted one) besides the usual start plans")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     add_cost_model_arguments(p)
     add_in_context_argument(p)
@@ -69,15 +92,126 @@ def _check_output(spec: str) -> Path:
     return out
 
 
+def plan_path(output: str | os.PathLike[str]) -> Path:
+    """Where the plan of ``-o OUTPUT`` is written: ``OUTPUT.plan.json``."""
+    out = Path(output)
+    return out.with_name(out.name + ".plan.json")
+
+
+def graph_fingerprint(graph: Any) -> str:
+    """SHA-256 of a per-device graph's structure (names, opcodes, operands, bytes): a plan
+    fits the graphs with its fingerprint."""
+    data = json.dumps([graph.names, graph.opcodes, graph.operands, graph.out_bytes])
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def _plan_problem(graph: Any, plan: Any) -> str | None:
+    """Why ``plan`` cannot be a plan of ``graph`` (None when it can): node count, group
+    ids, contiguous groups, and the rewritten module's structure (def-before-use)."""
+    import hlo_tools
+
+    n = graph.num_nodes
+    if len(plan.order) != n:
+        return f"it has {len(plan.order)} nodes, the module {n}"
+    group = plan.group
+    if any(not 0 <= g < n or group[g] != g or g > i for i, g in enumerate(group)):
+        return "a group id is not the smallest node of its group"
+    seen, last = set(), None
+    for node in plan.order:
+        g = group[node]
+        if g != last:
+            if g in seen:
+                return f"group {g} is not contiguous in the schedule"
+            seen.add(g)
+            last = g
+    if any(not (0 <= p < n and 0 <= g < n and group[g] == g) for p, g in plan.dups):
+        return "a duplicated producer or its group is out of range"
+    try:
+        problems = hlo_tools.find_problems(hlo_tools.apply_plan(graph.module, plan, graph))
+    except (ValueError, KeyError, IndexError) as err:
+        return f"it cannot be applied ({type(err).__name__}: {err})"
+    return problems[0] if problems else None
+
+
+def _load_resume(path: Path, graph: Any) -> Any | None:
+    """The plan to resume from (None, with a note, when ``path`` does not exist)."""
+    from disco_jax.cli.inputs import read_text
+    from hlo_tools.plan import Plan
+
+    if not path.exists():
+        print(f"disco: note: --resume: no plan at {path}; starting afresh", file=sys.stderr)
+        return None
+    text = read_text(path, "a plan written by disco optimize")
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+            raise ValueError(f"not a {PLAN_FORMAT} file")
+        fingerprint = data["fingerprint"]
+        plan = Plan.from_json(data["plan"])
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}: --resume: not JSON: {err.msg}") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{path}: --resume: not a plan file of disco optimize "
+                        f"({type(err).__name__}: {err})") from None
+    if fingerprint != graph_fingerprint(graph):
+        raise UserError(f"{path}: --resume: the plan is for another module (fingerprint "
+                        f"{str(fingerprint)[:12]}, this one {graph_fingerprint(graph)[:12]});"
+                        " remove it or run without --resume")
+    problem = _plan_problem(graph, plan)
+    if problem:
+        raise UserError(f"{path}: --resume: not a legal plan of this module: {problem}")
+    return plan
+
+
+class _Signals:
+    """SIGINT and SIGTERM while ``disco optimize`` runs (main thread only).
+
+    Before the search: KeyboardInterrupt at once (exit 130, nothing written). During the
+    search: the first sets :attr:`received`, which the search reads as its ``stop``; a
+    second raises KeyboardInterrupt. After it: noted, and the outputs are still written.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.phase = "before"
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._old[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, old in self._old.items():
+            signal.signal(signum, old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.phase == "before" or (self.phase == "search" and self.received):
+            raise KeyboardInterrupt
+        self.received = self.received or signum
+
+    def stop(self) -> bool:
+        return self.received is not None
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit code."""
+    with _Signals() as signals:
+        return _run(args, signals)
+
+
+def _run(args: argparse.Namespace, signals: _Signals) -> int:
     import hlo_tools
-    from disco_jax.search import search
+    from disco_jax.search import baseline_plans, search
+    from hlo_tools.plan import FusionSpace
 
     check_arguments(args)
     out = _check_output(args.output)
     if args.time_budget is not None and not args.time_budget > 0:
         raise UserError(f"--time-budget must be > 0, got {args.time_budget}")
+    if args.patience is not None and args.patience < 1:
+        raise UserError(f"--patience must be >= 1, got {args.patience}")
     try:
         module = load_module(args.file)
     except UserError as err:  # one line: file:line:col and the reason, not the quote
@@ -86,19 +220,44 @@ def run(args: argparse.Namespace) -> int:
         graph = hlo_tools.device_graph(module)
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
+    plan_file = plan_path(out)
+    resumed = _load_resume(plan_file, graph) if args.resume else None
     costs, in_context = cost_model_in_context(module, args)
-    outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget)
+    space = FusionSpace(graph)
+    starts = baseline_plans(space)
+    if resumed is not None:
+        starts["resumed"] = resumed
+    print("disco: searching (Ctrl-C stops it and keeps the best plan so far)",
+          file=sys.stderr, flush=True)
+    signals.phase = "search"
+    outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget,
+                     patience=args.patience, start_plans=starts, space=space,
+                     stop=signals.stop)
+    signals.phase = "after"
     text = hlo_tools.to_text(hlo_tools.apply_plan(module, outcome.plan, graph))
+    record = {"format": PLAN_FORMAT, "file": str(args.file), "output": str(out),
+              "computation": graph.computation.name, "nodes": graph.num_nodes,
+              "fingerprint": graph_fingerprint(graph), "predicted_s": outcome.cost_s,
+              "seed": outcome.seed, "stop_reason": outcome.stats.stop_reason,
+              "plan": outcome.plan.to_json()}
     try:
+        write_atomic(plan_file, json.dumps(record), mkdir=False)
         write_atomic(out, text, mkdir=False)
     except OSError as err:
         raise UserError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
     report = _report(args, graph, outcome, costs)
     report["in_context"] = in_context
+    report["plan_file"] = str(plan_file)
+    report["resumed"] = resumed is not None
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
         _print_report(report)
+    if signals.received is not None:
+        name = signal.Signals(signals.received).name
+        print(f"disco: interrupted ({name}): the best plan so far is in {out} and "
+              f"{plan_file}; --resume continues from it", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

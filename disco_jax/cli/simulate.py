@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from disco_jax.cli import UserError
+from disco_jax.cli.inputs import read_text
 
 __all__ = [
     "add_cost_model_arguments",
@@ -49,8 +50,9 @@ __all__ = [
     "run",
 ]
 
-#: Instruction names in a verifier message: quoted, or the leading ``name:``.
-_PROBLEM_NAMES = re.compile(r"'([^']+)'|^([\w.\-]+):")
+#: Instruction names in a verifier message: quoted, or the leading ``[computation/]name:``
+#: (the instruction the problem is about, whose line is reported first).
+_PROBLEM_NAMES = re.compile(r"'([^']+)'|^(?:[\w.\-]+/)?([\w.\-]+):")
 
 
 def register(subparsers: Any) -> None:
@@ -102,29 +104,9 @@ def _line_of(text: str, name: str) -> int:
     return text.count("\n", 0, match.start()) + 1 if match else 0
 
 
-def _read_text(path: Path) -> str:
-    """The file as UTF-8 text; errors name the file (and line for bad bytes)."""
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, expected an HLO text file")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"{path}: cannot read: {err.strerror or err}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
-                        "expected an HLO text file") from None
-    if not text.strip():
-        raise UserError(f"{path}:1: empty file, expected an HLO module")
-    return text
-
-
 def load_module(path: str | os.PathLike) -> Any:
-    """Reads, parses and structurally checks an HLO file.
+    """Reads (:func:`disco_jax.cli.inputs.read_text`), parses and structurally checks an
+    HLO file.
 
     Raises:
         UserError: with ``file:line`` for unreadable, malformed or invalid input.
@@ -133,14 +115,15 @@ def load_module(path: str | os.PathLike) -> Any:
     from hlo_tools.verify import find_problems
 
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path)
     try:
         module = hlo_tools.parse(text, source=str(path))
     except hlo_tools.HloParseError as err:
         raise UserError(str(err)) from None
     problems = find_problems(module)
     if problems:
-        names = [q or lead for q, lead in _PROBLEM_NAMES.findall(problems[0])]
+        found = _PROBLEM_NAMES.findall(problems[0])
+        names = [lead for _, lead in found if lead] + [q for q, _ in found if q]
         line = next((n for n in (_line_of(text, nm) for nm in names) if n), 1)
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise UserError(f"{path}:{line}: invalid module: {problems[0]}{more}")
@@ -320,8 +303,11 @@ def run(args: argparse.Namespace) -> int:
 
     check_arguments(args)
     module = load_module(args.file)
+    try:
+        graph = device_graph(module)
+    except ValueError as err:
+        raise UserError(f"{args.file}: {err}") from None
     costs, in_context = cost_model_in_context(module, args)
-    graph = device_graph(module)
     sim = sim_graph_from_module(module, costs)
     result = simulate(sim, costs.overlap)
     summary = costs.graph_costs(graph).summary()
