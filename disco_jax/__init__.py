@@ -13,7 +13,9 @@ The public API, re-exported here:
   :class:`SearchStats`, :class:`SearchConfig`, :func:`load_config`,
   :func:`baseline_plans`; the compact core :func:`backtracking_search`,
   :class:`SearchResult`;
-* the model zoo, :mod:`disco_jax.zoo` (imported on first use: it imports jax).
+* the model zoo, :mod:`disco_jax.zoo` (imported on first use: it imports jax);
+* :func:`jit` (:mod:`disco_jax.jit`), the drop-in for ``jax.jit`` with the strategy store
+  (:mod:`disco_jax.store`) and ``ENABLE_SEARCH``.
 
 Importing the package does not import jax.
 """
@@ -24,6 +26,7 @@ import importlib
 from typing import Any
 
 from disco_jax.cost_model import BackendConstants, CostModel, GraphCosts, OpTimes
+from disco_jax.jit import jit
 from disco_jax.lower import sim_graph, sim_graph_from_module, simulate_plan
 from disco_jax.search import (
     SearchConfig,
@@ -50,6 +53,7 @@ __all__ = [
     "SimResult",
     "backtracking_search",
     "baseline_plans",
+    "jit",
     "load_config",
     "search",
     "sim_graph",

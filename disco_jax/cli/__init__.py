@@ -20,7 +20,8 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS", "UserErro
            "build_parser", "main"]
 
 #: Subcommand modules of this package, in the order ``disco --help`` lists them.
-SUBCOMMANDS = ("demo", "simulate", "optimize", "bench", "calibrate", "estimate", "train_estimator")
+SUBCOMMANDS = ("demo", "simulate", "optimize", "bench", "calibrate", "estimate", "train_estimator",
+               "store")
 
 #: Exit code of a successful run.
 EXIT_OK = 0

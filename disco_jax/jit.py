@@ -1,0 +1,469 @@
+"""``disco_jax.jit``: a drop-in for ``jax.jit`` that runs DisCo's program for the step.
+
+::
+
+    import disco_jax
+
+    @disco_jax.jit                      # instead of @jax.jit; same arguments
+    def train_step(params, opt_state, batch): ...
+
+    params, opt_state, loss = train_step(params, opt_state, batch)
+    print(train_step.last_run_info)     # what ran: searched / stored / fallback
+
+On the first call for each input signature (shapes, dtypes, shardings, pytree structure,
+values of static arguments) the wrapper lowers the function, fingerprints its
+pre-optimization HLO (:func:`disco_jax.store.source_fingerprint`) and reads the
+environment variable ``ENABLE_SEARCH``:
+
+* ``1`` (search phase): profile, search and choose by measurement
+  (:func:`disco_jax.optimize.optimize_step`; search budget: the ``time_budget_s``
+  argument, else ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``), store the winner
+  (:mod:`disco_jax.store`) and run it. Mode ``"searched"``.
+* ``0`` (enactment phase): load the stored program for this fingerprint and run it as
+  stored (:func:`disco_jax.enactment.build`: ``compile_hlo(..., exact=True)`` for a plan,
+  staged or not). Mode ``"stored"``.
+* unset: use a stored program when one matches, else plain ``jax.jit``.
+
+No stored program (under ``0``), a corrupt record, another jax version, backend or device
+count, HLO that no longer parses or compiles, a failed search: a
+:class:`DiscoFallbackWarning` (once per reason and program) and plain ``jax.jit``; mode
+``"fallback"`` with the ``reason``. Later calls with the same signature go straight to the
+compiled program: no lowering, no store read, no recompilation.
+
+What stays ``jax.jit``'s: every keyword argument of ``jax.jit`` is passed to it;
+``.lower()``, ``.trace()``, ``.eval_shape()`` and other attributes are the plain
+``jax.jit`` object's (they describe jax's own program, not DisCo's); calls under a jax
+transformation (tracers: ``jax.grad`` of the wrapper, a wrapper called inside another
+jit) run plain ``jax.jit``. ``static_argnums``/``static_argnames`` select the program as
+in ``jax.jit`` (each value its own entry). ``donate_argnums``: a donated array is deleted
+after the call, as with ``jax.jit``, but a program compiled from stored HLO does not
+reuse its memory (the search itself never donates: it runs the candidates on the same
+arguments many times). Keyword arguments that are arrays (not static) cannot be enacted: such calls
+fall back with a warning that says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+__all__ = [
+    "BUDGET_ENV",
+    "FALLBACK",
+    "FLAG_ENV",
+    "SEARCHED",
+    "STORED",
+    "DiscoFallbackWarning",
+    "DiscoJitted",
+    "RunInfo",
+    "jit",
+]
+
+#: The switch between the search phase (``1``) and the enactment phase (``0``).
+FLAG_ENV = "ENABLE_SEARCH"
+#: Search budget in seconds when ``jit``'s ``time_budget_s`` is not given.
+BUDGET_ENV = "DISCO_TIME_BUDGET"
+#: Modes of :attr:`RunInfo.mode`.
+SEARCHED, STORED, FALLBACK = "searched", "stored", "fallback"
+
+
+class DiscoFallbackWarning(UserWarning):
+    """``disco_jax.jit`` runs plain ``jax.jit`` for a program; the message says why."""
+
+
+class RunInfo(NamedTuple):
+    """What the last call of a :class:`DiscoJitted` ran.
+
+    Attributes:
+        mode: ``"searched"`` (found by a search in this process), ``"stored"`` (loaded
+            from the store) or ``"fallback"`` (plain ``jax.jit``).
+        hlo_fingerprint: of what was compiled: the enactment's
+            :attr:`~disco_jax.enactment.Enactment.fingerprint`, or for a fallback the
+            sha256 of jax's own HLO text.
+        source_fingerprint: the store key (sha256 of the pre-optimization HLO), or None
+            when the call was not lowered (under a transformation).
+        reason: why it fell back (``""`` otherwise).
+        choice: the chosen program's name (``"plan_0"``, ``"bucketed_1MiB"``,
+            ``"xla_default"``, ...; ``""`` for a fallback).
+        predicted_s: its predicted seconds per iteration (None: unknown).
+        measured_s: its measured seconds per iteration in the search (None: unknown).
+        store_path: the store entry's directory (None: not stored).
+    """
+
+    mode: str
+    hlo_fingerprint: str | None
+    source_fingerprint: str | None
+    reason: str = ""
+    choice: str = ""
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    store_path: str | None = None
+
+
+class _Compiled(NamedTuple):
+    """A cache entry: how to call the program of one signature."""
+
+    call: Callable[..., Any]
+    dynamic_only: bool  # called with the dynamic positional args (else all args, kwargs)
+    info: RunInfo
+    donate: tuple[int, ...] = ()  # dynamic args whose buffers are deleted after the call
+
+
+_Tracer: Any = None  # jax.core.Tracer, set when the first wrapper is made (jax imported)
+_WARNED: set[tuple[str, str]] = set()
+_WARN_LOCK = threading.Lock()
+
+
+def _warn(name: str, reason: str) -> None:
+    with _WARN_LOCK:
+        if (name, reason) in _WARNED:
+            return
+        _WARNED.add((name, reason))
+    warnings.warn(f"disco_jax.jit({name}): {reason}; running plain jax.jit",
+                  DiscoFallbackWarning, stacklevel=4)
+
+
+def _flag() -> str | None:
+    value = os.environ.get(FLAG_ENV)
+    if value is None or value.strip() == "":
+        return None
+    value = value.strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{FLAG_ENV}={value!r}: use 1 (search and store), 0 (run the stored "
+                         "program) or leave it unset (stored program if any)")
+    return value
+
+
+def _budget(time_budget_s: float | None) -> float | None:
+    if time_budget_s is not None:
+        return float(time_budget_s)
+    value = os.environ.get(BUDGET_ENV)
+    if not value:
+        return None
+    try:
+        budget = float(value)
+    except ValueError:
+        raise ValueError(f"{BUDGET_ENV}={value!r} is not a number of seconds") from None
+    if not budget > 0:
+        raise ValueError(f"{BUDGET_ENV}={value!r} must be > 0 seconds")
+    return budget
+
+
+def _positions(fun: Callable[..., Any], nums: Any, names: Any) -> tuple[frozenset, frozenset]:
+    """Static (or donated) positions and names, each completed from the other through
+    ``fun``'s signature (as ``jax.jit`` does)."""
+    nums = (nums,) if isinstance(nums, int) else tuple(nums or ())
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    try:
+        params = [p for p in inspect.signature(fun).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    count = len(params)
+    pos = {n + count if n < 0 and count else n for n in nums}
+    pos |= {i for i, p in enumerate(params) if p.name in names}
+    nm = set(names) | {params[i].name for i in pos if 0 <= i < count}
+    return frozenset(pos), frozenset(nm)
+
+
+def _leaf_key(x: Any) -> Any:
+    return (type(x), getattr(x, "shape", None), getattr(x, "dtype", None),
+            getattr(x, "weak_type", None), getattr(x, "sharding", None))
+
+
+class DiscoJitted:
+    """The wrapper :func:`jit` returns; call it like the ``jax.jit`` of the function.
+
+    Attributes:
+        last_run_info: the :class:`RunInfo` of the last call (None before the first).
+    """
+
+    def __init__(self, fun: Callable[..., Any], *, time_budget_s: float | None = None,
+                 store: str | os.PathLike[str] | None = None, hardware: str | None = None,
+                 search_options: Mapping[str, Any] | None = None, **jax_jit_kwargs: Any):
+        import jax
+
+        global _Tracer
+        _Tracer = jax.core.Tracer
+        self._fun = fun
+        self._jit_kwargs = dict(jax_jit_kwargs)
+        self._plain = jax.jit(fun, **jax_jit_kwargs)
+        self._time_budget_s = time_budget_s
+        self._store = store
+        self._hardware = hardware
+        self._search_options = dict(search_options or {})
+        self._static_pos, self._static_names = _positions(
+            fun, jax_jit_kwargs.get("static_argnums"), jax_jit_kwargs.get("static_argnames"))
+        donate_pos, donate_names = _positions(
+            fun, jax_jit_kwargs.get("donate_argnums"), jax_jit_kwargs.get("donate_argnames"))
+        self._donates = bool(donate_pos or donate_names)
+        # positions among the dynamic arguments (static ones cannot be donated)
+        self._donate_dyn = tuple(sorted(p - sum(s < p for s in self._static_pos)
+                                        for p in donate_pos if p not in self._static_pos))
+        self._cache: dict[Any, _Compiled] = {}
+        self._lock = threading.Lock()
+        self.last_run_info: RunInfo | None = None
+        functools.update_wrapper(self, fun)
+
+    # ----------------------------------------------------------------- jax.jit's surface
+
+    def __getattr__(self, name: str) -> Any:
+        """``lower``, ``trace``, ``eval_shape`` ...: the plain ``jax.jit`` object's."""
+        if name.startswith("__") or name in ("_plain", "_fun"):
+            raise AttributeError(name)
+        return getattr(self._plain, name)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(fun).lower(...)``: jax's own lowering (DisCo's program is chosen at
+        the first call; ``last_run_info`` says which)."""
+        return self._plain.lower(*args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(fun).trace(...)``."""
+        return self._plain.trace(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Forgets every compiled program (the next call looks again) and clears
+        ``jax.jit``'s cache of the function."""
+        with self._lock:
+            self._cache.clear()
+        self._plain.clear_cache()
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """Bound like a function when used as a method decorator."""
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<disco_jax.jit of {getattr(self._fun, '__qualname__', self._fun)!r}>"
+
+    # ----------------------------------------------------------------- calls
+
+    def _split(self, args: tuple) -> tuple[tuple, tuple]:
+        if not self._static_pos:
+            return args, ()
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static_pos)
+        static = tuple((i, a) for i, a in enumerate(args) if i in self._static_pos)
+        return dyn, static
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import jax
+
+        dyn, static = self._split(args)
+        if kwargs:
+            static += tuple(sorted((k, v) for k, v in kwargs.items()
+                                   if k in self._static_names))
+            leaves, tree = jax.tree.flatten((dyn, {k: v for k, v in kwargs.items()
+                                                   if k not in self._static_names}))
+        else:
+            leaves, tree = jax.tree.flatten(dyn)
+        for x in leaves:
+            if isinstance(x, _Tracer):
+                return self._plain(*args, **kwargs)  # under a transformation
+        key = (tree, tuple(map(_leaf_key, leaves)), static)
+        entry = self._cache.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(key)
+                if entry is None:
+                    entry = self._first_call(args, kwargs, dyn)
+                    self._cache[key] = entry
+        self.last_run_info = entry.info
+        if entry.dynamic_only:
+            out = entry.call(*dyn)
+            if entry.donate:
+                _delete_donated(dyn, entry.donate)
+            return out
+        return entry.call(*args, **kwargs)
+
+    # ----------------------------------------------------------------- the first call
+
+    def _name(self) -> str:
+        return getattr(self._fun, "__qualname__", None) or repr(self._fun)
+
+    def _fallback(self, reason: str, source_fp: str | None, plain_fp: str | None, *,
+                  warn: bool = True) -> _Compiled:
+        if warn:
+            _warn(self._name(), reason)
+        return _Compiled(self._plain, False, RunInfo(FALLBACK, plain_fp, source_fp, reason))
+
+    def _first_call(self, args: tuple, kwargs: dict, dyn: tuple) -> _Compiled:
+        from disco_jax import store as st
+        from hlo_tools.jax_bridge import lowered_text
+
+        flag = _flag()
+        text = lowered_text(self._plain.lower(*args, **kwargs))
+        source_fp = st.source_fingerprint(text)
+        dynamic_kwargs = sorted(k for k in kwargs if k not in self._static_names)
+        if dynamic_kwargs:
+            return self._fallback(
+                f"keyword arguments {dynamic_kwargs} are arrays; pass them positionally (or "
+                "make them static) to use DisCo's program", source_fp, source_fp,
+                warn=flag is not None)
+        if flag == "1":
+            return self._search(args, kwargs, dyn, source_fp)
+        setup = st.Setup.current()
+        lookup = st.load_entry(source_fp, setup, root=self._store)
+        if lookup.entry is None:
+            warn = flag == "0" or lookup.reason != st.NOT_FOUND
+            reason = lookup.reason
+            if reason == st.NOT_FOUND:
+                reason = (f"no stored plan for this program (key {source_fp[:12]}) in "
+                          f"{st.store_dir(self._store)}; run once with ENABLE_SEARCH=1")
+            return self._fallback(reason, source_fp, source_fp, warn=warn)
+        try:
+            run, dynamic_only = self._build(lookup.entry.enactment, args, kwargs, dyn)
+        except Exception as err:  # XLA rejected it, or it does not fit the arguments
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            return self._fallback(f"the stored plan does not compile here "
+                                  f"({type(err).__name__}: {first})", source_fp, source_fp)
+        record = lookup.entry.record
+        choice = record.get("choice", lookup.entry.enactment.name)
+        return _Compiled(run, dynamic_only, RunInfo(
+            STORED, lookup.entry.enactment.fingerprint, source_fp, "", choice,
+            (record.get("predicted_s") or {}).get(choice),
+            (record.get("measured_s") or {}).get(choice), str(lookup.entry.path)),
+            self._donate_dyn)
+
+    def _dynamic_jit(self, args: tuple, kwargs: dict) -> Any:
+        """``jax.jit`` of the function of the dynamic positional arguments alone (static
+        ones bound, nothing donated): what the search runs and staged programs split."""
+        import jax
+
+        static = {i: a for i, a in enumerate(args) if i in self._static_pos}
+        total = len(args)
+        fun = self._fun
+
+        @functools.wraps(fun)
+        def dynamic_step(*dyn: Any) -> Any:
+            it = iter(dyn)
+            full = [static[i] if i in static else next(it) for i in range(total)]
+            return fun(*full, **kwargs)
+
+        drop = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+        return jax.jit(dynamic_step, **{k: v for k, v in self._jit_kwargs.items()
+                                        if k not in drop})
+
+    def _build(self, enactment: Any, args: tuple, kwargs: dict, dyn: tuple
+               ) -> tuple[Callable[..., Any], bool]:
+        """Compiles a stored or searched enactment for these arguments; returns the
+        callable and whether it takes the dynamic positional arguments alone."""
+        import jax
+
+        from disco_jax.enactment import STAGED, build
+        from hlo_tools.jax_bridge import fresh_function
+
+        if enactment.kind == STAGED:
+            return build(enactment, self._dynamic_jit(args, kwargs), dyn), True
+        # a separate jax.jit object: jax's caches of the user's function stay untouched
+        own = jax.jit(fresh_function(self._fun), **self._jit_kwargs)
+        run = build(enactment, own, args, kwargs=kwargs)
+        return getattr(run, "compiled", run), True
+
+    def _search(self, args: tuple, kwargs: dict, dyn: tuple, source_fp: str) -> _Compiled:
+        import jax
+
+        from disco_jax import store as st
+        from disco_jax.enact import job_sync
+        from disco_jax.optimize import optimize_step
+
+        try:
+            budget = _budget(self._time_budget_s)
+            sync = job_sync(f"disco_jit_{source_fp[:16]}") if jax.process_count() > 1 \
+                else None
+            opt = optimize_step(self._dynamic_jit(args, kwargs), dyn, time_budget_s=budget,
+                                hardware=self._hardware, sync=sync, **self._search_options)
+        except ValueError as err:
+            if str(err).startswith(BUDGET_ENV):
+                raise
+            return self._fallback(f"DisCo cannot optimize this step: {err}", source_fp,
+                                  source_fp)
+        enactment, report = opt.enactment, opt.report
+        run = getattr(opt.run, "compiled", opt.run)
+        choice = report["choice"]
+        path = None
+        try:
+            setup = st.Setup.current()
+            record = st.make_record(
+                source_fp, setup, enactment_fingerprint=enactment.fingerprint, choice=choice,
+                hardware=report["hardware"], hardware_sha256=_hardware_sha256(
+                    report["hardware"]),
+                predicted_s=report["predicted_s"], measured_s=report["measured_s"],
+                search=report["search"],
+                extra={"calibration": report["calibration"],
+                       "pipeline_s": report["seconds"], "function": self._name()})
+            path = str(st.write_entry(source_fp, record, enactment, root=self._store))
+        except OSError as err:
+            _warn(self._name(), f"the plan could not be stored ({err})")
+        return _Compiled(run, True, RunInfo(
+            SEARCHED, enactment.fingerprint, source_fp, "", choice,
+            report["predicted_s"].get(choice), report["measured_s"].get(choice), path),
+            self._donate_dyn)
+
+
+def _delete_donated(dyn: tuple, donate: tuple[int, ...]) -> None:
+    """Deletes the buffers of donated arguments after a call, as ``jax.jit`` does.
+
+    A program compiled from stored HLO text does not alias its inputs to its outputs
+    (:func:`hlo_tools.compile_hlo` drops jax's buffer donors), so the memory is not
+    reused; deleting keeps the contract of ``donate_argnums`` (a donated array cannot be
+    used again) the same with and without DisCo.
+    """
+    import jax
+
+    for i in donate:
+        if i < len(dyn):
+            for leaf in jax.tree.leaves(dyn[i]):
+                if hasattr(leaf, "delete") and not leaf.is_deleted():
+                    leaf.delete()
+
+
+def _hardware_sha256(name: str) -> str | None:
+    from estimator.hardware import find_hardware
+
+    try:
+        return hashlib.sha256(find_hardware(name).read_bytes()).hexdigest()
+    except (OSError, ValueError):
+        return None
+
+
+def jit(fun: Callable[..., Any] | None = None, *, time_budget_s: float | None = None,
+        store: str | os.PathLike[str] | None = None, hardware: str | None = None,
+        search_options: Mapping[str, Any] | None = None, **jax_jit_kwargs: Any) -> Any:
+    """A drop-in for ``jax.jit`` that runs DisCo's program for the step (module docstring).
+
+    Args:
+        fun: the function (a data-parallel ``shard_map`` train step gains; anything else
+            runs as ``jax.jit``). Without it, returns a decorator.
+        time_budget_s: search budget under ``ENABLE_SEARCH=1``, seconds (default:
+            ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``).
+        store: the strategy store's directory (default: ``$DISCO_STORE``, else the user
+            cache directory; :func:`disco_jax.store.store_dir`).
+        hardware: hardware file of the search's cost model (default: ``inproc4`` for one
+            process, ``gloo2`` for several; fitted in context either way).
+        search_options: more keyword arguments of
+            :func:`disco_jax.optimize.optimize_step` (``top_k``, ``choice_rounds``,
+            ``staged``, ``bucket_thresholds``, ``profile_rounds`` ...).
+        **jax_jit_kwargs: passed to ``jax.jit`` (``static_argnums``, ``donate_argnums``,
+            ``in_shardings`` ...).
+
+    Returns:
+        A :class:`DiscoJitted`.
+
+    Raises:
+        TypeError: an argument ``jax.jit`` does not take (raised by ``jax.jit``).
+    """
+    if fun is None:
+        return functools.partial(jit, time_budget_s=time_budget_s, store=store,
+                                 hardware=hardware, search_options=search_options,
+                                 **jax_jit_kwargs)
+    if isinstance(search_options, Sequence) or (
+            search_options is not None and not isinstance(search_options, Mapping)):
+        raise TypeError("search_options must be a mapping of optimize_step's arguments")
+    return DiscoJitted(fun, time_budget_s=time_budget_s, store=store, hardware=hardware,
+                       search_options=search_options, **jax_jit_kwargs)

@@ -1,0 +1,249 @@
+"""The whole product pipeline for one train step, returning what to run as an
+:class:`~disco_jax.enactment.Enactment` (what ``disco_jax.jit`` runs under
+``ENABLE_SEARCH=1`` and keeps in the strategy store).
+
+The steps are those of ``disco bench``'s jobs (:func:`disco_jax.bench.bench_row`):
+
+1. profile the step's pre-optimization module in context and fit the cost model to it
+   (:func:`disco_jax.enact.profile_in_context`, :func:`disco_jax.enact.in_context_costs`);
+2. search (:func:`disco_jax.search.search`; process 0 of a job, the ``top_k`` plans shared
+   with every process through ``sync``);
+3. compile the candidates: the plans (``exact=True``, dots on the kernel library), every
+   distinct program of the bucketed sweep (:func:`hlo_tools.baselines.bucketed_candidates`),
+   XLA's default, and optional staged programs (:func:`disco_jax.staged.staged_step`);
+4. the final choice by measurement (:func:`disco_jax.enact.choose`): the fastest measured
+   program wins, so a plan is never chosen when a baseline measured faster.
+
+Typical use::
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    opt = optimize_step(step, args, time_budget_s=2.0)
+    out = opt.run(*args)                 # == jax.jit(step)(*args)
+    opt.enactment.to_json()              # what the strategy store keeps
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+__all__ = [
+    "DEFAULT_CHOICE_ROUNDS",
+    "Optimized",
+    "default_hardware",
+    "optimize_step",
+]
+
+#: Interleaved rounds of the final choice by measurement.
+DEFAULT_CHOICE_ROUNDS = 3
+
+
+class Optimized(NamedTuple):
+    """What :func:`optimize_step` chose.
+
+    Attributes:
+        enactment: the winner, as the store keeps it.
+        run: the winner compiled: ``run(*args)`` returns what ``jax.jit(step)(*args)``
+            returns (a staged run has ``.close()``).
+        report: JSON-able: ``choice`` (the winner's name), ``predicted_s`` and
+            ``measured_s`` (seconds per iteration of every candidate by name, median of
+            the choice's rounds; a prediction is None where the simulator has none),
+            ``search`` (settings and statistics), ``hardware`` (the file's name),
+            ``calibration`` (the in-context fit, or None), ``seconds`` (wall time of the
+            whole pipeline per phase).
+    """
+
+    enactment: Any
+    run: Callable[..., Any]
+    report: dict[str, Any]
+
+
+def default_hardware(num_processes: int) -> str:
+    """The shipped hardware file for a setup: ``inproc4`` for one process, else
+    ``gloo2`` (the in-context fit adapts its all-reduce latency and compute scale)."""
+    return "inproc4" if num_processes <= 1 else "gloo2"
+
+
+def _bucketed_label(threshold_bytes: int | None) -> str:
+    return "bucketed_one" if threshold_bytes is None else f"bucketed_{threshold_bytes >> 20}MiB"
+
+
+def _predict(module: Any, costs: Any) -> float:
+    """Predicted seconds per iteration of a module as written (XLA's compiled plans)."""
+    from disco_jax.enact import cover
+    from disco_jax.lower import sim_graph_from_module
+    from disco_jax.simulator import simulate
+
+    cover(costs, module)
+    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s
+
+
+def _search_report(outcome: Any, seed: int, top_k: int, choice_rounds: int) -> dict[str, Any]:
+    return {"settings": {**outcome.config._asdict(), "seed": seed, "top_k": top_k,
+                         "choice_rounds": choice_rounds},
+            "evaluated": outcome.stats.evaluated, "pops": outcome.stats.pops,
+            "seconds": outcome.stats.seconds, "stop_reason": outcome.stats.stop_reason,
+            "best_start": outcome.best_start, "start_predicted_s": outcome.start_costs_s,
+            "fo_bound_s": outcome.fo_bound_s}
+
+
+def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
+                  time_budget_s: float | None = None, hardware: str | None = None,
+                  sync: Any = None, top_k: int = 3,
+                  choice_rounds: int = DEFAULT_CHOICE_ROUNDS, staged: Sequence[Any] = (),
+                  min_sample_s: float = 0.05, seed: int = 0, predict_baselines: bool = True,
+                  bucket_thresholds: Sequence[int | None] | None = None,
+                  profile_rounds: int = 5,
+                  progress: Callable[[str], None] | None = None) -> Optimized:
+    """Profiles, searches, compiles the candidates and chooses by measurement.
+
+    Args:
+        step: the train step (plain or jitted), called with positional arguments only.
+        args: its arguments, placed as they will be at run time. They are not donated:
+            every candidate runs on them several times.
+        time_budget_s: search budget, seconds (None: ``configs/search.toml``).
+        hardware: hardware file name or path (None: :func:`default_hardware`).
+        sync: the job's :class:`disco_jax.enact.Sync` (None: one process). Every process
+            calls this function alike; process 0 searches and its plans are shared.
+        top_k: plans of the search that take part in the final choice.
+        choice_rounds: interleaved rounds of the final choice.
+        staged: staged programs to add to the choice: bucket counts, or ``"plan"`` for
+            the buckets of the search's best plan.
+        min_sample_s: each measured sample lasts about this long, seconds.
+        seed: seeds the search and the round order.
+        predict_baselines: also predict XLA's default and the bucketed programs (times
+            their compiled ops standalone, cached); else their predictions are None.
+        bucket_thresholds: the bucket sizes T of the bucketed sweep, bytes (None in it:
+            one bucket; default: :data:`hlo_tools.baselines.BUCKET_THRESHOLDS`).
+        profile_rounds: profiled iterations and untraced samples of the in-context
+            profile (fewer: faster, noisier fit).
+        progress: called with a line per phase (None: silent).
+
+    Returns:
+        The :class:`Optimized` winner.
+
+    Raises:
+        ValueError: the step has no gradient all-reduce to optimize (not a ``shard_map``
+            data-parallel step), or a parameter out of range.
+        hlo_tools.jax_bridge.HloCompileError: XLA rejected a candidate.
+    """
+    import jax
+
+    import hlo_tools
+    from disco_jax.enact import choose, in_context_costs, profile_in_context
+    from disco_jax.enactment import Enactment
+    from disco_jax.search import search
+    from disco_jax.staged import CHUNK_BYTES, staged_step
+    from hlo_tools import baselines as bl
+    from hlo_tools import plan as P
+    from hlo_tools.jax_bridge import compile_hlo, fresh_function, lowered_text
+    from hlo_tools.plan import Plan
+
+    say = progress or (lambda text: None)
+    if top_k < 1 or choice_rounds < 1:
+        raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
+    hardware = hardware or default_hardware(jax.process_count())
+    pid = jax.process_index()
+    seconds: dict[str, float] = {}
+    t0 = t_phase = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t_phase
+        now = time.perf_counter()
+        seconds[name] = now - t_phase
+        t_phase = now
+
+    step = fresh_function(step)  # a jitted step is kept: its jax.jit arguments matter
+    source_text = lowered_text((step if hasattr(step, "lower") else jax.jit(step)).lower(*args))
+    module = hlo_tools.parse(source_text)
+    graph = hlo_tools.device_graph(module)
+    if not graph.gradient_allreduces:
+        raise ValueError("the step has no gradient all-reduce (write the data-parallel step "
+                         "with jax.shard_map and lax.pmean)")
+    say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
+        "profiling in context")
+    measured = profile_in_context(step, args, module, sync=sync, iterations=profile_rounds,
+                                  rounds=profile_rounds)
+    lap("profile")
+
+    costs = calibration = outcome = None
+    plans_json = None
+    if pid == 0:
+        costs, calibration = in_context_costs(module, hardware, measured, progress=False)
+        lap("fit")
+        say(f"searching ({'config' if time_budget_s is None else f'{time_budget_s:g} s'} "
+            "budget)")
+        outcome = search(graph, costs, seed=seed, time_budget_s=time_budget_s,
+                         progress=False, top_k=top_k)
+        plans_json = [plan.to_json() for plan, _ in outcome.top]
+        lap("search")
+        say(f"search: {outcome.stats.evaluated} candidates, predicted "
+            f"{outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start})")
+    if sync is not None:
+        plans_json = sync.share("optimize_plans", plans_json)
+
+    say("compiling the candidates")
+    enactments: dict[str, Enactment] = {}
+    runs: dict[str, Any] = {}
+    thresholds = bl.BUCKET_THRESHOLDS if bucket_thresholds is None else tuple(bucket_thresholds)
+    for cand in bl.bucketed_candidates(step, args, thresholds):
+        label = _bucketed_label(cand.threshold_bytes)
+        if any(e.text == cand.run.hlo_text for e in enactments.values()):
+            continue  # the same buckets as a smaller threshold
+        enactments[label] = Enactment.single(label, cand.run.hlo_text, exact=False,
+                                             compiler_options=dict(cand.run.compiler_options))
+        runs[label] = cand.run
+    enactments["xla_default"] = Enactment.single("xla_default", source_text, exact=False)
+    runs["xla_default"] = compile_hlo(step, args, source_text, exact=False)
+    plans: dict[str, Plan] = {}
+    for i, pj in enumerate(plans_json):
+        name = f"plan_{i}"
+        plans[name] = Plan.from_json(pj)
+        text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[name], graph))
+        enactments[name] = Enactment.single(name, text, exact=True, library=True)
+        runs[name] = compile_hlo(step, args, text, exact=True, library=True)
+    for count in staged:
+        if count == "plan":
+            buckets: Any = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
+            name = "staged_plan"
+        else:
+            buckets, name = int(count), f"staged_{int(count)}"
+        try:
+            run = staged_step(step, args, buckets=buckets)
+        except ValueError as err:
+            say(f"{name}: not staged ({err})")
+            continue
+        enactments[name] = Enactment.of_stages(name, run.plan, exact=False,
+                                               chunk_bytes=CHUNK_BYTES)
+        runs[name] = run
+    lap("compile")
+
+    say(f"final choice among {len(runs)} programs")
+    choice = choose(runs, args, rounds=choice_rounds, sync=sync, tag="optimize_choice",
+                    min_sample_s=min_sample_s, seed=seed)
+    lap("choice")
+    for name, run in runs.items():
+        if name != choice.name and hasattr(run, "close"):
+            run.close()
+
+    predicted: dict[str, float | None] = {name: None for name in runs}
+    if pid == 0:
+        predicted.update(zip(plans, (c for _, c in outcome.top)))
+        if predict_baselines:
+            for name in runs:
+                if name.startswith("bucketed") or name == "xla_default":
+                    predicted[name] = _predict(bl.module_from_compiled(runs[name]), costs)
+        lap("predict")
+    report = {
+        "choice": choice.name,
+        "predicted_s": predicted,
+        "measured_s": dict(choice.medians_s),
+        "search": _search_report(outcome, seed, top_k, choice_rounds) if outcome else None,
+        "hardware": hardware,
+        "calibration": ({k: v for k, v in calibration._asdict().items()}
+                        if calibration is not None else None),
+        "seconds": {**seconds, "total": time.perf_counter() - t0},
+    }
+    say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured)")
+    return Optimized(enactments[choice.name], runs[choice.name], report)
