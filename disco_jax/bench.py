@@ -61,12 +61,20 @@ class Setup(NamedTuple):
         processes: processes of the job.
         devices: CPU devices per process.
         rate: ``tc`` rate of the private loopback ("" = the host's loopback, no limit).
+        burst: ``tc tbf`` burst of that link: 128 KiB, about 1 ms at 1 Gbit/s. A larger
+            bucket fills while the link idles and then passes its bytes at memory speed:
+            with 1 MB (DESIGN.md's first setting) a single program whose 1 MiB
+            all-reduces sit between computations got part of its communication free
+            (transformer-medium, 1 MiB buckets: 475 ms per step with 1 MB, 528 ms with
+            128 KiB; communication alone 457 ms either way), which a real link never
+            gives.
     """
 
     name: str
     processes: int
     devices: int
     rate: str = ""
+    burst: str = "128kb"
 
 
 SETUPS: dict[str, Setup] = {
@@ -115,16 +123,33 @@ def _max_diff(got: Any, want: Any) -> float:
                for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, graph: Any,
-                       plans: Mapping[str, Any], say: Callable[[str], None]
-                       ) -> dict[str, Any]:
+def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, module: Any, graph: Any,
+                       plans: Mapping[str, Any], costs: Any, sync: Any,
+                       say: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Staged enactments (:mod:`disco_jax.staged`, XLA's fusion inside each stage) for the
-    spec's ``staged`` bucket counts (``"plan"``: the buckets of the search's best plan)."""
+    spec's ``staged`` entries: bucket counts, ``"plan"`` (the buckets of the search's best
+    plan) and ``"auto"`` -- the staged cost model (:mod:`disco_jax.staged_cost`) fitted on
+    one staged step measured here, then the best predicted bucketings of
+    :func:`~disco_jax.staged_cost.layouts`.
+
+    Returns:
+        ``(runs, info)``: the compiled staged steps by name, and (process 0) the fit and
+        the predicted seconds of every staged candidate.
+    """
+    import jax
+    import numpy as np
+
+    from disco_jax.enact import measure
     from disco_jax.staged import staged_step
+    from disco_jax.staged_cost import fit_staged_costs, layouts, predict_staged
     from hlo_tools import plan as P
+    from hlo_tools.plan.buckets import production_order
 
     out: dict[str, Any] = {}
+    info: dict[str, Any] = {"predicted_s": {}}
     for count in spec.get("staged", ()):
+        if count == "auto":
+            continue
         if count == "plan":
             buckets = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
             if len(buckets) < 2:
@@ -136,7 +161,42 @@ def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, graph: Any
             out[name] = staged_step(step, args, buckets=arg)
         except ValueError as err:
             say(f"{name}: not staged ({err})")
-    return out
+    if "auto" not in spec.get("staged", ()):
+        return out, info
+    space = P.FusionSpace(graph)
+    cands = layouts(graph, production_order(space, P.initial_plan(graph)))
+    ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
+    try:
+        out[ref] = staged_step(step, args, buckets=cands[ref])
+    except ValueError as err:
+        say(f"staged: not staged ({err})")
+        return out, info
+    barrier = sync.barrier if sync is not None else None
+    parts = out[ref].parts(*args, barrier=barrier)
+    total = float(np.median(measure({ref: out[ref]}, args, rounds=3, sync=sync,
+                                    tag="staged_ref", min_sample_s=0.2)[ref]))
+    pick = None
+    if jax.process_index() == 0:
+        fit = fit_staged_costs(module, graph, cands[ref], costs.graph_costs(graph).time_s,
+                               parts.stage_s, parts.comm_s, total)
+        preds = {n: predict_staged(module, graph, b, fit) for n, b in cands.items()}
+        top = sorted(preds, key=preds.__getitem__)[:int(spec.get("staged_top", 3))]
+        pick = [n for n in top if n != ref]
+        info = {"predicted_s": preds, "reference": ref, "reference_s": total,
+                "parts": parts._asdict(),
+                # the computation alone, XLA-fused in stages: the step with every
+                # all-reduce hidden (the measured full-overlap bound)
+                "compute_s": float(sum(parts.stage_s)),
+                "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
+        say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
+            f"{fit.compute_scale:.2f}, {fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
+            f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
+            f"{fit.overlap:.2f}; best predicted {top[0]} {preds[top[0]] * 1e3:.1f} ms")
+    if sync is not None:
+        pick = sync.share("staged_pick", pick)
+    for name in pick:
+        out[name] = staged_step(step, args, buckets=cands[name])
+    return out, info
 
 
 def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -220,7 +280,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[f"plan_{i}"], graph))
         runs[f"plan_{i}"] = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
     runs.update(bucketed)
-    staged = _staged_candidates(spec, step, args, graph, plans, say)
+    staged, staged_info = _staged_candidates(spec, step, args, module, graph, plans,
+                                             costs if pid == 0 else None, sync, say)
     runs.update(staged)
 
     candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans, *staged)}
@@ -247,7 +308,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     pred_bucketed = {n: _predict(bl.module_from_compiled(r), costs) for n, r in bucketed.items()}
     pred_plans = dict(zip(plans, row["search"]["top_predicted_s"]))
     predicted["bucketed"] = pred_bucketed[best_bucketed]
-    pred_staged = {n: None for n in staged}  # the simulator has no staged model yet
+    pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
     predicted["disco"] = {**pred_bucketed, **pred_plans, **pred_staged,
                           "xla_default": predicted["xla_default"]}[choice.name]
     # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
@@ -268,6 +329,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "medians_s": choice.medians_s,
                    "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,
                                    "xla_default": predicted["xla_default"]}},
+        "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,
         "facts": {"jax_version": jax.__version__, "num_devices": jax.device_count(),
@@ -401,7 +463,7 @@ def _launch(args: argparse.Namespace) -> None:
     spec = json.loads(Path(args.spec).read_text())
     setup = SETUPS[spec["setup"]]
     if setup.rate:
-        qdisc = set_loopback_rate(setup.rate, args.parent_netns)
+        qdisc = set_loopback_rate(setup.rate, args.parent_netns, setup.burst)
         print(f"[{spec['model']} {setup.name}] lo: {qdisc}", file=sys.stderr, flush=True)
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "disco_jax.bench", "run",

@@ -24,6 +24,11 @@ environment variable ``ENABLE_SEARCH``:
   staged or not). Mode ``"stored"``.
 * unset: use a stored program when one matches, else plain ``jax.jit``.
 
+In a multi-process job (``jax.process_count() > 1``) process 0 alone searches (the
+others take part in its measurements) and stores, or alone reads the store; the activator
+(:mod:`disco_jax.activator`) broadcasts its enactment over the job's collective backend and
+every process runs it, or all fall back together with the same reason.
+
 No stored program (under ``0``), a corrupt record, another jax version, backend or device
 count, HLO that no longer parses or compiles, a failed search: a
 :class:`DiscoFallbackWarning` (once per reason and program) and plain ``jax.jit``; mode
@@ -307,6 +312,8 @@ class DiscoJitted:
                 warn=flag is not None)
         if flag == "1":
             return self._search(args, kwargs, dyn, source_fp)
+        if _process_count() > 1:
+            return self._stored_in_job(args, kwargs, dyn, source_fp, flag)
         setup = st.Setup.current()
         lookup = st.load_entry(source_fp, setup, root=self._store)
         if lookup.entry is None:
@@ -329,6 +336,60 @@ class DiscoJitted:
             (record.get("predicted_s") or {}).get(choice),
             (record.get("measured_s") or {}).get(choice), str(lookup.entry.path)),
             self._donate_dyn)
+
+    def _stored_in_job(self, args: tuple, kwargs: dict, dyn: tuple, source_fp: str,
+                       flag: str | None) -> _Compiled:
+        """The stored program in a multi-process job: process 0 reads the store and the
+        activator broadcasts its entry; all run it or all fall back."""
+        import jax
+
+        from disco_jax import store as st
+
+        local = record = None
+        reason, warn, path = "", True, None
+        if jax.process_index() == 0:
+            lookup = st.load_entry(source_fp, st.Setup.current(), root=self._store)
+            if lookup.entry is None:
+                warn = flag == "0" or lookup.reason != st.NOT_FOUND
+                reason = lookup.reason
+                if reason == st.NOT_FOUND:
+                    reason = (f"no stored plan for this program (key {source_fp[:12]}) in "
+                              f"process 0's store {st.store_dir(self._store)}; run once "
+                              "with ENABLE_SEARCH=1")
+            else:
+                local, record = lookup.entry.enactment, lookup.entry.record
+                path = str(lookup.entry.path)
+        return self._agreed(local, record, source_fp, args, kwargs, dyn, mode=STORED,
+                            reason=reason, warn=warn, path=path)
+
+    def _agreed(self, local: Any, record: Mapping[str, Any] | None, source_fp: str,
+                args: tuple, kwargs: dict, dyn: tuple, *, mode: str, reason: str = "",
+                warn: bool = True, path: str | None = None, prebuilt: Any = None
+                ) -> _Compiled:
+        """Runs the activator (:func:`disco_jax.activator.agree_on_enactment`) and turns
+        its agreement into a cache entry; ``prebuilt`` is ``(enactment, run)`` this
+        process compiled already (used when process 0 sends the same enactment)."""
+        from disco_jax.activator import agree_on_enactment
+
+        def build(enactment: Any) -> tuple[Callable[..., Any], bool]:
+            if prebuilt is not None and prebuilt[0].fingerprint == enactment.fingerprint:
+                return prebuilt[1], True
+            return self._build(enactment, args, kwargs, dyn)
+
+        agreed = agree_on_enactment(local, record, source_fp, reason=reason, warn=warn,
+                                    build=build)
+        if prebuilt is not None and agreed.run is not prebuilt[1] \
+                and hasattr(prebuilt[1], "close"):
+            prebuilt[1].close()
+        if agreed.run is None:
+            return self._fallback(agreed.reason, source_fp, source_fp, warn=agreed.warn)
+        run, dynamic_only = agreed.run
+        rec = agreed.record
+        choice = rec.get("choice", agreed.enactment.name)
+        return _Compiled(run, dynamic_only, RunInfo(
+            mode, agreed.enactment.fingerprint, source_fp, "", choice,
+            (rec.get("predicted_s") or {}).get(choice),
+            (rec.get("measured_s") or {}).get(choice), path), self._donate_dyn)
 
     def _dynamic_jit(self, args: tuple, kwargs: dict) -> Any:
         """``jax.jit`` of the function of the dynamic positional arguments alone (static
@@ -386,8 +447,9 @@ class DiscoJitted:
         enactment, report = opt.enactment, opt.report
         run = getattr(opt.run, "compiled", opt.run)
         choice = report["choice"]
-        path = None
-        try:
+        path = record = None
+        multi = jax.process_count() > 1
+        if jax.process_index() == 0:  # in a job, process 0's record and store count
             setup = st.Setup.current()
             record = st.make_record(
                 source_fp, setup, enactment_fingerprint=enactment.fingerprint, choice=choice,
@@ -397,13 +459,23 @@ class DiscoJitted:
                 search=report["search"],
                 extra={"calibration": report["calibration"],
                        "pipeline_s": report["seconds"], "function": self._name()})
-            path = str(st.write_entry(source_fp, record, enactment, root=self._store))
-        except OSError as err:
-            _warn(self._name(), f"the plan could not be stored ({err})")
+            try:
+                path = str(st.write_entry(source_fp, record, enactment, root=self._store))
+            except OSError as err:
+                _warn(self._name(), f"the plan could not be stored ({err})")
+        if multi:  # every process runs process 0's choice, or all fall back
+            return self._agreed(enactment, record, source_fp, args, kwargs, dyn,
+                                mode=SEARCHED, path=path, prebuilt=(enactment, run))
         return _Compiled(run, True, RunInfo(
             SEARCHED, enactment.fingerprint, source_fp, "", choice,
             report["predicted_s"].get(choice), report["measured_s"].get(choice), path),
             self._donate_dyn)
+
+
+def _process_count() -> int:
+    import jax
+
+    return jax.process_count()
 
 
 def _delete_donated(dyn: tuple, donate: tuple[int, ...]) -> None:

@@ -61,6 +61,7 @@ __all__ = [
     "COMM",
     "COMPUTE",
     "Launch",
+    "StagedParts",
     "StagedPlan",
     "StagedStep",
     "even_buckets",
@@ -271,6 +272,18 @@ def _comm_program(mesh: Mesh, bucket: CommBucket, dtype: np.dtype,
     return fn.lower(spec).compile()
 
 
+class StagedParts(NamedTuple):
+    """The programs of a staged step timed alone (:meth:`StagedStep.parts`).
+
+    Attributes:
+        stage_s: ``[S]`` seconds of each compute stage, in stage order.
+        comm_s: ``[B]`` seconds of each communication program, in bucket order.
+    """
+
+    stage_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+
+
 class StagedStep:
     """A train step run as staged enactment: ``staged(params, opt_state, batch)``.
 
@@ -352,7 +365,39 @@ class StagedStep:
         with self._lock:
             return self._run(leaves)
 
-    def _run(self, leaves: list[Any]) -> Any:
+    def parts(self, *args: Any, repeats: int = 3,
+              barrier: Callable[[str], None] | None = None) -> StagedParts:
+        """Times every program of the schedule alone (median of ``repeats`` calls each,
+        each waited for): the compute stages on this thread, then the communication
+        programs in bucket order (a multi-process job calls this in every process;
+        ``barrier(tag)`` lines the processes up before each all-reduce is timed)."""
+        import statistics
+        import time
+
+        leaves = jax.tree.leaves(args)
+        with self._lock:
+            values = self._run(leaves, keep=True)
+        stage_s, comm_s = [], []
+        for k, stage in enumerate(self.plan.stages):
+            inputs = [values[(ref.kind, ref.key)] for ref in stage.inputs]
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                jax.block_until_ready(self.programs[k](inputs))
+                times.append(time.perf_counter() - t0)
+            stage_s.append(statistics.median(times[1:]))
+        for k in range(len(self.plan.comms)):
+            times = []
+            for r in range(repeats + 1):
+                if barrier is not None:
+                    barrier(f"staged_parts_{k}_{r}")
+                t0 = time.perf_counter()
+                self._reduce(k, values[(FLAT, k)])
+                times.append(time.perf_counter() - t0)
+            comm_s.append(statistics.median(times[1:]))
+        return StagedParts(tuple(stage_s), tuple(comm_s))
+
+    def _run(self, leaves: list[Any], keep: bool = False) -> Any:
         values: dict[tuple[str, Any], list[Any]] = {}
         comms: dict[int, concurrent.futures.Future] = {}
         for launch in self.plan.schedule:
@@ -376,6 +421,10 @@ class StagedStep:
             outputs = self.programs[launch.program](inputs)
             for ref, per_device in zip(stage.outputs, outputs, strict=True):
                 values[(ref.kind, ref.key)] = per_device
+        if keep:  # every value of the schedule, for timing its programs alone
+            for k, fut in comms.items():
+                values[(REDUCED, k)] = fut.result(timeout=self.comm_timeout_s)
+            return values
         results = [jax.make_array_from_single_device_arrays(
             tuple(shape.dims), sharding, values[(RESULT, j)])
             for j, (shape, sharding) in enumerate(zip(self.plan.cut.result_shapes,

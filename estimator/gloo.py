@@ -182,8 +182,8 @@ def in_private_netns(parent_netns: str) -> bool:
         return False
 
 
-def set_loopback_rate(rate: str, parent_netns: str) -> str:
-    """Brings ``lo`` up and limits it to ``rate`` (``tc`` ``tbf`` with burst 1mb,
+def set_loopback_rate(rate: str, parent_netns: str, burst: str = "1mb") -> str:
+    """Brings ``lo`` up and limits it to ``rate`` (``tc`` ``tbf`` with the given burst,
     latency 100ms), or removes the limit (``rate == ""``).
 
     Only inside a private network namespace (see :func:`in_private_netns`): the host's
@@ -192,6 +192,8 @@ def set_loopback_rate(rate: str, parent_netns: str) -> str:
     Args:
         rate: a ``tc`` rate (``"1gbit"``), or "" for no limit.
         parent_netns: see :func:`in_private_netns`.
+        burst: the token bucket's size (``tc`` size). While the link idles the bucket
+            fills up to this many bytes, which then pass at memory speed.
 
     Returns:
         The output of ``tc qdisc show dev lo``.
@@ -206,7 +208,7 @@ def set_loopback_rate(rate: str, parent_netns: str) -> str:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
     if rate:
         subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate,
-                        "burst", "1mb", "latency", "100ms"], check=True, timeout=10)
+                        "burst", burst, "latency", "100ms"], check=True, timeout=10)
     else:
         subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], check=False, timeout=10,
                        capture_output=True)

@@ -15,7 +15,10 @@ and hand bucketing, stores the winner (``disco store list``) and trains with it.
 second loads it. Both print the per-step time of ``jax.jit`` and of ``disco_jax.jit``
 (medians of interleaved steps) and what DisCo ran (``last_run_info``).
 
-Without ``XLA_FLAGS`` the script gives itself 4 host CPU devices.
+Without ``XLA_FLAGS`` the script gives itself 4 host CPU devices. The same script runs as
+a multi-process job (process 0 searches or reads the store and broadcasts the program)::
+
+    ENABLE_SEARCH=1 DISCO_TIME_BUDGET=10 disco launch -n 2 -- python examples/train.py
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import disco_jax  # noqa: E402
+import disco_jax.activator  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -75,6 +79,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256, help="global batch (default 256)")
     ap.add_argument("--width", type=int, default=512, help="layer width (default 512)")
     args = ap.parse_args()
+    # a no-op alone; under `disco launch -n N` it joins the N-process job (gloo on CPU)
+    disco_jax.activator.initialize_from_env()
 
     n = len(jax.devices())
     mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,))
@@ -124,10 +130,11 @@ def main() -> None:
     print(f"speed-up of disco_jax.jit: {med['jax'] / med['disco']:.2f}x "
           f"(median of {args.steps} interleaved steps)")
     if info.mode != "fallback":
+        where = info.store_path or "process 0's store"  # in a job, process 0 stores
         print(f"predicted {info.predicted_s * 1e3 if info.predicted_s else float('nan'):.2f} "
               f"ms, measured in the search "
               f"{info.measured_s * 1e3 if info.measured_s else float('nan'):.2f} ms; "
-              f"stored in {info.store_path}")
+              f"stored in {where}")
 
 
 if __name__ == "__main__":

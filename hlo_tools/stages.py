@@ -5,18 +5,22 @@ stream and the gradient all-reduces, bucket by bucket, on another (see
 :mod:`disco_jax.staged`). This module does the HLO part: from the pre-optimization
 whole-program module and a bucketing of its gradient all-reduces it builds
 
-* ``K + 1`` per-device **stage modules** (plain single-device HLO, no collectives):
-  stage ``k < K`` computes what bucket ``k``'s gradients need that no earlier stage
-  computed (stage 0 holds the forward pass and the backward pass up to bucket 0's last
-  gradient), and outputs bucket ``k``'s gradients as one flat 1-D buffer (each gradient
-  reshaped to 1-D, concatenated, as :mod:`hlo_tools.rewrite` writes a bucket) and the
-  values later stages read; stage ``K`` (the update) holds everything else and returns
-  the step's outputs;
-* one **communication bucket** per gradient bucket, plus one per element type for the
-  other all-reduces (the loss, averaged model state), reduced after stage ``K - 1``.
+* per-device **stage modules** (plain single-device HLO, no collectives): the ``K``
+  *pre* stages -- stage ``k < K`` computes what bucket ``k``'s gradients need that no
+  earlier stage computed (stage 0 holds the forward pass and the backward pass up to
+  bucket 0's last gradient), and outputs bucket ``k``'s gradients as one flat 1-D buffer
+  (each gradient reshaped to 1-D, concatenated, as :mod:`hlo_tools.rewrite` writes a
+  bucket) and the values later stages read -- then the *post* stages (the update): post
+  stage ``k`` holds what depends on communication bucket ``k`` and no later one (e.g. the
+  optimizer update of bucket ``k``'s parameters), so it can run while later buckets are
+  still being reduced; post stages with nothing to do are dropped. Each step output
+  leaves the stage that computes it (outputs that are arguments: the last stage);
+* one **communication bucket** per gradient bucket; the other all-reduces (the loss,
+  averaged model state) join the last bucket when they share its element type and
+  reducer, else get one bucket per element type, reduced after stage ``K - 1``.
 
 Only the all-reduce itself leaves the body: the division of ``pmean`` stays where jax
-put it (``divide(all-reduce(g), 4)``), now in the update stage reading the reduced
+put it (``divide(all-reduce(g), 4)``), now in a post stage reading the reduced
 buffer through a slice and a reshape named like the all-reduce, so the arithmetic is
 the step's own.
 
@@ -48,8 +52,10 @@ __all__ = [
     "VALUE",
     "CommBucket",
     "Stage",
+    "StageAssignment",
     "StageCut",
     "ValueRef",
+    "assign_stages",
     "cut_stages",
     "default_layout",
 ]
@@ -62,7 +68,7 @@ VALUE = "value"
 FLAT = "flat"
 #: A communication bucket's reduced flat buffer; ``key`` is the bucket index.
 REDUCED = "reduced"
-#: One output of the step (of the update stage); ``key`` is the ENTRY output index.
+#: One output of the step (of the stage computing it); ``key`` is the ENTRY output index.
 RESULT = "result"
 
 _REDUCERS = {"add": "sum", "maximum": "max", "minimum": "min"}
@@ -124,7 +130,8 @@ class StageCut(NamedTuple):
     """A step cut into stages (:func:`cut_stages`).
 
     Attributes:
-        stages: the compute stages in order; the last one is the update.
+        stages: the compute stages in order: ``len(buckets)`` pre stages (one per
+            gradient bucket), then the post stages (the update).
         buckets: the communication steps in launch order (the gradient buckets in the
             given order, then the other all-reduces).
         arg_shapes: per ENTRY argument, its per-device shape (the body parameter's).
@@ -241,8 +248,14 @@ def _comm_buckets(module: HloModule, graph: DeviceGraph, buckets: Sequence[Seque
             instr = graph.instruction(i)
             key = (instr.shape.element_type, _reducer(module, instr))
             others.setdefault(key, []).append(i)
-    nodes = [list(b) for b in buckets] + list(others.values())
+    nodes = [list(b) for b in buckets]
     last = len(buckets) - 1
+    # the others of the last bucket's type and reducer (the loss) ride in it: one
+    # collective less, and their values are reduced no later than before
+    key = (graph.instruction(nodes[last][0]).shape.element_type,
+           _reducer(module, graph.instruction(nodes[last][0])))
+    nodes[last] += others.pop(key, [])
+    nodes += list(others.values())
     out = []
     for k, members in enumerate(nodes):
         instrs = [graph.instruction(a) for a in members]
@@ -260,15 +273,29 @@ def _comm_buckets(module: HloModule, graph: DeviceGraph, buckets: Sequence[Seque
     return nodes, out
 
 
-def _assign(graph: DeviceGraph, comm_stage: dict[int, int], update: int) -> list[int]:
-    """The stage of every node (-1 for parameters, constants, all-reduces and the root)."""
+def _assign(graph: DeviceGraph, comm_stage: dict[int, int], comm_of: dict[int, int],
+            first_post: int) -> list[int]:
+    """The stage of every node (-1 for parameters, constants, all-reduces and the root).
+
+    Stages ``< first_post`` come before the all-reduces: a node needed there belongs to
+    the first stage that needs it. Every other node comes after them, in the post stage
+    ``first_post + k`` of the last communication bucket ``k`` it depends on (through
+    reduced values), so the update of the first buckets' parameters runs while later
+    buckets are still being reduced.
+    """
     n = graph.num_nodes
-    stage = [update] * n
+    stage = [first_post] * n
     for i in reversed(range(n)):
-        s = update
+        s = first_post
         for u in graph.users[i]:
             s = min(s, comm_stage[u] if u in comm_stage else stage[u])
         stage[i] = s
+    dep = [0] * n  # post nodes: the last bucket they depend on
+    for i in range(n):
+        if stage[i] == first_post:
+            dep[i] = max([comm_of[o] if o in comm_of else dep[o]
+                          for o in graph.operands[i]], default=0)
+            stage[i] = first_post + dep[i]
     for i in range(n):
         if graph.opcodes[i] == "get-tuple-element":
             producer = graph.operands[i][0]
@@ -287,6 +314,7 @@ class _Cut(NamedTuple):
     module: HloModule
     graph: DeviceGraph
     stage: list[int]                 #: per node, its stage (-1: none)
+    first_post: int                  #: the first stage after the all-reduces
     members: list[list[int]]         #: per stage, its nodes in order
     crossing: dict[int, list[int]]   #: per stage, the nodes later stages read
     nodes: list[list[int]]           #: per communication bucket, its all-reduces
@@ -353,7 +381,7 @@ def _called(module: HloModule, instrs: list[HloInstruction]) -> set[str]:
 def _stage(cut: _Cut, s: int) -> Stage:
     """Builds stage ``s`` (the last one returns the step's outputs)."""
     module, graph, comm = cut.module, cut.graph, cut.comm
-    update = len(cut.members) - 1
+    last = len(cut.members) - 1
     instrs = graph.computation.instructions
     b = _Builder(graph, set(graph.names) | {c.name for c in module.computations})
     params = {i.name: i.parameter_number for i in instrs if i.opcode == "parameter"}
@@ -369,7 +397,7 @@ def _stage(cut: _Cut, s: int) -> Stage:
         elif instr.opcode == "constant":
             b.add(instr.copy())
         elif o in cut.comm_of:
-            if s != update:
+            if s < cut.first_post:
                 raise ValueError(f"stage {s} reads the all-reduce {name} before the update")
             k = cut.comm_of[o]
             if k not in reduced:
@@ -423,11 +451,11 @@ def _stage(cut: _Cut, s: int) -> Stage:
                                 {"dimensions": "{0}"})
         b.add(buffer)
         b.outputs.append((ValueRef(FLAT, k), buffer.name, buffer.shape))
-    if s == update:
-        for j, name in enumerate(cut.results):
-            need(graph.index[name])
-            shape = instrs[graph.index[name]].shape
-            b.outputs.append((ValueRef(RESULT, j), name, shape))
+    for j, name in enumerate(cut.results):  # a result leaves the stage computing it
+        node = graph.index[name]
+        if cut.stage[node] == s or (cut.stage[node] < 0 and s == last):
+            need(node)
+            b.outputs.append((ValueRef(RESULT, j), name, instrs[node].shape))
     values = [(ValueRef(VALUE, graph.names[o]), graph.names[o], instrs[o].shape)
               for o in cut.crossing.get(s, [])]
     b.outputs[:0] = values
@@ -435,6 +463,53 @@ def _stage(cut: _Cut, s: int) -> Stage:
     return Stage(to_text(b.module(module, name)), tuple(b.inputs),
                  tuple(ref for ref, _, _ in b.outputs))
 
+
+
+class StageAssignment(NamedTuple):
+    """Which stage computes each node of a cut (:func:`assign_stages`), without HLO.
+
+    Attributes:
+        stage: ``[N]`` the stage of each node of the per-device graph (-1: parameters,
+            constants, all-reduces, the root).
+        first_post: the first post stage (= the number of gradient buckets).
+        num_stages: pre and post stages.
+        nodes: per communication bucket, its all-reduce nodes in buffer order.
+        comm: the communication buckets.
+    """
+
+    stage: tuple[int, ...]
+    first_post: int
+    num_stages: int
+    nodes: tuple[tuple[int, ...], ...]
+    comm: tuple[CommBucket, ...]
+
+
+def assign_stages(module: HloModule, buckets: Sequence[Sequence[int]],
+                  graph: DeviceGraph | None = None) -> StageAssignment:
+    """The stage of every node for a bucketing (see :func:`cut_stages`): cheap, no HLO
+    is built, so a cost model can price many bucketings.
+
+    Raises:
+        ValueError: as :func:`cut_stages`.
+    """
+    graph = graph or device_graph(module)
+    if graph.computation.name == module.entry.name:
+        raise ValueError("not a shard_map step: no per-device body to cut")
+    if not buckets:
+        raise ValueError("at least one gradient bucket is needed")
+    if graph.computation.root.opcode != "tuple":
+        raise ValueError("the body's result is not a tuple")
+    nodes, comm = _comm_buckets(module, graph, buckets)
+    first_post = len(buckets)
+    comm_stage = {a: comm[k].after_stage for k, ms in enumerate(nodes) for a in ms}
+    comm_of = {a: k for k, ms in enumerate(nodes) for a in ms}
+    stage = _assign(graph, comm_stage, comm_of, first_post)
+    # post stages without nodes are dropped (numbers stay in order); the last one stays
+    last = first_post + len(comm) - 1
+    kept = sorted({s for s in stage if s >= first_post} | {last})
+    renumber = {s: first_post + r for r, s in enumerate(kept)}
+    return StageAssignment(tuple(renumber.get(s, s) for s in stage), first_post,
+                           first_post + len(kept), tuple(map(tuple, nodes)), tuple(comm))
 
 
 def cut_stages(module: HloModule, buckets: Sequence[Sequence[int]],
@@ -450,7 +525,8 @@ def cut_stages(module: HloModule, buckets: Sequence[Sequence[int]],
         graph: ``device_graph(module)`` (built when None).
 
     Returns:
-        The :class:`StageCut`: ``len(buckets) + 1`` stages, the communication buckets.
+        The :class:`StageCut`: ``len(buckets)`` pre stages and at least one post stage,
+        the communication buckets.
 
     Raises:
         ValueError: not a ``shard_map`` step, a bad bucketing, or a program the cut does
@@ -458,40 +534,33 @@ def cut_stages(module: HloModule, buckets: Sequence[Sequence[int]],
             values between stages, a compute stage reading an all-reduce).
     """
     graph = graph or device_graph(module)
-    if graph.computation.name == module.entry.name:
-        raise ValueError("not a shard_map step: no per-device body to cut")
-    if not buckets:
-        raise ValueError("at least one gradient bucket is needed")
+    plan = assign_stages(module, buckets, graph)
     call = _body_call(module, graph.computation.name)
     params = graph.computation.parameters
     arg_of = _entry_arguments(module, call)
     if len(arg_of) != len(params):
         raise ValueError("the body's parameters and its call's operands differ in number")
-    nodes, comm = _comm_buckets(module, graph, buckets)
-    update = len(buckets)
+    nodes, comm, first_post = [list(b) for b in plan.nodes], list(plan.comm), plan.first_post
+    stage = list(plan.stage)
     comm_stage = {a: comm[k].after_stage for k, ms in enumerate(nodes) for a in ms}
     comm_of = {a: k for k, ms in enumerate(nodes) for a in ms}
-    stage = _assign(graph, comm_stage, update)
-    stage_nodes: list[list[int]] = [[] for _ in range(update + 1)]
+    results = [graph.computation.root.operands[j] for j in _entry_results(module, call)]
+    stage_nodes: list[list[int]] = [[] for _ in range(plan.num_stages)]
     for i, s in enumerate(stage):
         if s >= 0:
             stage_nodes[s].append(i)
-    root = graph.computation.root
-    if root.opcode != "tuple":
-        raise ValueError("the body's result is not a tuple")
-    results = [root.operands[j] for j in _entry_results(module, call)]
     # The values a later stage reads: outputs of the stage that computes them.
     crossing: dict[int, list[int]] = {}
     for i, s in enumerate(stage):
         if s < 0:
             continue
-        read = [comm_stage[u] if u in comm_stage else update if u == graph.root else stage[u]
-                for u in graph.users[i]]
+        read = [comm_stage[u] if u in comm_stage else stage[u]
+                for u in graph.users[i] if u != graph.root]
         if any(r > s for r in read):
             crossing.setdefault(s, []).append(i)
-    cut = _Cut(module, graph, stage, stage_nodes, crossing, nodes, comm, comm_of, arg_of,
-               results)
-    stages = tuple(_stage(cut, s) for s in range(update + 1))
+    cut = _Cut(module, graph, stage, first_post, stage_nodes, crossing, nodes, comm, comm_of,
+               arg_of, results)
+    stages = tuple(_stage(cut, s) for s in range(len(stage_nodes)))
     by_param = sorted(zip(arg_of, params))
     entry_root = module.entry.root
     out_shapes = (entry_root.shape.tuple_shapes if entry_root.opcode == "tuple"

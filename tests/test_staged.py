@@ -72,8 +72,18 @@ def test_staged_matches_jit(name, buckets, monkeypatch):
     staged = st.staged_step(step, args, buckets)
     try:
         plan = staged.plan
-        assert len(plan.stages) == buckets + 1
         assert sum(b.gradient for b in plan.comms) == buckets
+        # pre stages: one per bucket, none reads a reduced buffer; post stages read
+        # reduced buffers in bucket order (the update split by bucket)
+        pre, post = plan.stages[:buckets], plan.stages[buckets:]
+        assert post and not any(r.kind == "reduced" for s in pre for r in s.inputs)
+        last_read = [max((int(r.key) for r in s.inputs if r.kind == "reduced"), default=-1)
+                     for s in post]
+        assert last_read == sorted(last_read), last_read
+        if buckets > 1:  # the first buckets' updates leave the last post stage
+            assert len(post) > 1 and last_read[0] < buckets - 1, last_read
+        results = [r.key for s in plan.stages for r in s.outputs if r.kind == "result"]
+        assert sorted(results) == list(range(len(plan.cut.result_shapes)))
         assert plan.fingerprints == tuple(hashlib.sha256(s.text.encode()).hexdigest()
                                           for s in plan.stages)
         assert all(" all-reduce(" not in s.text for s in plan.stages)
@@ -188,7 +198,8 @@ def test_staged_gloo_two_processes(tmp_path):
     rows = [json.loads(p.read_text()) for p in outs]
     for row in rows:
         assert row["devices"] == 2 and row["local_devices"] == 1
-        assert row["stages"] == 3 and row["comms"] == 3
+        # 2 pre stages, then the post stages of bucket 0 and bucket 1 (with the loss)
+        assert row["stages"] == 2 + 2 and row["comms"] == 2
         assert len(row["staged"]) == STEPS
         for s, j in zip(row["staged"], row["jit"]):
             assert s == pytest.approx(j, rel=1e-5)

@@ -21,7 +21,7 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS", "UserErro
 
 #: Subcommand modules of this package, in the order ``disco --help`` lists them.
 SUBCOMMANDS = ("demo", "simulate", "optimize", "bench", "calibrate", "estimate", "train_estimator",
-               "store")
+               "store", "launch")
 
 #: Exit code of a successful run.
 EXIT_OK = 0

@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated zoo models (default: %(default)s)")
     parser.add_argument("--setups", default=",".join(SETUPS),
                         help="comma-separated setups (default: %(default)s)")
-    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium"),
+    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium", "large"),
                         help="zoo size (default: medium)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="search budget per job, seconds (default: configs/search.toml)")
@@ -55,8 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-sample-s", type=float, default=0.2,
                         help="seconds of calls per sample (default: 0.2)")
     parser.add_argument("--staged", default="",
-                        help="comma-separated bucket counts of staged enactments to add to "
-                             "the final choice ('plan': the search's buckets), e.g. plan,2,4")
+                        help="staged enactments to add to the final choice, comma-separated: "
+                             "'auto' (the staged cost model's best bucketings), 'plan' (the "
+                             "search's buckets), bucket counts; e.g. auto or plan,2,4")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin gloo processes to a CPU each")
     parser.add_argument("--out", default="bench.json", help="rows as JSON (default: %(default)s)")

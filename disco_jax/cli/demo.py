@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="optimize a bundled zoo train step and compare with XLA's default",
         description=__doc__)
     parser.add_argument("--model", default="vgg", help="zoo model (default: vgg)")
-    parser.add_argument("--size", default="tiny", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="tiny", choices=("tiny", "small", "medium", "large"))
     parser.add_argument("--hardware", default="inproc4",
                         help="hardware profile name or path (default: inproc4)")
     parser.add_argument("--time-budget", type=float, default=20.0,

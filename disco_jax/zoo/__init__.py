@@ -5,7 +5,9 @@ where ``step_fn`` is a plain (not jitted) function returning
 ``(new_params, new_opt_state, loss)`` and the arguments are already placed on a 1-D
 ``"data"`` mesh over ``jax.devices()[:num_devices]`` (batch sharded, the rest
 replicated). Sizes: ``"tiny"`` (seconds to compile on 2 CPU cores), ``"small"`` and
-``"medium"`` (2-10 M parameters: gradients large enough that a 1 Gbit/s link matters).
+``"medium"`` (2-10 M parameters: gradients large enough that a 1 Gbit/s link matters),
+``"large"`` (``"medium"`` with 4x the per-device batch: about as much computation as
+communication over 1 Gbit/s).
 
 :data:`MODELS` are ``shard_map`` programs with explicit gradient all-reduces: the
 pre-optimization HLO has exactly one ``all-reduce`` per leaf of ``params`` plus one

@@ -1,0 +1,227 @@
+"""The cost model of staged enactments: stages and buckets on the simulator's two streams.
+
+A staged step (:mod:`disco_jax.staged`) is exactly the paper's two-resource program at a
+coarser grain: its compute stages run in order on the compute stream, each bucket's
+all-reduce on the communication channel once the stage that outputs it has run, and
+each post stage after the buckets it reads. :func:`staged_graph` writes that as a
+:class:`~disco_jax.simulator.SimGraph` and :func:`disco_jax.simulator.simulate` prices
+it, with
+
+* a stage's time: ``compute_scale * (sum of its nodes' cost-model times) + stage_s``
+  (XLA fuses inside a stage, hence a scale; ``stage_s`` is the dispatch cost of one
+  program);
+* a bucket's time: ``c_s_per_byte * bytes + d_s`` (the communication programs' own fit);
+* ``overlap`` (phi): how fast compute runs while an all-reduce is in flight (the CPU
+  both streams share).
+
+:func:`fit_staged_costs` measures those four numbers on one staged step (its programs
+alone, then the whole step) so that every other bucketing can be priced without
+compiling it (:func:`predict_staged` needs only :func:`hlo_tools.stages.assign_stages`),
+and :func:`layouts` proposes the bucketings the search weighs: how many stages, and
+how the gradients are split between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from disco_jax.simulator import SimGraph, simulate
+from hlo_tools.graph import DeviceGraph
+from hlo_tools.ir import ELEMENT_BYTES, HloModule
+from hlo_tools.stages import StageAssignment, assign_stages
+
+__all__ = [
+    "StagedCosts",
+    "fit_staged_costs",
+    "layouts",
+    "predict_staged",
+    "staged_graph",
+]
+
+
+class StagedCosts(NamedTuple):
+    """What prices a staged enactment.
+
+    Attributes:
+        node_s: ``[N]`` seconds of each node of the per-device graph run alone (the cost
+            model's, e.g. ``CostModel.graph_costs(graph).time_s``; all-reduces ignored).
+        compute_scale: stage seconds per cost-model second (XLA's fusion inside stages).
+        stage_s: seconds added per compute stage (dispatch, the flat buffers' copies).
+        c_s_per_byte: all-reduce seconds per byte of a bucket.
+        d_s: all-reduce seconds per bucket.
+        overlap: phi in [0, 1]: compute rate while an all-reduce is in flight.
+    """
+
+    node_s: np.ndarray
+    compute_scale: float = 1.0
+    stage_s: float = 0.0
+    c_s_per_byte: float = 0.0
+    d_s: float = 0.0
+    overlap: float = 1.0
+
+
+def _reads(graph: DeviceGraph, assign: StageAssignment) -> list[set[int]]:
+    """Per stage, the communication buckets whose reduced values it reads."""
+    reads: list[set[int]] = [set() for _ in range(assign.num_stages)]
+    for k, members in enumerate(assign.nodes):
+        for a in members:
+            for u in graph.users[a]:
+                if assign.stage[u] >= 0:
+                    reads[assign.stage[u]].add(k)
+    reads[-1] |= set(range(len(assign.nodes)))  # the last stage waits for every bucket
+    return reads
+
+
+def staged_graph(graph: DeviceGraph, assign: StageAssignment, costs: StagedCosts
+                 ) -> SimGraph:
+    """The :class:`SimGraph` of a staged enactment: the pre stages, each followed by the
+    all-reduces of its buckets, then the post stages (compute nodes in stage order, each
+    post stage after the buckets it reads).
+
+    Args:
+        graph: the per-device graph the assignment is of.
+        assign: :func:`hlo_tools.stages.assign_stages` of a bucketing.
+        costs: the staged costs.
+
+    Returns:
+        ``S + B`` nodes (``S`` stages, ``B`` communication buckets), topologically ordered.
+    """
+    node_s = np.asarray(costs.node_s, dtype=np.float64)
+    stage_sum = np.zeros(assign.num_stages)
+    stage = np.asarray(assign.stage)
+    mask = stage >= 0
+    np.add.at(stage_sum, stage[mask], node_s[mask])
+    reads = _reads(graph, assign)
+    names, is_comm, dur, preds = [], [], [], []
+    index: dict[tuple[str, int], int] = {}
+
+    def add(kind: str, k: int, comm: bool, seconds: float, after: list[int]) -> None:
+        index[(kind, k)] = len(names)
+        names.append(f"{kind}{k}")
+        is_comm.append(comm)
+        dur.append(max(0.0, seconds))
+        preds.append(sorted(set(after)))
+
+    for s in range(assign.num_stages):
+        after = [index[("stage", s - 1)]] if s else []
+        after += [index[("bucket", k)] for k in sorted(reads[s])]
+        add("stage", s, False, costs.compute_scale * stage_sum[s] + costs.stage_s, after)
+        for k, bucket in enumerate(assign.comm):
+            if bucket.after_stage == s:
+                nbytes = bucket.length * _itemsize(bucket.element_type)
+                add("bucket", k, True, costs.c_s_per_byte * nbytes + costs.d_s,
+                    [index[("stage", s)]])
+    ptr = np.zeros(len(names) + 1, np.int32)
+    np.cumsum([len(p) for p in preds], out=ptr[1:])
+    idx = np.asarray([i for p in preds for i in p], dtype=np.int32)
+    return SimGraph(tuple(names), np.asarray(is_comm, np.bool_), np.asarray(dur),
+                    np.zeros(len(names), np.int64), ptr, idx)
+
+
+def _itemsize(element_type: str) -> int:
+    return ELEMENT_BYTES.get(element_type, 4)
+
+
+def predict_staged(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequence[int]],
+                   costs: StagedCosts) -> float:
+    """Predicted seconds per iteration of the staged enactment of ``buckets``."""
+    assign = assign_stages(module, buckets, graph)
+    return simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s
+
+
+def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequence[int]],
+                     node_s: np.ndarray, stage_s: Sequence[float], comm_s: Sequence[float],
+                     total_s: float, d_s: float | None = None) -> StagedCosts:
+    """Fits :class:`StagedCosts` to one staged step measured in context.
+
+    Args:
+        module, graph: the step's pre-optimization module and per-device graph.
+        buckets: the bucketing that was measured.
+        node_s: ``[N]`` the cost model's seconds of each node.
+        stage_s: ``[S]`` measured seconds of each compute stage alone.
+        comm_s: ``[B]`` measured seconds of each communication program alone.
+        total_s: measured seconds per iteration of the whole staged step.
+        d_s: all-reduce latency to keep (e.g. the in-context fit's); None fits it too
+            when the buckets differ enough in size.
+
+    Returns:
+        ``compute_scale`` and ``stage_s`` by least squares over the stages (``stage_s``
+        clamped at 0), ``c_s_per_byte`` and ``d_s`` over the buckets, and the
+        ``overlap`` at which the simulated step takes ``total_s`` (bisection; 1 when
+        even full overlap is slower, 0 when even none is faster).
+    """
+    assign = assign_stages(module, buckets, graph)
+    stage = np.asarray(assign.stage)
+    model = np.zeros(assign.num_stages)
+    mask = stage >= 0
+    np.add.at(model, stage[mask], np.asarray(node_s, np.float64)[mask])
+    measured = np.asarray(stage_s, np.float64)
+    a = np.stack([model, np.ones_like(model)], axis=1)
+    (scale, per_stage), *_ = np.linalg.lstsq(a, measured, rcond=None)
+    if per_stage < 0 or scale <= 0:
+        scale, per_stage = float(measured.sum() / max(model.sum(), 1e-12)), 0.0
+    nbytes = np.asarray([b.length * _itemsize(b.element_type) for b in assign.comm], float)
+    times = np.asarray(comm_s, np.float64)
+    if d_s is None and len(nbytes) > 1 and nbytes.max() > 2 * nbytes.min():
+        c, d = np.polyfit(nbytes, times, 1)
+        d = max(0.0, float(d))
+    else:
+        d = 0.0 if d_s is None else float(d_s)
+    c = float(max(0.0, (times - d).sum()) / max(nbytes.sum(), 1.0))
+    costs = StagedCosts(np.asarray(node_s, np.float64), float(scale), float(per_stage), c, d)
+    sim = staged_graph(graph, assign, costs)
+    lo, hi = 0.0, 1.0
+    if simulate(sim, 1.0).iteration_s >= total_s:
+        return costs._replace(overlap=1.0)
+    if simulate(sim, 0.0).iteration_s <= total_s:
+        return costs._replace(overlap=0.0)
+    for _ in range(30):  # iteration time falls as phi grows
+        mid = (lo + hi) / 2
+        if simulate(sim, mid).iteration_s > total_s:
+            lo = mid
+        else:
+            hi = mid
+    return costs._replace(overlap=(lo + hi) / 2)
+
+
+def layouts(graph: DeviceGraph, order: Sequence[int], counts: Sequence[int] = (2, 3, 4, 6, 8),
+            ramps: Sequence[float] = (0.5, 1.0, 2.0)) -> dict[str, list[list[int]]]:
+    """Bucketings to weigh: the gradient all-reduces in order of production split into
+    ``k`` contiguous buckets whose bytes grow geometrically by ``ramp`` from the first.
+    1.0 gives equal bytes; 2.0 a small first bucket (communication starts early: what a
+    communication-bound step needs); 0.5 a small last bucket (little is left to reduce
+    after the backward pass ends: what a compute-bound step needs).
+
+    Args:
+        graph: the per-device graph.
+        order: its gradient all-reduces in order of production
+            (:func:`hlo_tools.plan.buckets.production_order`).
+        counts: bucket counts ``k`` (those above ``len(order)`` are skipped).
+        ramps: growth factors.
+
+    Returns:
+        ``{"staged_k{k}_r{ramp}": buckets}``, distinct bucketings only, each bucket a
+        non-empty list of node indices, together covering ``order`` in order.
+    """
+    sizes = np.asarray([graph.out_bytes[a] for a in order], dtype=np.float64)
+    ends = np.cumsum(sizes) - sizes / 2  # each gradient at its middle byte
+    total = float(sizes.sum()) or 1.0
+    out: dict[str, list[list[int]]] = {}
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    for k in counts:
+        if not 1 <= k <= len(order):
+            continue
+        for ramp in ramps:
+            weights = np.asarray([ramp ** j for j in range(k)])
+            bounds = np.cumsum(weights) / weights.sum() * total
+            which = np.minimum(np.searchsorted(bounds, ends, side="right"), k - 1)
+            buckets = [[a for a, w in zip(order, which) if w == j] for j in range(k)]
+            buckets = [b for b in buckets if b]
+            key = tuple(map(tuple, buckets))
+            if key not in seen:
+                seen.add(key)
+                out[f"staged_k{len(buckets)}_r{ramp:g}"] = buckets
+    return out
