@@ -172,6 +172,13 @@ def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, module: An
         say(f"staged: not staged ({err})")
         return out, info
     barrier = sync.barrier if sync is not None else None
+    check = out[ref].self_test(*args, barrier=barrier)
+    info["self_test"] = check._asdict()
+    if not check.overlaps:
+        say(f"staged: no overlap here, single-module programs only ({check.reason})")
+        for run in out.values():
+            run.close()
+        return {}, info
     parts = out[ref].parts(*args, barrier=barrier)
     total = float(np.median(measure({ref: out[ref]}, args, rounds=3, sync=sync,
                                     tag="staged_ref", min_sample_s=0.2)[ref]))
@@ -182,7 +189,7 @@ def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, module: An
         preds = {n: predict_staged(module, graph, b, fit) for n, b in cands.items()}
         top = sorted(preds, key=preds.__getitem__)[:int(spec.get("staged_top", 3))]
         pick = [n for n in top if n != ref]
-        info = {"predicted_s": preds, "reference": ref, "reference_s": total,
+        info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
                 "parts": parts._asdict(),
                 # the computation alone, XLA-fused in stages: the step with every
                 # all-reduce hidden (the measured full-overlap bound)

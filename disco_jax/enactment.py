@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -38,6 +39,7 @@ __all__ = [
     "STAGED",
     "Enactment",
     "build",
+    "single_module",
 ]
 
 #: Version of the JSON form (:meth:`Enactment.to_json`).
@@ -141,8 +143,15 @@ class Enactment(NamedTuple):
 
 
 def build(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any], *,
-          kwargs: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+          kwargs: Mapping[str, Any] | None = None, self_test: bool = True
+          ) -> Callable[..., Any]:
     """Compiles an enactment for ``step`` on arguments like ``args``.
+
+    A staged enactment first runs :meth:`~disco_jax.staged.StagedStep.self_test` on
+    ``args`` (every process of a job must call ``build`` alike: it runs collectives).
+    When the two streams do not overlap here, it warns with the reason and falls back
+    to the single-module enactment of the same buckets (flat all-reduces in one program,
+    XLA's fusion on), which computes the same values.
 
     Args:
         enactment: what to run.
@@ -166,8 +175,37 @@ def build(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any], *
         if kwargs:
             raise ValueError("a staged enactment takes positional arguments only")
         out_tree = jax.tree.structure(jax.eval_shape(step, *args))
-        return StagedStep.for_args(enactment.staged, args, out_tree, exact=enactment.exact,
-                                   chunk_bytes=enactment.chunk_bytes or None)
+        run = StagedStep.for_args(enactment.staged, args, out_tree, exact=enactment.exact,
+                                  chunk_bytes=enactment.chunk_bytes or None)
+        if not self_test:
+            return run
+        check = run.self_test(*args)
+        if check.overlaps:
+            return run
+        run.close()
+        warnings.warn(f"staged enactment {enactment.name!r} falls back to one program: "
+                      f"{check.reason}", RuntimeWarning, stacklevel=2)
+        return build(single_module(enactment, step, args), step, args)
     return jax_bridge.compile_hlo(step, args, enactment.text, exact=enactment.exact,
                                   kwargs=kwargs, compiler_options=enactment.compiler_options,
                                   library=enactment.library)
+
+
+def single_module(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any]
+                  ) -> Enactment:
+    """The single-module enactment of a staged one: the step's own module with the same
+    buckets as flat all-reduces (:func:`hlo_tools.baselines.apply_buckets`), compiled
+    with XLA's fusion on, as the ``bucketed`` baseline is."""
+    import hlo_tools
+    from hlo_tools import baselines
+    from hlo_tools.jax_bridge import fresh_function
+
+    if enactment.kind != STAGED:
+        return enactment
+    module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
+    buckets = [list(b.members) for b in enactment.staged.comms if len(b.members) > 1]
+    text = hlo_tools.to_text(baselines.apply_buckets(module, buckets))
+    platform = jax.devices()[0].platform
+    return Enactment.single(f"{enactment.name}_single", text, exact=False,
+                            compiler_options=baselines.baseline_options(
+                                baselines.BUCKETED, platform))

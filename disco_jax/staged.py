@@ -61,6 +61,7 @@ __all__ = [
     "COMM",
     "COMPUTE",
     "Launch",
+    "OverlapCheck",
     "StagedParts",
     "StagedPlan",
     "StagedStep",
@@ -235,6 +236,28 @@ def staged_plan(module: HloModule, buckets: Sequence[Sequence[int]],
     return StagedPlan(cut, schedule(cut), tuple(_fingerprint(s.text) for s in cut.stages))
 
 
+# ------------------------------------------------------------------ the overlap self-test
+
+
+class OverlapCheck(NamedTuple):
+    """Whether a communication program and a compute stage run at once
+    (:meth:`StagedStep.self_test`).
+
+    Attributes:
+        overlaps: they overlapped (the same answer in every process of a job).
+        wait_s: seconds of the communication program alone.
+        compute_s: seconds of the compute stage alone (repeated to about as long).
+        together_s: seconds of both, dispatched from two threads at once.
+        reason: why not (empty when they overlap).
+    """
+
+    overlaps: bool
+    wait_s: float
+    compute_s: float
+    together_s: float
+    reason: str
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -364,6 +387,73 @@ class StagedStep:
             raise ValueError(f"the step takes {len(cut.arg_shapes)} arrays, got {len(leaves)}")
         with self._lock:
             return self._run(leaves)
+
+    def self_test(self, *args: Any, barrier: Callable[[str], None] | None = None
+                  ) -> OverlapCheck:
+        """Checks that this jax/XLA build and machine overlap the two streams: the first
+        bucket's all-reduce alone, the longest compute stage alone (repeated to about as
+        long), then both at once from the two threads. They overlap when together they
+        take under 85% of the two alone. Every process of a job must call it (it runs
+        collectives); the verdict is reduced over the processes (all overlap or none).
+
+        XLA:CPU runs programs on its client's thread pool; a process pinned to one CPU
+        gets a single thread unless ``NPROC`` says otherwise (jax/jaxlib 0.10.2), and its
+        programs then run one after the other: staged enactment gains nothing.
+        """
+        import time
+
+        leaves = jax.tree.leaves(args)
+        with self._lock:
+            values = self._run(leaves, keep=True)
+        stage = max(range(len(self.plan.stages)),
+                    key=lambda k: self.plan.stages[k].text.count("\n"))
+        inputs = [values[(ref.kind, ref.key)] for ref in self.plan.stages[stage].inputs]
+        flat = values[(FLAT, 0)]
+
+        def line_up(tag: str) -> None:
+            if barrier is not None:
+                barrier(f"staged_self_test_{tag}")
+
+        def timed(fn: Callable[[], Any]) -> float:
+            line_up("t")
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        wait = lambda: self._reduce(0, flat)  # noqa: E731
+        compute = lambda: jax.block_until_ready(self.programs[stage](inputs))  # noqa: E731
+        wait(), compute()
+        alone_w = min(timed(wait) for _ in range(2))
+        alone_c = min(timed(compute) for _ in range(2))
+        reps = max(1, min(20, round(alone_w / max(alone_c, 1e-4))))
+
+        def both() -> None:
+            fut = self._pool.submit(wait)
+            for _ in range(reps):
+                compute()
+            fut.result(timeout=self.comm_timeout_s)
+
+        together = min(timed(both) for _ in range(2))
+        serial = alone_w + reps * alone_c
+        mine = together < 0.85 * serial
+        everyone = self._all_agree(mine)
+        reason = "" if everyone else (
+            f"the streams ran one after the other ({together * 1e3:.0f} ms together, "
+            f"{serial * 1e3:.0f} ms alone"
+            + ("" if mine else " in this process")
+            + "): XLA:CPU's thread pool has one thread (a process pinned to one CPU: set "
+              "NPROC=2 or more in its environment)")
+        return OverlapCheck(everyone, alone_w, reps * alone_c, together, reason)
+
+    def _all_agree(self, ok: bool) -> bool:
+        """``ok`` of every process, and-ed (a minimum all-reduce on the comm mesh)."""
+        bucket = CommBucket(("self_test",), (1,), "f32", "min", False, 0)
+        program = _comm_program(self.comm_mesh, bucket, np.dtype(np.float32))
+        flags = [jax.device_put(np.ones(1, np.float32) * float(ok), d) for d in self.devices]
+        buffer = jax.make_array_from_single_device_arrays(
+            (self.comm_mesh.size,), NamedSharding(self.comm_mesh, P(_AXIS)), flags)
+        out = program(buffer)
+        return bool(np.min(np.asarray(out.addressable_shards[0].data)) > 0.5)
 
     def parts(self, *args: Any, repeats: int = 3,
               barrier: Callable[[str], None] | None = None) -> StagedParts:

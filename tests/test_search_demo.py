@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -55,17 +56,25 @@ def test_search_finds_a_plan_cheaper_than_no_fusion(problem):
         assert any(len(ms) > 1 for ms in result.plan.groups().values())
 
 
-def test_readme_main_command_runs():
+def test_readme_main_command_runs(tmp_path):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the command sets up its own devices
+    env.pop("ENABLE_SEARCH", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "disco_jax", "demo", "--time-budget", "2", "--repeats", "3"],
+        [sys.executable, "-m", "disco_jax", "demo", "--time-budget", "2", "--repeats", "3",
+         "--store", str(tmp_path / "store")],
         capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "xla_default" in proc.stdout and "disco" in proc.stdout
     assert "bucketed" in proc.stdout  # hand bucketing, the baseline users run
     assert "meas" in proc.stdout and "pred" in proc.stdout
     assert "DisCo's choice" in proc.stdout
+    # the product path: searched and stored, then run from the store
+    assert "ENABLE_SEARCH=1: searched" in proc.stdout, proc.stdout[-2000:]
+    assert "ENABLE_SEARCH=0: stored" in proc.stdout, proc.stdout[-2000:]
+    fingerprints = re.findall(r"enactment ([0-9a-f]{12})", proc.stdout)
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    assert list((tmp_path / "store").iterdir())
 
 
 def test_demo_rejects_unknown_model(capsys):

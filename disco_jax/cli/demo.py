@@ -5,8 +5,11 @@ the cost model to that run, search plans with the simulator, enact the best few 
 make the final choice by measurement among them, hand bucketing (the ``bucketed``
 baseline: XLA's fusion plus flat gradient buckets, the 1/4/16/64 MiB/one-bucket sweep)
 and XLA's default, then measure the paper's baselines, ``bucketed`` and DisCo's choice
-side by side -- predicted and measured per-iteration time. One ``disco bench`` job
-(:func:`disco_jax.bench.bench_row`) run in this process.
+side by side -- predicted and measured per-iteration time (one ``disco bench`` job,
+:func:`disco_jax.bench.bench_row`, run in this process). Then the product path a user
+takes: the same step wrapped in :func:`disco_jax.jit` under ``ENABLE_SEARCH=1`` (search,
+choose, store) and again under ``ENABLE_SEARCH=0`` (load the stored enactment and run
+it), checked against ``jax.jit``.
 
 This module holds the subcommand's parser (:func:`register`) and its run
 (:func:`run_demo`).
@@ -36,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=10,
                         help="interleaved measurement rounds (default: 10)")
+    parser.add_argument("--store", default=None,
+                        help="strategy store directory (default: $DISCO_STORE, else the "
+                             "user cache directory)")
     parser.set_defaults(func=run_demo)
 
 
@@ -64,4 +70,41 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"\nDisCo's choice: {choice['disco']} (final choice by measurement among "
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in sorted(choice["medians_s"].items()))
           + f"); its outputs differ from jax.jit's by at most {row['disco_max_abs_diff']:.1e}")
+    _product_path(args)
     return 0
+
+
+def _product_path(args: argparse.Namespace) -> None:
+    """``disco_jax.jit`` on the step: ``ENABLE_SEARCH=1`` (search, store), then ``0``."""
+    import jax
+    import numpy as np
+
+    from disco_jax import zoo
+    from disco_jax.jit import FLAG_ENV, jit
+
+    step, step_args = zoo.get(args.model)(DEVICES, args.size)
+    want = jax.jit(step)(*step_args)
+    print(f"\nThe product path: disco_jax.jit(step) with {FLAG_ENV}=1, then {FLAG_ENV}=0")
+    saved = os.environ.get(FLAG_ENV)
+    infos = []
+    try:
+        for flag in ("1", "0"):
+            os.environ[FLAG_ENV] = flag
+            wrapped = jit(step, time_budget_s=args.time_budget, store=args.store)
+            got = wrapped(*step_args)
+            info = wrapped.last_run_info
+            diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+            measured = f", measured {info.measured_s * 1e3:.2f} ms" if info.measured_s else ""
+            print(f"  {FLAG_ENV}={flag}: {info.mode} {info.choice or ''}{measured}; "
+                  f"enactment {(info.hlo_fingerprint or '')[:12]}; outputs within "
+                  f"{diff:.1e} of jax.jit"
+                  + (f"; fell back: {info.reason}" if info.reason else ""))
+            infos.append(info)
+    finally:
+        if saved is None:
+            os.environ.pop(FLAG_ENV, None)
+        else:
+            os.environ[FLAG_ENV] = saved
+    if infos[0].store_path:
+        print(f"  stored in {infos[0].store_path} (disco store list)")
