@@ -123,89 +123,6 @@ def _max_diff(got: Any, want: Any) -> float:
                for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def _staged_candidates(spec: Mapping[str, Any], step: Any, args: Any, module: Any, graph: Any,
-                       plans: Mapping[str, Any], costs: Any, sync: Any,
-                       say: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Staged enactments (:mod:`disco_jax.staged`, XLA's fusion inside each stage) for the
-    spec's ``staged`` entries: bucket counts, ``"plan"`` (the buckets of the search's best
-    plan) and ``"auto"`` -- the staged cost model (:mod:`disco_jax.staged_cost`) fitted on
-    one staged step measured here, then the best predicted bucketings of
-    :func:`~disco_jax.staged_cost.layouts`.
-
-    Returns:
-        ``(runs, info)``: the compiled staged steps by name, and (process 0) the fit and
-        the predicted seconds of every staged candidate.
-    """
-    import jax
-    import numpy as np
-
-    from disco_jax.enact import measure
-    from disco_jax.staged import staged_step
-    from disco_jax.staged_cost import fit_staged_costs, layouts, predict_staged
-    from hlo_tools import plan as P
-    from hlo_tools.plan.buckets import production_order
-
-    out: dict[str, Any] = {}
-    info: dict[str, Any] = {"predicted_s": {}}
-    for count in spec.get("staged", ()):
-        if count == "auto":
-            continue
-        if count == "plan":
-            buckets = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
-            if len(buckets) < 2:
-                continue
-            name, arg = "staged_plan", buckets
-        else:
-            name, arg = f"staged_{count}", int(count)
-        try:
-            out[name] = staged_step(step, args, buckets=arg)
-        except ValueError as err:
-            say(f"{name}: not staged ({err})")
-    if "auto" not in spec.get("staged", ()):
-        return out, info
-    space = P.FusionSpace(graph)
-    cands = layouts(graph, production_order(space, P.initial_plan(graph)))
-    ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
-    try:
-        out[ref] = staged_step(step, args, buckets=cands[ref])
-    except ValueError as err:
-        say(f"staged: not staged ({err})")
-        return out, info
-    barrier = sync.barrier if sync is not None else None
-    check = out[ref].self_test(*args, barrier=barrier)
-    info["self_test"] = check._asdict()
-    if not check.overlaps:
-        say(f"staged: no overlap here, single-module programs only ({check.reason})")
-        for run in out.values():
-            run.close()
-        return {}, info
-    parts = out[ref].parts(*args, barrier=barrier)
-    total = float(np.median(measure({ref: out[ref]}, args, rounds=3, sync=sync,
-                                    tag="staged_ref", min_sample_s=0.2)[ref]))
-    pick = None
-    if jax.process_index() == 0:
-        fit = fit_staged_costs(module, graph, cands[ref], costs.graph_costs(graph).time_s,
-                               parts.stage_s, parts.comm_s, total)
-        preds = {n: predict_staged(module, graph, b, fit) for n, b in cands.items()}
-        top = sorted(preds, key=preds.__getitem__)[:int(spec.get("staged_top", 3))]
-        pick = [n for n in top if n != ref]
-        info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
-                "parts": parts._asdict(),
-                # the computation alone, XLA-fused in stages: the step with every
-                # all-reduce hidden (the measured full-overlap bound)
-                "compute_s": float(sum(parts.stage_s)),
-                "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
-        say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
-            f"{fit.compute_scale:.2f}, {fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
-            f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
-            f"{fit.overlap:.2f}; best predicted {top[0]} {preds[top[0]] * 1e3:.1f} ms")
-    if sync is not None:
-        pick = sync.share("staged_pick", pick)
-    for name in pick:
-        out[name] = staged_step(step, args, buckets=cands[name])
-    return out, info
-
-
 def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     """Runs one job in this process (see the module docstring); the row on process 0,
     None elsewhere."""
@@ -221,6 +138,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         summarize_samples,
     )
     from disco_jax.lower import sim_graph, sim_graph_from_module
+    from disco_jax.optimize import staged_candidates
     from disco_jax.search import search
     from disco_jax.simulator import full_overlap_bound
     from hlo_tools import baselines as bl
@@ -287,8 +205,10 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[f"plan_{i}"], graph))
         runs[f"plan_{i}"] = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
     runs.update(bucketed)
-    staged, staged_info = _staged_candidates(spec, step, args, module, graph, plans,
-                                             costs if pid == 0 else None, sync, say)
+    staged, staged_info = staged_candidates(
+        step, args, module, graph, spec.get("staged", ()), plans=plans,
+        costs=costs if pid == 0 else None, sync=sync, say=say,
+        top=int(spec.get("staged_top", 3)))
     runs.update(staged)
 
     candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans, *staged)}
@@ -298,11 +218,19 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
     finals = {name: runs[name] for name in bl.BASELINES}
     finals["bucketed"] = runs[best_bucketed]
-    finals["disco"] = runs[choice.name]
+    # DisCo's choice may be a baseline's own program: then it is measured once, as that
+    # baseline (two measurements of one program differ only by noise)
+    same = next((n for n in ("bucketed", *bl.BASELINES)
+                 if finals[n] is runs[choice.name]), None)
+    if same is None:
+        finals["disco"] = runs[choice.name]
     say(f"choice: {choice.name}; bucketed: {best_bucketed}; measuring "
         f"{spec['rounds']} interleaved rounds")
     samples = measure(finals, args, rounds=int(spec["rounds"]), sync=sync, tag="bench",
                       min_sample_s=float(spec["min_sample_s"]), progress=say)
+    if same is not None:
+        samples["disco"] = samples[same]
+        finals["disco"] = finals[same]
     want = jax.jit(step)(*args)
     diff = _max_diff(finals["disco"](*args), want)
     if pid != 0:
@@ -331,7 +259,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
         "spread_s": spread,
         "predicted_s": predicted,
-        "choice": {"disco": choice.name, "bucketed": best_bucketed,
+        "choice": {"disco": choice.name, "bucketed": best_bucketed, "disco_is": same,
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
                    "medians_s": choice.medians_s,
                    "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,

@@ -29,8 +29,17 @@ others take part in its measurements) and stores, or alone reads the store; the 
 (:mod:`disco_jax.activator`) broadcasts its enactment over the job's collective backend and
 every process runs it, or all fall back together with the same reason.
 
-No stored program (under ``0``), a corrupt record, another jax version, backend or device
-count, HLO that no longer parses or compiles, a failed search: a
+Before a stored program is trusted for the first time it is verified (single-process
+jobs): it and ``jax.jit``'s program run once on the first call's arguments (nothing
+donated) and every output must agree (:data:`VERIFY_RTOL`, :data:`VERIFY_ATOL`). The
+verdict is written into the entry's record (:func:`disco_jax.store.record_verification`):
+a match is not checked again by later loads, a mismatch refuses the plan here and in every
+later process (in a multi-process job too: process 0's store refuses it). A job of
+several processes does not verify a never-verified plan itself.
+
+No stored program (under ``0``), a corrupt record, another jax version, backend, device
+kind, CPU or device count, another hardware file, a plan that failed verification, HLO
+that no longer parses or compiles, a failed search: a
 :class:`DiscoFallbackWarning` (once per reason and program) and plain ``jax.jit``; mode
 ``"fallback"`` with the ``reason``. Later calls with the same signature go straight to the
 compiled program: no lowering, no store read, no recompilation.
@@ -50,8 +59,8 @@ fall back with a warning that says so.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
+import math
 import os
 import threading
 import warnings
@@ -64,6 +73,8 @@ __all__ = [
     "FLAG_ENV",
     "SEARCHED",
     "STORED",
+    "VERIFY_ATOL",
+    "VERIFY_RTOL",
     "DiscoFallbackWarning",
     "DiscoJitted",
     "RunInfo",
@@ -76,6 +87,8 @@ FLAG_ENV = "ENABLE_SEARCH"
 BUDGET_ENV = "DISCO_TIME_BUDGET"
 #: Modes of :attr:`RunInfo.mode`.
 SEARCHED, STORED, FALLBACK = "searched", "stored", "fallback"
+#: Tolerances of the verification of a stored plan before it is first trusted.
+VERIFY_RTOL, VERIFY_ATOL = 1e-5, 1e-6
 
 
 class DiscoFallbackWarning(UserWarning):
@@ -315,7 +328,7 @@ class DiscoJitted:
         if _process_count() > 1:
             return self._stored_in_job(args, kwargs, dyn, source_fp, flag)
         setup = st.Setup.current()
-        lookup = st.load_entry(source_fp, setup, root=self._store)
+        lookup = st.load_entry(source_fp, setup, root=self._store, check_hardware=True)
         if lookup.entry is None:
             warn = flag == "0" or lookup.reason != st.NOT_FOUND
             reason = lookup.reason
@@ -330,12 +343,51 @@ class DiscoJitted:
             return self._fallback(f"the stored plan does not compile here "
                                   f"({type(err).__name__}: {first})", source_fp, source_fp)
         record = lookup.entry.record
+        if st.verification(record) is None:  # first trust: run it next to jax.jit once
+            why = self._verify_stored(run, lookup.entry, args, kwargs, dyn)
+            if why is not None:
+                if hasattr(run, "close"):
+                    run.close()
+                return self._fallback(why, source_fp, source_fp)
         choice = record.get("choice", lookup.entry.enactment.name)
         return _Compiled(run, dynamic_only, RunInfo(
             STORED, lookup.entry.enactment.fingerprint, source_fp, "", choice,
             (record.get("predicted_s") or {}).get(choice),
             (record.get("measured_s") or {}).get(choice), str(lookup.entry.path)),
             self._donate_dyn)
+
+    def _verify_stored(self, run: Callable[..., Any], entry: Any, args: tuple, kwargs: dict,
+                       dyn: tuple) -> str | None:
+        """Runs a stored program never verified before and ``jax.jit``'s once on these
+        arguments (nothing donated: both read the same buffers) and compares every output
+        (:data:`VERIFY_RTOL`, :data:`VERIFY_ATOL`); records the verdict in the store
+        (:func:`disco_jax.store.record_verification`). Returns why the plan is refused,
+        or None when it matches."""
+        from disco_jax import store as st
+
+        try:
+            got = run(*dyn)
+            # jax.jit of the function without donation (the user's may donate)
+            want = (self._dynamic_jit(args, kwargs)(*dyn) if self._donates
+                    else self._plain(*args, **kwargs))
+            ok, worst, detail = _compare_outputs(got, want)
+        except Exception as err:  # noqa: BLE001 - it cannot run here: not trusted
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            return (f"the stored plan failed when run once to verify it "
+                    f"({type(err).__name__}: {first})")
+        try:
+            written = st.record_verification(entry.key, enactment_sha256=entry.record.get(
+                "enactment_sha256", ""), ok=ok, max_abs_diff=worst, detail=detail,
+                root=self._store)
+            where = ("refused in the store" if written is not None else
+                     "not recorded: the entry was replaced meanwhile")
+        except OSError as err:
+            where = f"not recorded: the store cannot be written ({err})"
+        if ok:
+            return None
+        return (f"verification refused the stored plan: it does not compute what jax.jit "
+                f"computes on the first call's arguments ({detail}); {where}; run once "
+                "with ENABLE_SEARCH=1 to search again")
 
     def _stored_in_job(self, args: tuple, kwargs: dict, dyn: tuple, source_fp: str,
                        flag: str | None) -> _Compiled:
@@ -348,7 +400,8 @@ class DiscoJitted:
         local = record = None
         reason, warn, path = "", True, None
         if jax.process_index() == 0:
-            lookup = st.load_entry(source_fp, st.Setup.current(), root=self._store)
+            lookup = st.load_entry(source_fp, st.Setup.current(), root=self._store,
+                                   check_hardware=True)
             if lookup.entry is None:
                 warn = flag == "0" or lookup.reason != st.NOT_FOUND
                 reason = lookup.reason
@@ -496,12 +549,42 @@ def _delete_donated(dyn: tuple, donate: tuple[int, ...]) -> None:
 
 
 def _hardware_sha256(name: str) -> str | None:
-    from estimator.hardware import find_hardware
+    from disco_jax.store import hardware_sha256
 
-    try:
-        return hashlib.sha256(find_hardware(name).read_bytes()).hexdigest()
-    except (OSError, ValueError):
-        return None
+    return hardware_sha256(name)
+
+
+def _compare_outputs(got: Any, want: Any) -> tuple[bool, float | None, str]:
+    """Whether two output pytrees agree (same structure, shapes and dtypes; values within
+    :data:`VERIFY_RTOL` / :data:`VERIFY_ATOL`, NaN where NaN), the largest absolute
+    difference (None: not finite), and what differs in words."""
+    import jax
+    import numpy as np
+
+    g_leaves, g_tree = jax.tree.flatten(got)
+    w_leaves, w_tree = jax.tree.flatten(want)
+    if g_tree != w_tree:
+        return False, None, f"its outputs are {g_tree}, jax.jit's {w_tree}"
+    worst, bad = 0.0, []
+    for i, (a, b) in enumerate(zip(g_leaves, w_leaves, strict=True)):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False, None, (f"output {i} is {a.dtype}{list(a.shape)}, jax.jit's "
+                                 f"{b.dtype}{list(b.shape)}")
+        wide = np.complex128 if np.iscomplexobj(a) else np.float64
+        x, y = a.astype(wide), b.astype(wide)
+        same = (x == y) | (np.isnan(x) & np.isnan(y))
+        diff = np.where(same, 0.0, np.abs(x - y))
+        worst = max(worst, float(np.max(diff, initial=0.0))) if np.all(np.isfinite(diff)) \
+            else math.inf
+        if not np.all(np.isclose(x, y, rtol=VERIFY_RTOL, atol=VERIFY_ATOL, equal_nan=True)):
+            bad.append(i)
+    finite = worst if math.isfinite(worst) else None
+    shown = "not finite" if finite is None else f"{worst:.3g}"
+    if bad:
+        return False, finite, (f"outputs {bad[:8]} differ, largest difference {shown} "
+                               f"(rtol {VERIFY_RTOL:g}, atol {VERIFY_ATOL:g})")
+    return True, finite, f"largest difference {shown}"
 
 
 def jit(fun: Callable[..., Any] | None = None, *, time_budget_s: float | None = None,

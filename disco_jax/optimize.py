@@ -25,7 +25,7 @@ Typical use::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Optimized",
     "default_hardware",
     "optimize_step",
+    "staged_candidates",
 ]
 
 #: Interleaved rounds of the final choice by measurement.
@@ -108,8 +109,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             calls this function alike; process 0 searches and its plans are shared.
         top_k: plans of the search that take part in the final choice.
         choice_rounds: interleaved rounds of the final choice.
-        staged: staged programs to add to the choice: bucket counts, or ``"plan"`` for
-            the buckets of the search's best plan.
+        staged: staged programs to add to the choice: bucket counts, ``"plan"`` for
+            the buckets of the search's best plan, ``"auto"`` for the staged cost model's
+            best bucketings (:func:`staged_candidates`).
         min_sample_s: each measured sample lasts about this long, seconds.
         seed: seeds the search and the round order.
         predict_baselines: also predict XLA's default and the bucketed programs (times
@@ -134,9 +136,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     from disco_jax.enact import choose, in_context_costs, profile_in_context
     from disco_jax.enactment import Enactment
     from disco_jax.search import search
-    from disco_jax.staged import CHUNK_BYTES, staged_step
+    from disco_jax.staged import CHUNK_BYTES
     from hlo_tools import baselines as bl
-    from hlo_tools import plan as P
     from hlo_tools.jax_bridge import compile_hlo, fresh_function, lowered_text
     from hlo_tools.plan import Plan
 
@@ -203,17 +204,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[name], graph))
         enactments[name] = Enactment.single(name, text, exact=True, library=True)
         runs[name] = compile_hlo(step, args, text, exact=True, library=True)
-    for count in staged:
-        if count == "plan":
-            buckets: Any = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
-            name = "staged_plan"
-        else:
-            buckets, name = int(count), f"staged_{int(count)}"
-        try:
-            run = staged_step(step, args, buckets=buckets)
-        except ValueError as err:
-            say(f"{name}: not staged ({err})")
-            continue
+    staged_runs, staged_info = staged_candidates(
+        step, args, module, graph, staged, plans=plans, costs=costs, sync=sync, say=say)
+    for name, run in staged_runs.items():
         enactments[name] = Enactment.of_stages(name, run.plan, exact=False,
                                                chunk_bytes=CHUNK_BYTES)
         runs[name] = run
@@ -228,6 +221,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             run.close()
 
     predicted: dict[str, float | None] = {name: None for name in runs}
+    predicted.update({n: t for n, t in staged_info.get("predicted_s", {}).items()
+                      if n in runs})
     if pid == 0:
         predicted.update(zip(plans, (c for _, c in outcome.top)))
         if predict_baselines:
@@ -247,3 +242,99 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     }
     say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured)")
     return Optimized(enactments[choice.name], runs[choice.name], report)
+
+
+def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
+                      entries: Sequence[Any], *, plans: Mapping[str, Any] | None = None,
+                      costs: Any = None, sync: Any = None,
+                      say: Callable[[str], None] | None = None, top: int = 3
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Staged enactments (:mod:`disco_jax.staged`, XLA's fusion inside each stage) to add
+    to a final choice.
+
+    Args:
+        step, args: the train step and its arguments.
+        module, graph: its pre-optimization module and per-device graph.
+        entries: bucket counts, ``"plan"`` (the buckets of ``plans["plan_0"]``) and
+            ``"auto"``: the staged cost model (:mod:`disco_jax.staged_cost`) fitted on one
+            staged step measured here (after its self-test), then the ``top`` best
+            predicted bucketings of :func:`~disco_jax.staged_cost.layouts`.
+        plans: the search's plans by name.
+        costs: the cost model (process 0; None elsewhere).
+        sync: the job's :class:`~disco_jax.enact.Sync` (None: one process); every process
+            calls this alike.
+        say: progress lines.
+        top: predicted bucketings kept by ``"auto"``.
+
+    Returns:
+        ``(runs, info)``: the compiled staged steps by name, and (process 0) the
+        self-test, the fit and the predicted seconds of every staged candidate.
+    """
+    import jax
+    import numpy as np
+
+    from disco_jax.enact import measure
+    from disco_jax.staged import staged_step
+    from disco_jax.staged_cost import fit_staged_costs, layouts, predict_staged
+    from hlo_tools import plan as P
+    from hlo_tools.plan.buckets import production_order
+
+    say = say or (lambda text: None)
+    out: dict[str, Any] = {}
+    info: dict[str, Any] = {"predicted_s": {}}
+    for count in entries:
+        if count == "auto":
+            continue
+        if count == "plan":
+            if not plans or "plan_0" not in plans:
+                continue
+            buckets = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
+            if len(buckets) < 2:
+                continue
+            name, arg = "staged_plan", buckets
+        else:
+            name, arg = f"staged_{count}", int(count)
+        try:
+            out[name] = staged_step(step, args, buckets=arg)
+        except ValueError as err:
+            say(f"{name}: not staged ({err})")
+    if "auto" not in entries:
+        return out, info
+    space = P.FusionSpace(graph)
+    cands = layouts(graph, production_order(space, P.initial_plan(graph)))
+    ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
+    try:
+        out[ref] = staged_step(step, args, buckets=cands[ref])
+    except ValueError as err:
+        say(f"staged: not staged ({err})")
+        return out, info
+    barrier = sync.barrier if sync is not None else None
+    check = out[ref].self_test(*args, barrier=barrier)
+    info["self_test"] = check._asdict()
+    if not check.overlaps:  # the final choice measures them anyway
+        say(f"staged self-test: {check.reason}")
+    parts = out[ref].parts(*args, barrier=barrier)
+    total = float(np.median(measure({ref: out[ref]}, args, rounds=3, sync=sync,
+                                    tag="staged_ref", min_sample_s=0.2)[ref]))
+    pick = None
+    if jax.process_index() == 0:
+        fit = fit_staged_costs(module, graph, cands[ref], costs.graph_costs(graph).time_s,
+                               parts.stage_s, parts.comm_s, total)
+        preds = {n: predict_staged(module, graph, b, fit) for n, b in cands.items()}
+        best = sorted(preds, key=preds.__getitem__)[:top]
+        pick = [n for n in best if n != ref]
+        info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
+                "parts": parts._asdict(),
+                # the computation alone, XLA-fused in stages: the step with every
+                # all-reduce hidden (the measured full-overlap bound)
+                "compute_s": float(sum(parts.stage_s)),
+                "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
+        say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
+            f"{fit.compute_scale:.2f}, {fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
+            f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
+            f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms")
+    if sync is not None:
+        pick = sync.share("staged_pick", pick)
+    for name in pick:
+        out[name] = staged_step(step, args, buckets=cands[name])
+    return out, info

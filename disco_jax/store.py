@@ -7,11 +7,12 @@ entry is a directory ``<store>/<key>/`` holding
 * ``enactment.json``: the :class:`~disco_jax.enactment.Enactment` (HLO as text inside
   JSON, its compiler options, or its stages and launch schedule);
 * ``record.json``: where and how it was found (:func:`make_record`): the source
-  fingerprint, jax/jaxlib versions, backend, device kind, device and process counts,
-  the hardware file and its sha256, predicted and measured seconds per iteration of the
-  chosen program and of every candidate and baseline, the search's settings and
-  statistics, the creation time, the format version, and the sha256 of
-  ``enactment.json``.
+  fingerprint, jax/jaxlib versions, backend, device kind, CPU model (``cpu`` backend),
+  device and process counts, the hardware file and its sha256, predicted and measured
+  seconds per iteration of the chosen program and of every candidate and baseline, the
+  search's settings and statistics, the creation time, the format version, the sha256 of
+  ``enactment.json``, and once it has run next to ``jax.jit`` its verdict
+  (``verified``, :func:`record_verification`).
 
 The store's directory is ``$DISCO_STORE`` when set, else ``store/`` in disco_jax's cache
 directory (:func:`hlo_tools.dirs.cache_dir`: ``$DISCO_CACHE_DIR``, else the user cache
@@ -21,10 +22,32 @@ both.
 Writes are atomic (:func:`write_entry`): both files go into a temporary directory inside
 the store (its name starts with ``.``, so it is never an entry), are flushed to disk,
 and the directory is renamed to the key. A writer killed at any point leaves either no
-entry or a whole one. Keys are 64 lowercase hex digits (:func:`check_key`), so no key
-names a path outside the store. Reading parses JSON only; nothing from the store is
-executed (no pickle), and :func:`load_entry` checks the HLO with XLA's parser before it
-is ever compiled.
+entry or a whole one.
+
+Concurrent writers and readers (several processes on one machine) are serialized by an
+advisory ``fcntl.flock`` on the store's directory itself (no lock file): a writer holds
+it exclusively only while it swaps the finished directory in (old entry renamed away, new
+one renamed in) and while :func:`record_verification` rewrites a record; a reader holds
+it shared only while it opens the entry's two files (open files stay readable after a
+swap). So two processes writing the same key at once never fail and never mix files (the
+last rename wins, the entry is always one writer's whole pair), and a reader never sees
+the moment between the two renames. Rename alone cannot replace a non-empty directory
+atomically (Linux's ``renameat2(RENAME_EXCHANGE)`` is not in Python's standard library),
+hence the lock. Where ``flock`` is refused (some network file systems) the store works
+without it: entries stay whole, but two simultaneous writers of one key may then fail.
+``flock`` is advisory and local: it does not order writers on different machines.
+
+Keys are 64 lowercase hex digits (:func:`check_key`), so no key names a path outside the
+store, and an entry that is a symbolic link (or holds one) is refused, never followed.
+Reading parses JSON only; nothing from the store is executed (no pickle, no eval, no
+import), and :func:`load_entry` checks the HLO with XLA's parser before it is ever
+compiled.
+
+An entry may carry a verdict (:func:`record_verification`, the record's ``verified``
+field): whether its program, run once next to ``jax.jit``'s on the same inputs, computed
+the same outputs. The verdict holds for the enactment whose sha256 it names; an entry
+refused by its verdict does not load (:func:`load_entry`), in this process or any later
+one.
 
 Typical use::
 
@@ -38,18 +61,28 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import functools
 import hashlib
 import json
+import math
 import os
+import platform
 import re
 import shutil
+import stat
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from hlo_tools.dirs import cache_dir, write_atomic
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no inter-process lock (rename still keeps entries whole)
+    fcntl = None
 
 __all__ = [
     "ENACTMENT_FILE",
@@ -62,13 +95,18 @@ __all__ = [
     "Lookup",
     "Setup",
     "check_key",
+    "hardware_mismatch",
+    "hardware_sha256",
+    "host_cpu",
     "list_entries",
     "load_entry",
     "make_record",
     "read_record",
+    "record_verification",
     "remove_entry",
     "source_fingerprint",
     "store_dir",
+    "verification",
     "write_entry",
 ]
 
@@ -86,6 +124,7 @@ _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 _STALE_S = 3600.0
+_HARDWARE_MAX_BYTES = 64 << 20
 
 
 def store_dir(root: str | os.PathLike[str] | None = None) -> Path:
@@ -116,6 +155,52 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> str:
+    """This machine's CPU model (``model name`` of ``/proc/cpuinfo``, else
+    :func:`platform.processor`, else :func:`platform.machine`)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name.strip() in ("model name", "Model", "cpu model", "Hardware") \
+                        and value.strip():
+                    return value.strip()
+    return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def _locked(base: Path, *, exclusive: bool) -> Iterator[None]:
+    """Holds ``fcntl.flock`` on the store's directory itself (exclusive for writers,
+    shared for readers; no lock file is created). Where there is no such lock (no
+    directory yet, not POSIX, a file system that refuses ``flock``) it goes ahead
+    without: renames still keep every entry whole."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _discard(path: Path) -> None:
+    """Removes a renamed-away entry: a symbolic link is unlinked (what it points to is
+    never touched), a directory removed."""
+    with contextlib.suppress(OSError):
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class Setup(NamedTuple):
     """What an entry must match to be used here.
 
@@ -126,6 +211,9 @@ class Setup(NamedTuple):
         device_kind: jax ``device_kind`` of the devices.
         num_devices: devices of the job (all processes).
         num_processes: processes of the job.
+        cpu: on the ``cpu`` backend, the CPU model (:func:`host_cpu`; every CPU's jax
+            ``device_kind`` is ``"cpu"``); ``""`` on accelerators, whose
+            ``device_kind`` names them.
     """
 
     jax: str
@@ -134,6 +222,7 @@ class Setup(NamedTuple):
     device_kind: str
     num_devices: int
     num_processes: int
+    cpu: str = ""
 
     @classmethod
     def current(cls) -> Setup:
@@ -142,9 +231,10 @@ class Setup(NamedTuple):
         import jaxlib.version
 
         devices = jax.devices()
-        return cls(jax.__version__, jaxlib.version.__version__, jax.default_backend(),
+        backend = jax.default_backend()
+        return cls(jax.__version__, jaxlib.version.__version__, backend,
                    devices[0].device_kind if devices else "", len(devices),
-                   jax.process_count())
+                   jax.process_count(), host_cpu() if backend == "cpu" else "")
 
     def mismatch(self, record: Mapping[str, Any]) -> str | None:
         """Why an entry with ``record`` cannot run here (a sentence), or None."""
@@ -153,9 +243,9 @@ class Setup(NamedTuple):
             return "corrupt record: 'setup' is not an object"
         labels = {"jax": "jax version", "jaxlib": "jaxlib version", "backend": "backend",
                   "num_devices": "device count", "num_processes": "process count",
-                  "device_kind": "device kind"}
+                  "device_kind": "device kind", "cpu": "CPU"}
         for field, label in labels.items():
-            want, got = getattr(self, field), found.get(field)
+            want, got = getattr(self, field), found.get(field, "" if field == "cpu" else None)
             if got != want:
                 return (f"the stored plan was made with {label} {got!r}, this process has "
                         f"{want!r}; run once with ENABLE_SEARCH=1 to search again here")
@@ -242,14 +332,70 @@ def make_record(key: str, setup: Setup, *, enactment_fingerprint: str, choice: s
     }
 
 
+def hardware_sha256(name: str | None) -> str | None:
+    """sha256 of the hardware file ``name`` names here
+    (:func:`estimator.hardware.find_hardware`), or None: no name, no such regular file,
+    or larger than 64 MiB (a store record names it: nothing unbounded is read)."""
+    from estimator.hardware import find_hardware
+
+    if not name:
+        return None
+    try:
+        path = find_hardware(name)
+        if path.stat().st_size > _HARDWARE_MAX_BYTES:
+            return None
+        return _sha256(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def hardware_mismatch(record: Mapping[str, Any]) -> str | None:
+    """Why an entry's hardware file differs from this machine's (a sentence), or None.
+
+    The record names the hardware file its search's cost model used and its sha256
+    (:func:`make_record`); here the same name must find a file with the same sha256. A
+    record without a name or hash (no hardware file) has nothing to compare.
+    """
+    hw = record.get("hardware")
+    if hw is None:
+        return None
+    if not isinstance(hw, Mapping):
+        return "corrupt record: 'hardware' is not an object"
+    name, want = hw.get("name"), hw.get("sha256")
+    if not name or not want:
+        return None
+    here = hardware_sha256(str(name))
+    if here is None:
+        return (f"the stored plan was made with hardware file {name!r} (sha256 "
+                f"{str(want)[:12]}), which this machine does not have; run once with "
+                "ENABLE_SEARCH=1 to search again here")
+    if here != want:
+        return (f"the stored plan was made with hardware file {name!r} sha256 "
+                f"{str(want)[:12]}, this machine's {name!r} has sha256 {here[:12]}; run once "
+                "with ENABLE_SEARCH=1 to search again here")
+    return None
+
+
+def verification(record: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The verdict of :func:`record_verification` that holds for the record's enactment,
+    or None (never verified, or verified for another enactment: a replaced
+    ``enactment.json`` is verified again)."""
+    verdict = record.get("verified")
+    if not isinstance(verdict, Mapping):
+        return None
+    if verdict.get("enactment_sha256") != record.get("enactment_sha256"):
+        return None
+    return verdict
+
+
 def _clean_stale(root: Path) -> None:
     """Removes temporary directories of writers that died more than an hour ago."""
     now = time.time()
     for child in root.iterdir():
         if child.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
             with contextlib.suppress(OSError):
-                if now - child.stat().st_mtime > _STALE_S:
-                    shutil.rmtree(child)
+                if now - child.lstat().st_mtime > _STALE_S:
+                    _discard(child)
 
 
 def write_entry(key: str, record: Mapping[str, Any], enactment: Any, *,
@@ -284,44 +430,86 @@ def write_entry(key: str, record: Mapping[str, Any], enactment: Any, *,
                      mkdir=False)
         target = base / key
         trash = None
-        if target.exists():
-            trash = base / f"{_TRASH_PREFIX}{key[:16]}-{uuid.uuid4().hex}"
-            os.rename(target, trash)
-        os.rename(tmp, target)
-        fd = os.open(base, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with _locked(base, exclusive=True):  # one swap at a time; readers wait for it
+            if os.path.lexists(target):
+                trash = base / f"{_TRASH_PREFIX}{key[:16]}-{uuid.uuid4().hex}"
+                os.rename(target, trash)  # a symbolic link is renamed, not followed
+            os.rename(tmp, target)
+            fd = os.open(base, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+            _discard(trash)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"corrupt entry: {path.name} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"corrupt entry: {path.name} cannot be read ({err})") from None
-
-
-def read_record(key: str, *, root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """``record.json`` of entry ``key``, checked for its format and key.
+def _read_files(base: Path, key: str, names: tuple[str, ...], *, lock: bool = True
+                ) -> dict[str, bytes | OSError]:
+    """The bytes of files ``names`` of entry ``key``, all from the same directory (opened
+    together under the shared lock, or with ``lock=False`` under the caller's exclusive
+    one; a concurrent swap cannot mix two writers' files), or the error of each that
+    cannot be opened. Symbolic links are never followed.
 
     Raises:
-        FileNotFoundError: no such entry.
-        ValueError: a bad key, or a record that is truncated, malformed, of another format
-            version or of another key (the message says which).
+        FileNotFoundError: no entry ``key``.
+        ValueError: the entry is a symbolic link or not a directory.
     """
-    path = store_dir(root) / check_key(key)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no entry {key} in {store_dir(root)}")
-    record = _read_json(path / RECORD_FILE)
+    path = base / key
+    fds: dict[str, int | OSError] = {}
+    with _locked(base, exclusive=False) if lock else contextlib.nullcontext():
+        try:
+            dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no entry {key} in {base}") from None
+        except OSError as err:
+            if path.is_symlink():
+                raise ValueError(f"unsafe entry: {key} is a symbolic link (to "
+                                 f"{os.readlink(path)!r}); an entry must be a directory "
+                                 "inside the store") from None
+            raise ValueError(f"corrupt entry: {key} cannot be opened as a directory "
+                             f"({err})") from None
+        try:
+            for name in names:
+                try:
+                    fds[name] = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
+                                        dir_fd=dfd)
+                except OSError as err:
+                    fds[name] = err
+        finally:
+            os.close(dfd)
+    out: dict[str, bytes | OSError] = {}
+    for name, fd in fds.items():
+        if isinstance(fd, OSError):
+            if fd.errno == errno.ELOOP:
+                fd = OSError(errno.ELOOP, "a symbolic link (not followed)")
+            out[name] = fd
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                out[name] = OSError(errno.EINVAL, "not a regular file")
+                continue
+            try:
+                out[name] = fh.read()
+            except OSError as err:
+                out[name] = err
+    return out
+
+
+def _parse_record(data: bytes | OSError, key: str) -> dict[str, Any]:
+    """``record.json``'s bytes, checked for its format and key (ValueError if not)."""
+    if isinstance(data, FileNotFoundError):
+        raise ValueError(f"corrupt entry: {RECORD_FILE} is missing")
+    if isinstance(data, OSError):
+        raise ValueError(f"corrupt entry: {RECORD_FILE} cannot be read ({data})")
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"corrupt entry: {RECORD_FILE} cannot be read ({err})") from None
     if not isinstance(record, dict):
         raise ValueError("corrupt entry: record.json is not a JSON object")
     if record.get("format") != FORMAT:
@@ -330,6 +518,66 @@ def read_record(key: str, *, root: str | os.PathLike[str] | None = None) -> dict
     if record.get("key") != key:
         raise ValueError(f"corrupt entry: record.json is for key {record.get('key')!r}")
     return record
+
+
+def read_record(key: str, *, root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``record.json`` of entry ``key``, checked for its format and key.
+
+    Raises:
+        FileNotFoundError: no such entry.
+        ValueError: a bad key, an entry that is a symbolic link, or a record that is
+            truncated, malformed, of another format version or of another key (the
+            message says which).
+    """
+    base = store_dir(root)
+    check_key(key)
+    return _parse_record(_read_files(base, key, (RECORD_FILE,))[RECORD_FILE], key)
+
+
+def record_verification(key: str, *, enactment_sha256: str, ok: bool,
+                        max_abs_diff: float | None, detail: str = "",
+                        root: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+    """Records in entry ``key``'s ``record.json`` whether its program computed what
+    ``jax.jit`` computes (the ``verified`` field), atomically and under the store's lock.
+
+    Args:
+        key: the entry.
+        enactment_sha256: the ``enactment_sha256`` of the record that was verified; if the
+            entry was replaced meanwhile (another sha256), nothing is written.
+        ok: the outputs matched.
+        max_abs_diff: the largest absolute difference of any output (None: not finite
+            or not comparable).
+        detail: what differed, in words.
+        root: the store's directory (default: :func:`store_dir`).
+
+    Returns:
+        The verdict written (``{"ok", "max_abs_diff", "detail", "when",
+        "enactment_sha256"}``), or None when the entry is gone or was replaced.
+
+    Raises:
+        ValueError: a bad key.
+        OSError: the store cannot be written.
+    """
+    base = store_dir(root)
+    check_key(key)
+    if max_abs_diff is not None and not math.isfinite(max_abs_diff):
+        max_abs_diff = None
+    with _locked(base, exclusive=True):
+        try:
+            record = _parse_record(
+                _read_files(base, key, (RECORD_FILE,), lock=False)[RECORD_FILE], key)
+        except (FileNotFoundError, ValueError):
+            return None
+        if record.get("enactment_sha256") != enactment_sha256:
+            return None
+        verdict = {"ok": bool(ok), "max_abs_diff": max_abs_diff, "detail": detail,
+                   "when": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                       timespec="seconds"),
+                   "enactment_sha256": enactment_sha256}
+        write_atomic(base / key / RECORD_FILE,
+                     json.dumps({**record, "verified": verdict}, indent=1, sort_keys=True),
+                     mkdir=False)
+    return verdict
 
 
 def _check_texts(enactment: Any) -> str | None:
@@ -347,46 +595,63 @@ def _check_texts(enactment: Any) -> str | None:
 
 
 def load_entry(key: str, setup: Setup | None, *, root: str | os.PathLike[str] | None = None,
-               check_hlo: bool = True) -> Lookup:
+               check_hlo: bool = True, check_hardware: bool = False) -> Lookup:
     """Reads entry ``key`` and says whether it can run here.
 
     Never executes anything from the store: JSON is parsed, hashes compared, and (with
-    ``check_hlo``) each HLO text is parsed by XLA's parser.
+    ``check_hlo``) each HLO text is parsed by XLA's parser. Nothing is imported on the
+    way and no symbolic link is followed.
 
     Args:
         key: the source fingerprint of the program.
         setup: this process's :class:`Setup` (None: do not check the setup).
         root: the store's directory (default: :func:`store_dir`).
         check_hlo: parse the stored HLO with XLA's parser.
+        check_hardware: the record's hardware file must have the same sha256 here
+            (:func:`hardware_mismatch`).
 
     Returns:
         A :class:`Lookup`: the entry, or None and the reason (:data:`NOT_FOUND`, a corrupt
-        or truncated file, another jax version, backend, device or process count, HLO
-        that does not parse).
+        or truncated file, an entry that is a symbolic link, another jax version,
+        backend, device kind, CPU, device or process count, another hardware file, a
+        failed verification (:func:`record_verification`), HLO that does not parse, a
+        key that is not a store key).
     """
     from disco_jax.enactment import Enactment
 
+    base = store_dir(root)
     try:
-        record = read_record(key, root=root)
+        files = _read_files(base, check_key(key), (RECORD_FILE, ENACTMENT_FILE))
+        record = _parse_record(files[RECORD_FILE], key)
     except FileNotFoundError:
         return Lookup(None, NOT_FOUND)
     except ValueError as err:
         return Lookup(None, str(err))
-    path = store_dir(root) / key
+    path = base / key
     if setup is not None:
         why = setup.mismatch(record)
         if why is not None:
             return Lookup(None, why)
-    try:
-        data = (path / ENACTMENT_FILE).read_bytes()
-    except OSError as err:
-        return Lookup(None, f"corrupt entry: {ENACTMENT_FILE} cannot be read ({err})")
+    if check_hardware:
+        why = hardware_mismatch(record)
+        if why is not None:
+            return Lookup(None, why)
+    data = files[ENACTMENT_FILE]
+    if isinstance(data, OSError):
+        return Lookup(None, f"corrupt entry: {ENACTMENT_FILE} cannot be read ({data})")
     if _sha256(data) != record.get("enactment_sha256"):
         return Lookup(None, f"corrupt entry: {ENACTMENT_FILE} does not match its record "
                             "(truncated or changed)")
+    verdict = verification(record)
+    if verdict is not None and not verdict.get("ok"):
+        diff = verdict.get("max_abs_diff")
+        return Lookup(None, f"the stored plan failed its verification against jax.jit on "
+                            f"{verdict.get('when')} (largest difference "
+                            f"{'not finite' if diff is None else f'{diff:.3g}'}); run once "
+                            "with ENABLE_SEARCH=1 to search again")
     try:
         enactment = Enactment.from_json(json.loads(data.decode("utf-8")))
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
         return Lookup(None, f"corrupt entry: {ENACTMENT_FILE}: {err}")
     if check_hlo:
         why = _check_texts(enactment)
@@ -403,7 +668,7 @@ def list_entries(*, root: str | os.PathLike[str] | None = None) -> list[Listed]:
         return []
     out = []
     for child in base.iterdir():
-        if not (_KEY_RE.fullmatch(child.name) and child.is_dir()):
+        if not (_KEY_RE.fullmatch(child.name) and (child.is_dir() or child.is_symlink())):
             continue
         try:
             out.append(Listed(child.name, read_record(child.name, root=base), "", child))
@@ -422,9 +687,10 @@ def remove_entry(key: str, *, root: str | os.PathLike[str] | None = None) -> boo
     """
     base = store_dir(root)
     target = base / check_key(key)
-    if not target.is_dir():
+    if not os.path.lexists(target):
         return False
     trash = base / f"{_TRASH_PREFIX}{key[:16]}-{uuid.uuid4().hex}"
-    os.rename(target, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+    with _locked(base, exclusive=True):
+        os.rename(target, trash)  # a symbolic link is renamed, not followed
+    _discard(trash)
     return True

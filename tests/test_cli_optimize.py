@@ -104,3 +104,38 @@ def test_bad_output_and_options(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith("disco: error: "), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hlo"]
+
+
+@pytest.mark.parametrize("staged", [None, "2", "plan"])
+def test_enactment_file_builds_and_matches_jit(staged, tmp_path, capsys):
+    """--enactment writes the one value the store keeps; it builds and computes the step."""
+    from disco_jax.enactment import SINGLE, STAGED, Enactment, build
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    src = tmp_path / "vgg.hlo"
+    src.write_text(hlo_tools.extract(step, *args))
+    out, ej = tmp_path / "vgg.opt.hlo", tmp_path / "vgg.enactment.json"
+    extra = ["--staged", staged] if staged else []
+    code = main(["optimize", str(src), "-o", str(out), "--no-bench", "--time-budget", "1",
+                 "--enactment", str(ej), *extra])
+    assert code == 0, capsys.readouterr().err
+    enactment = Enactment.from_json(json.loads(ej.read_text()))
+    assert enactment.kind == (STAGED if staged else SINGLE)
+    if not staged:
+        assert enactment.text == out.read_text()
+    run = build(enactment, step, args, self_test=False)
+    try:
+        got, want = jax.tree.leaves(run(*args)), jax.tree.leaves(jax.jit(step)(*args))
+    finally:
+        getattr(run, "close", lambda: None)()
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_staged_without_enactment_is_a_user_error(tmp_path, capsys):
+    src = tmp_path / "in.hlo"
+    src.write_text(FIXTURE.read_text())
+    code = main(["optimize", str(src), "-o", str(tmp_path / "o.hlo"), "--no-bench",
+                 "--time-budget", "1", "--staged", "2"])
+    assert code == 2 and "--enactment" in capsys.readouterr().err
+    assert not (tmp_path / "o.hlo").exists()

@@ -75,6 +75,14 @@ def register(subparsers: Any) -> None:
                    help="start from the plan of OUT.plan.json (written by an earlier run, "
                         "also an interrupted one) besides the usual start plans")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--enactment", metavar="OUT.json",
+                   help="also write what to run as an enactment (disco_jax.enactment: the "
+                        "form the strategy store keeps and the activator broadcasts)")
+    p.add_argument("--staged", metavar="plan|K",
+                   help="with --enactment: a staged enactment (compute stages and one "
+                        "all-reduce per bucket on two streams) of the plan's buckets "
+                        "('plan') or of K buckets of equal bytes, instead of the single "
+                        "optimized module")
     add_cost_model_arguments(p)
     add_in_context_argument(p)
     p.set_defaults(func=run)
@@ -208,6 +216,8 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
 
     check_arguments(args)
     out = _check_output(args.output)
+    if args.staged and not args.enactment:
+        raise UserError("--staged needs --enactment OUT.json")
     if args.time_budget is not None and not args.time_budget > 0:
         raise UserError(f"--time-budget must be > 0, got {args.time_budget}")
     if args.patience is not None and args.patience < 1:
@@ -240,11 +250,14 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
               "fingerprint": graph_fingerprint(graph), "predicted_s": outcome.cost_s,
               "seed": outcome.seed, "stop_reason": outcome.stats.stop_reason,
               "plan": outcome.plan.to_json()}
+    enactment = _enactment(args, module, graph, outcome.plan, text)
     try:
         write_atomic(plan_file, json.dumps(record), mkdir=False)
         write_atomic(out, text, mkdir=False)
+        if enactment is not None:
+            write_atomic(args.enactment, json.dumps(enactment.to_json()), mkdir=False)
     except OSError as err:
-        raise UserError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
+        raise UserError(f"cannot write the output: {err.strerror or err}") from None
     report = _report(args, graph, outcome, costs)
     report["in_context"] = in_context
     report["plan_file"] = str(plan_file)
@@ -259,6 +272,29 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
               f"{plan_file}; --resume continues from it", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
+               text: str) -> Any:
+    """The enactment ``--enactment`` asks for (None without it)."""
+    if not args.enactment:
+        return None
+    from disco_jax.enactment import Enactment
+    from disco_jax.staged import even_buckets, staged_plan
+    from hlo_tools.plan import FusionSpace, bucket_members
+
+    if not args.staged:  # as disco optimize compiles it: exact, dots on the library
+        return Enactment.single("disco_optimize", text, exact=True, library=True)
+    try:
+        if args.staged == "plan":
+            buckets = bucket_members(FusionSpace(graph), plan)
+        elif args.staged.isdigit() and int(args.staged) >= 1:
+            buckets = even_buckets(graph, int(args.staged))
+        else:
+            raise UserError(f"--staged must be 'plan' or a bucket count, got {args.staged!r}")
+        return Enactment.of_stages(f"staged_{args.staged}", staged_plan(module, buckets, graph))
+    except ValueError as err:
+        raise UserError(f"{args.file}: cannot stage: {err}") from None
 
 
 def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> dict[str, Any]:

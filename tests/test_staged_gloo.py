@@ -1,0 +1,78 @@
+"""Staged enactment in real 2-process gloo jobs (worker: tests/staged_gloo_worker.py).
+
+* every shard_map zoo model: 5 staged steps equal 5 ``jax.jit`` steps (rtol 1e-5), and
+  both processes issue the same all-reduces in the same order;
+* the self-test's fallback: processes pinned to one CPU without ``NPROC`` do not overlap
+  two programs, so a staged enactment is built as one program, with a warning naming
+  the reason, and computes the same steps;
+* a stage that fails in one process raises a clear error in both, not a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("staged_gloo_worker.py")
+
+
+def _job(tmp_path: Path, mode: str, *, pin: bool = False, timeout_s: float = 300.0,
+         env_extra: dict | None = None) -> list[dict]:
+    from estimator.gloo import child_env, free_port, wait_all
+
+    env = child_env(1, env_extra)
+    if pin:  # one CPU and no NPROC: one thread in XLA:CPU's pool
+        env.pop("NPROC", None)
+    port = free_port()
+    outs = [tmp_path / f"{mode}{i}.json" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "--mode", mode,
+                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i),
+                               "--out", str(outs[i])] + (["--pin"] if pin else []),
+                              env=env, cwd=str(ROOT), start_new_session=True)
+             for i in range(2)]
+    rcs = wait_all(procs, time.monotonic() + timeout_s,
+                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=30.0)
+    assert rcs == [0, 0], f"{mode} workers exited with {rcs}"
+    return [json.loads(p.read_text()) for p in outs]
+
+
+def test_every_zoo_model_staged_equals_jit_in_two_processes(tmp_path):
+    from disco_jax import zoo
+
+    rows = _job(tmp_path, "zoo", timeout_s=600.0)
+    assert sorted(rows[0]) == sorted(zoo.MODELS)
+    for name in zoo.MODELS:
+        for p, row in enumerate(rows):
+            r = row[name]
+            assert len(r["staged"]) == 5
+            assert r["staged"] == pytest.approx(r["jit"], rel=1e-5), (name, p)
+            assert r["max_scaled_diff"] <= 1.0, (name, p, r["max_scaled_diff"])
+            assert r["stages"] >= 3  # 2 pre stages and at least one post stage
+        # the same collectives, in the same order, in both processes (5 steps x buckets)
+        assert rows[0][name]["comm_log"] == rows[1][name]["comm_log"], name
+        assert len(rows[0][name]["comm_log"]) >= 5 * 2
+        assert rows[0][name]["staged"] == rows[1][name]["staged"]
+
+
+def test_self_test_falls_back_to_one_program_without_overlap(tmp_path):
+    rows = _job(tmp_path, "fallback", pin=True)
+    for row in rows:
+        assert row["cpus"] == 1
+        assert row["is_staged"] is False, row  # built as one program
+        assert any("falls back to one program" in w and "NPROC" in w
+                   for w in row["warnings"]), row["warnings"]
+        assert row["staged"] == pytest.approx(row["jit"], rel=1e-5)
+        assert row["max_scaled_diff"] <= 1.0
+
+
+def test_failing_stage_is_a_clear_error_in_both_processes(tmp_path):
+    rows = _job(tmp_path, "fail", timeout_s=180.0)
+    assert "stage 1 failed" in rows[1]["error"] and "injected" in rows[1]["error"], rows[1]
+    assert "process 0" in rows[0]["error"] and "all-reduce of bucket" in rows[0]["error"]
+    assert rows[0]["seconds"] < 60
