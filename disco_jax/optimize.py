@@ -314,8 +314,10 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     if not check.overlaps:  # the final choice measures them anyway
         say(f"staged self-test: {check.reason}")
     parts = out[ref].parts(*args, barrier=barrier)
-    total = float(np.median(measure({ref: out[ref]}, args, rounds=3, sync=sync,
-                                    tag="staged_ref", min_sample_s=0.2)[ref]))
+    # the whole step, interleaved with nothing: enough rounds that one slow phase of
+    # the machine does not become the fitted overlap
+    total = float(np.median(measure({ref: out[ref]}, args, rounds=7, warmup=3, sync=sync,
+                                    tag="staged_ref", min_sample_s=0.3)[ref]))
     pick = None
     if jax.process_index() == 0:
         fit = fit_staged_costs(module, graph, cands[ref], costs.graph_costs(graph).time_s,
