@@ -452,11 +452,12 @@ class StagedStep:
         mine = serial - together >= 0.3 * min(alone_w, reps * alone_c)
         everyone = self._all_agree(mine)
         reason = "" if everyone else (
-            f"the streams ran one after the other ({together * 1e3:.0f} ms together, "
+            f"the streams did not overlap ({together * 1e3:.0f} ms together, "
             f"{serial * 1e3:.0f} ms alone"
             + ("" if mine else " in this process")
-            + "): XLA:CPU's thread pool may have one thread (a process pinned to one CPU: "
-              "set NPROC=2 or more in its environment)")
+            + "): XLA:CPU ran them one after the other (one thread in its pool: a process "
+              "pinned to one CPU needs NPROC=2 or more in its environment) or they compete "
+              "for the CPU")
         return OverlapCheck(everyone, alone_w, reps * alone_c, together, reason)
 
     def _all_agree(self, ok: bool) -> bool:
