@@ -490,8 +490,11 @@ class DiscoJitted:
             budget = _budget(self._time_budget_s)
             sync = job_sync(f"disco_jit_{source_fp[:16]}") if jax.process_count() > 1 \
                 else None
+            # staged enactment pays where the all-reduces cross processes (gloo, NCCL)
+            options = {"staged": ("auto",) if jax.process_count() > 1 else (),
+                       **self._search_options}
             opt = optimize_step(self._dynamic_jit(args, kwargs), dyn, time_budget_s=budget,
-                                hardware=self._hardware, sync=sync, **self._search_options)
+                                hardware=self._hardware, sync=sync, **options)
         except ValueError as err:
             if str(err).startswith(BUDGET_ENV):
                 raise
