@@ -322,8 +322,9 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
     ok, agreed_reason = unanimous(why is None, why or "", step="vote on running the plan")
     if ok:
         return Agreement(enactment, run, p_record, "", p_warn, len(data))
-    if run is not None and hasattr(run, "close"):
-        run.close()
+    built = run[0] if isinstance(run, tuple) else run  # build may return (run, extra)
+    if built is not None and hasattr(built, "close"):
+        built.close()
     return Agreement(None, None, p_record,
                      f"not every process can run the plan, all fall back: {agreed_reason}",
                      True, len(data))

@@ -431,7 +431,8 @@ class DiscoJitted:
 
         agreed = agree_on_enactment(local, record, source_fp, reason=reason, warn=warn,
                                     build=build)
-        if prebuilt is not None and agreed.run is not prebuilt[1] \
+        built = agreed.run[0] if agreed.run is not None else None  # (run, dynamic_only)
+        if prebuilt is not None and built is not prebuilt[1] \
                 and hasattr(prebuilt[1], "close"):
             prebuilt[1].close()
         if agreed.run is None:
