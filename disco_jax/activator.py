@@ -118,16 +118,11 @@ class Agreement(NamedTuple):
 
 
 def _timeout_s() -> float:
-    value = os.environ.get(TIMEOUT_ENV)
-    if not value:
-        return _DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ValueError(f"{TIMEOUT_ENV}={value!r} must be > 0 seconds")
-    return seconds
+    """Seconds the activator's barrier waits (``DISCO_ACTIVATOR_TIMEOUT``)."""
+    from disco_jax.enact import env_seconds
+
+    seconds = env_seconds(TIMEOUT_ENV)
+    return _DEFAULT_TIMEOUT_S if seconds is None else seconds
 
 
 def _step_error(step: str, err: BaseException) -> ActivatorError:

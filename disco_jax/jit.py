@@ -159,18 +159,11 @@ def _flag() -> str | None:
 
 
 def _budget(time_budget_s: float | None) -> float | None:
+    from disco_jax.enact import env_seconds
+
     if time_budget_s is not None:
         return float(time_budget_s)
-    value = os.environ.get(BUDGET_ENV)
-    if not value:
-        return None
-    try:
-        budget = float(value)
-    except ValueError:
-        raise ValueError(f"{BUDGET_ENV}={value!r} is not a number of seconds") from None
-    if not budget > 0:
-        raise ValueError(f"{BUDGET_ENV}={value!r} must be > 0 seconds")
-    return budget
+    return env_seconds(BUDGET_ENV)
 
 
 def _positions(fun: Callable[..., Any], nums: Any, names: Any) -> tuple[frozenset, frozenset]:
