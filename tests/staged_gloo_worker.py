@@ -5,9 +5,9 @@ Modes:
 * ``zoo``: every shard_map zoo model (tiny) as a staged step with 2 buckets, 5 steps fed
   back, beside ``jax.jit`` of the same step; writes the losses, the largest parameter
   and optimizer-state difference, and the all-reduces in launch order.
-* ``fallback``: a staged enactment built through :func:`disco_jax.enactment.build`; the
-  process is pinned to one CPU without ``NPROC`` (one thread in XLA:CPU's pool), so the
-  self-test finds no overlap and the build falls back to one program; 5 steps.
+* ``fallback``: a staged enactment built through :func:`disco_jax.enactment.build` in a
+  process pinned to one CPU without ``NPROC``, with ``DISCO_STAGED=0`` from the test:
+  the build falls back to one program; 5 steps.
 * ``fail``: process 1's second stage fails (an injected exception); both processes must
   raise :class:`disco_jax.staged.StagedStepError` within the bounded wait.
 """
