@@ -17,7 +17,8 @@ environment variable ``ENABLE_SEARCH``:
 
 * ``1`` (search phase): profile, search and choose by measurement
   (:func:`disco_jax.optimize.optimize_step`; search budget: the ``time_budget_s``
-  argument, else ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``), store the winner
+  argument, else ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``; plans predicted to
+  need more memory than ``$DISCO_MEMORY_BUDGET`` or the device has are refused), store the winner
   (:mod:`disco_jax.store`) and run it. Mode ``"searched"``.
 * ``0`` (enactment phase): load the stored program for this fingerprint and run it as
   stored (:func:`disco_jax.enactment.build`: ``compile_hlo(..., exact=True)`` for a plan,
@@ -29,13 +30,14 @@ others take part in its measurements) and stores, or alone reads the store; the 
 (:mod:`disco_jax.activator`) broadcasts its enactment over the job's collective backend and
 every process runs it, or all fall back together with the same reason.
 
-Before a stored program is trusted for the first time it is verified (single-process
-jobs): it and ``jax.jit``'s program run once on the first call's arguments (nothing
-donated) and every output must agree (:data:`VERIFY_RTOL`, :data:`VERIFY_ATOL`). The
-verdict is written into the entry's record (:func:`disco_jax.store.record_verification`):
-a match is not checked again by later loads, a mismatch refuses the plan here and in every
-later process (in a multi-process job too: process 0's store refuses it). A job of
-several processes does not verify a never-verified plan itself.
+Before a stored program is trusted for the first time it is verified: it and
+``jax.jit``'s program run once on the first call's arguments (nothing donated) and every
+output must agree (:data:`VERIFY_RTOL`, :data:`VERIFY_ATOL`). In a job of several
+processes every process runs both and compares its own outputs, and one vote decides for
+all (a mismatch anywhere refuses the plan everywhere). The verdict is written into the
+entry's record (process 0's store; :func:`disco_jax.store.record_verification`): a match
+is not checked again by later loads, a mismatch refuses the plan here and in every later
+process.
 
 No stored program (under ``0``), a corrupt record, another jax version, backend, device
 kind, CPU or device count, another hardware file, a plan that failed verification, HLO
@@ -69,6 +71,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "BUDGET_ENV",
+    "MEMORY_ENV",
     "FALLBACK",
     "FLAG_ENV",
     "SEARCHED",
@@ -85,6 +88,8 @@ __all__ = [
 FLAG_ENV = "ENABLE_SEARCH"
 #: Search budget in seconds when ``jit``'s ``time_budget_s`` is not given.
 BUDGET_ENV = "DISCO_TIME_BUDGET"
+#: Memory budget of the search per device (a size, e.g. ``8GiB``; default: the device's).
+MEMORY_ENV = "DISCO_MEMORY_BUDGET"
 #: Modes of :attr:`RunInfo.mode`.
 SEARCHED, STORED, FALLBACK = "searched", "stored", "fallback"
 #: Tolerances of the verification of a stored plan before it is first trusted.
@@ -349,38 +354,76 @@ class DiscoJitted:
             (record.get("measured_s") or {}).get(choice), str(lookup.entry.path)),
             self._donate_dyn)
 
-    def _verify_stored(self, run: Callable[..., Any], entry: Any, args: tuple, kwargs: dict,
-                       dyn: tuple) -> str | None:
-        """Runs a stored program never verified before and ``jax.jit``'s once on these
-        arguments (nothing donated: both read the same buffers) and compares every output
-        (:data:`VERIFY_RTOL`, :data:`VERIFY_ATOL`); records the verdict in the store
-        (:func:`disco_jax.store.record_verification`). Returns why the plan is refused,
-        or None when it matches."""
+    def _run_both(self, run: Callable[..., Any], args: tuple, kwargs: dict, dyn: tuple
+                  ) -> tuple[bool, float | None, str]:
+        """Runs ``run`` and ``jax.jit``'s program once on these arguments (nothing donated:
+        both read the same buffers) and compares every output (:data:`VERIFY_RTOL`,
+        :data:`VERIFY_ATOL`): ``(ok, largest absolute difference, what differed)``.
+        Raises what running raises."""
+        got = run(*dyn)
+        # jax.jit of the function without donation (the user's may donate)
+        want = (self._dynamic_jit(args, kwargs)(*dyn) if self._donates
+                else self._plain(*args, **kwargs))
+        return _compare_outputs(got, want)
+
+    def _record_verdict(self, key: str, record: Mapping[str, Any], ok: bool,
+                        worst: float | None, detail: str) -> str:
+        """Writes a verification verdict into the store; says where it went, in words."""
         from disco_jax import store as st
 
         try:
-            got = run(*dyn)
-            # jax.jit of the function without donation (the user's may donate)
-            want = (self._dynamic_jit(args, kwargs)(*dyn) if self._donates
-                    else self._plain(*args, **kwargs))
-            ok, worst, detail = _compare_outputs(got, want)
+            written = st.record_verification(key, enactment_sha256=record.get(
+                "enactment_sha256", ""), ok=ok, max_abs_diff=worst, detail=detail,
+                root=self._store)
+        except OSError as err:
+            return f"not recorded: the store cannot be written ({err})"
+        return ("refused in the store" if written is not None else
+                "not recorded: the entry was replaced meanwhile")
+
+    def _verify_stored(self, run: Callable[..., Any], entry: Any, args: tuple, kwargs: dict,
+                       dyn: tuple) -> str | None:
+        """Verifies a stored program never verified before (:meth:`_run_both`) and records
+        the verdict in the store (:func:`disco_jax.store.record_verification`). Returns why
+        the plan is refused, or None when it matches."""
+        try:
+            ok, worst, detail = self._run_both(run, args, kwargs, dyn)
         except Exception as err:  # noqa: BLE001 - it cannot run here: not trusted
             first = (str(err).strip().splitlines() or [""])[0][:300]
             return (f"the stored plan failed when run once to verify it "
                     f"({type(err).__name__}: {first})")
-        try:
-            written = st.record_verification(entry.key, enactment_sha256=entry.record.get(
-                "enactment_sha256", ""), ok=ok, max_abs_diff=worst, detail=detail,
-                root=self._store)
-            where = ("refused in the store" if written is not None else
-                     "not recorded: the entry was replaced meanwhile")
-        except OSError as err:
-            where = f"not recorded: the store cannot be written ({err})"
+        where = self._record_verdict(entry.key, entry.record, ok, worst, detail)
         if ok:
             return None
         return (f"verification refused the stored plan: it does not compute what jax.jit "
                 f"computes on the first call's arguments ({detail}); {where}; run once "
                 "with ENABLE_SEARCH=1 to search again")
+
+    def _verify_in_job(self, run: Callable[..., Any], record: Mapping[str, Any],
+                       key: str | None, args: tuple, kwargs: dict, dyn: tuple) -> str | None:
+        """The verification of :meth:`_verify_stored` in a multi-process job: every process
+        runs the program and ``jax.jit``'s once, in the same order (both run collectives),
+        compares its own outputs, and one vote (:func:`disco_jax.activator.unanimous`)
+        decides for all; process 0 records the verdict in its store (entry ``key``).
+        Returns why the plan is refused (the same on every process), or None."""
+        import jax
+
+        from disco_jax.activator import unanimous
+
+        try:
+            ok, worst, detail = self._run_both(run, args, kwargs, dyn)
+        except Exception as err:  # noqa: BLE001 - it cannot run here: vote no
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            ok, worst, detail = False, None, f"it failed when run ({type(err).__name__}: {first})"
+        all_ok, reason = unanimous(ok, "" if ok else detail, step="vote on the verification")
+        if jax.process_index() == 0 and key is not None:
+            where = self._record_verdict(key, record, all_ok, worst, reason or detail)
+            if where != "refused in the store" and not all_ok:
+                _warn(self._name(), f"the verification's verdict was {where}")
+        if all_ok:
+            return None
+        return (f"verification refused the stored plan: it does not compute what jax.jit "
+                f"computes on the first call's arguments ({reason}); run once with "
+                "ENABLE_SEARCH=1 to search again")
 
     def _stored_in_job(self, args: tuple, kwargs: dict, dyn: tuple, source_fp: str,
                        flag: str | None) -> _Compiled:
@@ -390,7 +433,7 @@ class DiscoJitted:
 
         from disco_jax import store as st
 
-        local = record = None
+        local = record = key = None
         reason, warn, path = "", True, None
         if jax.process_index() == 0:
             lookup = st.load_entry(source_fp, st.Setup.current(), root=self._store,
@@ -404,17 +447,21 @@ class DiscoJitted:
                               "with ENABLE_SEARCH=1")
             else:
                 local, record = lookup.entry.enactment, lookup.entry.record
-                path = str(lookup.entry.path)
+                path, key = str(lookup.entry.path), lookup.entry.key
         return self._agreed(local, record, source_fp, args, kwargs, dyn, mode=STORED,
-                            reason=reason, warn=warn, path=path)
+                            reason=reason, warn=warn, path=path, verify_key=key)
 
     def _agreed(self, local: Any, record: Mapping[str, Any] | None, source_fp: str,
                 args: tuple, kwargs: dict, dyn: tuple, *, mode: str, reason: str = "",
-                warn: bool = True, path: str | None = None, prebuilt: Any = None
-                ) -> _Compiled:
+                warn: bool = True, path: str | None = None, prebuilt: Any = None,
+                verify_key: str | None = None) -> _Compiled:
         """Runs the activator (:func:`disco_jax.activator.agree_on_enactment`) and turns
         its agreement into a cache entry; ``prebuilt`` is ``(enactment, run)`` this
-        process compiled already (used when process 0 sends the same enactment)."""
+        process compiled already (used when process 0 sends the same enactment). A stored
+        program (``mode`` :data:`STORED`) whose record (process 0's, the same everywhere)
+        holds no verdict for its enactment is verified first (:meth:`_verify_in_job`);
+        ``verify_key`` is process 0's store entry, where the verdict goes."""
+        from disco_jax import store as st
         from disco_jax.activator import agree_on_enactment
 
         def build(enactment: Any) -> tuple[Callable[..., Any], bool]:
@@ -432,6 +479,12 @@ class DiscoJitted:
             return self._fallback(agreed.reason, source_fp, source_fp, warn=agreed.warn)
         run, dynamic_only = agreed.run
         rec = agreed.record
+        if mode == STORED and st.verification(rec) is None:
+            why = self._verify_in_job(run, rec, verify_key, args, kwargs, dyn)
+            if why is not None:
+                if hasattr(run, "close"):
+                    run.close()
+                return self._fallback(why, source_fp, source_fp)
         choice = rec.get("choice", agreed.enactment.name)
         return _Compiled(run, dynamic_only, RunInfo(
             mode, agreed.enactment.fingerprint, source_fp, "", choice,
@@ -479,18 +532,21 @@ class DiscoJitted:
         from disco_jax import store as st
         from disco_jax.enact import job_sync
         from disco_jax.optimize import optimize_step
+        from disco_jax.units import env_bytes
 
         try:
             budget = _budget(self._time_budget_s)
+            memory = env_bytes(MEMORY_ENV)
             sync = job_sync(f"disco_jit_{source_fp[:16]}") if jax.process_count() > 1 \
                 else None
             # staged enactment pays where the all-reduces cross processes (gloo, NCCL)
             options = {"staged": ("auto",) if jax.process_count() > 1 else (),
                        **self._search_options}
             opt = optimize_step(self._dynamic_jit(args, kwargs), dyn, time_budget_s=budget,
-                                hardware=self._hardware, sync=sync, **options)
+                                hardware=self._hardware, sync=sync,
+                                memory_budget_bytes=memory, **options)
         except ValueError as err:
-            if str(err).startswith(BUDGET_ENV):
+            if str(err).startswith((BUDGET_ENV, MEMORY_ENV)):
                 raise
             return self._fallback(f"DisCo cannot optimize this step: {err}", source_fp,
                                   source_fp)

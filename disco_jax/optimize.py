@@ -85,8 +85,11 @@ def _search_report(outcome: Any, seed: int, top_k: int, choice_rounds: int) -> d
                          "choice_rounds": choice_rounds},
             "evaluated": outcome.stats.evaluated, "pops": outcome.stats.pops,
             "seconds": outcome.stats.seconds, "stop_reason": outcome.stats.stop_reason,
-            "best_start": outcome.best_start, "start_predicted_s": outcome.start_costs_s,
-            "fo_bound_s": outcome.fo_bound_s}
+            "best_start": outcome.best_start, "start_predicted_s": outcome.start_costs_json(),
+            "fo_bound_s": outcome.fo_bound_s,
+            "peak_bytes": outcome.peak_bytes,
+            "memory_budget_bytes": outcome.memory_budget_bytes,
+            "over_budget": outcome.stats.over_budget}
 
 
 def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
@@ -95,7 +98,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   choice_rounds: int = DEFAULT_CHOICE_ROUNDS, staged: Sequence[Any] = (),
                   min_sample_s: float = 0.05, seed: int = 0, predict_baselines: bool = True,
                   bucket_thresholds: Sequence[int | None] | None = None,
-                  profile_rounds: int = 5,
+                  profile_rounds: int = 5, memory_budget_bytes: int | None = None,
                   progress: Callable[[str], None] | None = None) -> Optimized:
     """Profiles, searches, compiles the candidates and chooses by measurement.
 
@@ -120,6 +123,11 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             one bucket; default: :data:`hlo_tools.baselines.BUCKET_THRESHOLDS`).
         profile_rounds: profiled iterations and untraced samples of the in-context
             profile (fewer: faster, noisier fit).
+        memory_budget_bytes: the search refuses plans predicted to need more memory per
+            device, bytes (None: the device's memory,
+            :func:`hlo_tools.jax_bridge.device_memory_bytes`). When no plan fits, the
+            final choice runs among the baselines alone (``report["search"]["refused"]``
+            says why).
         progress: called with a line per phase (None: silent).
 
     Returns:
@@ -135,10 +143,11 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     import hlo_tools
     from disco_jax.enact import choose, in_context_costs, profile_in_context
     from disco_jax.enactment import Enactment
-    from disco_jax.search import search
+    from disco_jax.search import MemoryBudgetError, search
     from disco_jax.staged import CHUNK_BYTES
+    from disco_jax.units import format_bytes
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import compile_hlo, fresh_function, lowered_text
+    from hlo_tools.jax_bridge import compile_hlo, device_memory_bytes, fresh_function, lowered_text
     from hlo_tools.plan import Plan
 
     say = progress or (lambda text: None)
@@ -168,19 +177,27 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                                   rounds=profile_rounds)
     lap("profile")
 
-    costs = calibration = outcome = None
+    costs = calibration = outcome = refused = None
     plans_json = None
     if pid == 0:
         costs, calibration = in_context_costs(module, hardware, measured, progress=False)
         lap("fit")
         say(f"searching ({'config' if time_budget_s is None else f'{time_budget_s:g} s'} "
             "budget)")
-        outcome = search(graph, costs, seed=seed, time_budget_s=time_budget_s,
-                         progress=False, top_k=top_k)
-        plans_json = [plan.to_json() for plan, _ in outcome.top]
+        budget = memory_budget_bytes or device_memory_bytes()
+        try:
+            outcome = search(graph, costs, seed=seed, time_budget_s=time_budget_s,
+                             progress=False, top_k=top_k, memory_budget_bytes=budget)
+        except MemoryBudgetError as err:
+            refused = str(err)
+            say(f"search: {refused}; choosing among the baselines")
+            plans_json = []
+        else:
+            plans_json = [plan.to_json() for plan, _ in outcome.top]
+            say(f"search: {outcome.stats.evaluated} candidates, predicted "
+                f"{outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start}), peak "
+                f"memory {format_bytes(outcome.peak_bytes)} of {format_bytes(budget)}")
         lap("search")
-        say(f"search: {outcome.stats.evaluated} candidates, predicted "
-            f"{outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start})")
     if sync is not None:
         plans_json = sync.share("optimize_plans", plans_json)
 
@@ -224,7 +241,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     predicted.update({n: t for n, t in staged_info.get("predicted_s", {}).items()
                       if n in runs})
     if pid == 0:
-        predicted.update(zip(plans, (c for _, c in outcome.top)))
+        if outcome is not None:
+            predicted.update(zip(plans, (c for _, c in outcome.top)))
         if predict_baselines:
             for name in runs:
                 if name.startswith("bucketed") or name == "xla_default":
@@ -234,7 +252,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         "choice": choice.name,
         "predicted_s": predicted,
         "measured_s": dict(choice.medians_s),
-        "search": _search_report(outcome, seed, top_k, choice_rounds) if outcome else None,
+        "search": (_search_report(outcome, seed, top_k, choice_rounds) if outcome
+                   else {"refused": refused} if refused else None),
         "hardware": hardware,
         "calibration": ({k: v for k, v in calibration._asdict().items()}
                         if calibration is not None else None),

@@ -9,6 +9,14 @@ empty, when the best has not improved for ``patience`` evaluated candidates, whe
 time budget is spent, or when the caller's ``stop`` callable says so (``disco optimize``
 sets it on SIGINT/SIGTERM): the best plan so far is the result in every case.
 
+A memory budget (``memory_budget_bytes``) refuses every plan whose predicted peak memory
+(the simulator's live-range estimate, :attr:`disco_jax.simulator.SimResult.peak_bytes`)
+exceeds it: such a plan costs infinity, so it is never the best, never among the ``top``
+plans and never queued; the refusals are counted (:attr:`SearchStats.over_budget`). Duplicate
+fusion keeps a duplicated producer's operands live until the last copy runs, so a plan
+that duplicates a cheap producer of a large tensor into late consumers raises the
+predicted peak, and the budget refuses it rather than letting memory grow silently.
+
 Two entry points share one loop:
 
 * :func:`search`, the product form: a graph and a cost model in, a :class:`SearchOutcome`
@@ -40,6 +48,7 @@ from typing import Any, NamedTuple
 from disco_jax.cost_model import CostModel
 from disco_jax.lower import sim_graph
 from disco_jax.simulator import full_overlap_bound, simulate
+from disco_jax.units import format_bytes
 from hlo_tools import plan as P
 from hlo_tools.graph import DeviceGraph
 
@@ -51,6 +60,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 __all__ = [
     "BUCKET_THRESHOLDS",
     "NO_FUSION",
+    "MemoryBudgetError",
     "STOP_INTERRUPTED",
     "STOP_PATIENCE",
     "STOP_QUEUE_EMPTY",
@@ -78,6 +88,25 @@ STOP_TIME_BUDGET = "time_budget"
 STOP_QUEUE_EMPTY = "queue_empty"
 #: Stop reason: the caller's ``stop`` callable returned True (e.g. after Ctrl-C).
 STOP_INTERRUPTED = "interrupted"
+
+
+
+class MemoryBudgetError(ValueError):
+    """No start plan fits the memory budget (not even the no-fusion plan).
+
+    Attributes:
+        budget_bytes: the budget, bytes.
+        smallest_peak_bytes: the smallest predicted peak memory of a start plan, bytes.
+    """
+
+    def __init__(self, budget_bytes: int, smallest_peak_bytes: int):
+        super().__init__(
+            f"no plan fits the memory budget: the smallest predicted peak memory of a "
+            f"start plan is {format_bytes(smallest_peak_bytes)}, the budget "
+            f"{format_bytes(budget_bytes)}")
+        self.budget_bytes = budget_bytes
+        self.smallest_peak_bytes = smallest_peak_bytes
+
 
 _CONFIG_KEYS = {"alpha": float, "beta": int, "patience": int, "time_budget_s": float}
 
@@ -151,6 +180,8 @@ class SearchStats(NamedTuple):
         seconds: wall time of the whole search, start plans and final bound included.
         stop_reason: :data:`STOP_PATIENCE`, :data:`STOP_TIME_BUDGET`,
             :data:`STOP_QUEUE_EMPTY` or :data:`STOP_INTERRUPTED`.
+        over_budget: evaluated candidates refused because their predicted peak memory
+            exceeded the memory budget (start plans included).
     """
 
     evaluated: int
@@ -158,6 +189,7 @@ class SearchStats(NamedTuple):
     duplicates: int
     seconds: float
     stop_reason: str
+    over_budget: int = 0
 
     @property
     def candidates_per_s(self) -> float:
@@ -172,6 +204,7 @@ class SearchOutcome(NamedTuple):
         plan: the best plan found.
         cost_s: its predicted iteration time, seconds.
         start_costs_s: predicted iteration time of each start plan by name, seconds
+            (``math.inf``: refused, over the memory budget)
             (:data:`NO_FUSION` first, then the seeded start plans in the order given).
         best_start: name of the cheapest start plan.
         fo_bound_s: full-overlap bound of the best plan
@@ -182,6 +215,9 @@ class SearchOutcome(NamedTuple):
         top: the ``top_k`` cheapest distinct plans evaluated (by plan key), as
             ``(plan, predicted seconds)``, cheapest first; ``top[0]`` is the best plan.
             They are the candidates a final choice by measurement runs.
+        peak_bytes: predicted peak memory of the best plan, bytes (persistent buffers
+            -- parameters, constants -- included).
+        memory_budget_bytes: the budget the search ran with (None: none).
     """
 
     plan: P.Plan
@@ -193,6 +229,12 @@ class SearchOutcome(NamedTuple):
     config: SearchConfig
     seed: int
     top: tuple[tuple[P.Plan, float], ...] = ()
+    peak_bytes: int = 0
+    memory_budget_bytes: int | None = None
+
+    def start_costs_json(self) -> dict[str, float | None]:
+        """``start_costs_s`` for JSON: a start refused by the memory budget is None."""
+        return {name: (None if c == math.inf else c) for name, c in self.start_costs_s.items()}
 
 
 class SearchResult(NamedTuple):
@@ -289,7 +331,7 @@ class _Top:
         self.k, self._heap, self._tie = k, [], 0
 
     def offer(self, plan: P.Plan, cost: float) -> None:
-        if self.k <= 0:
+        if self.k <= 0 or cost == math.inf:  # refused (over the memory budget)
             return
         self._tie += 1
         item = (-cost, -self._tie, plan)
@@ -375,7 +417,8 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
            beta: int | None = None, patience: int | None = None,
            start_plans: Mapping[str, P.Plan] | None = None, progress: bool | None = None,
            space: P.FusionSpace | None = None, config: SearchConfig | None = None,
-           top_k: int = 3, stop: Callable[[], bool] | None = None) -> SearchOutcome:
+           top_k: int = 3, stop: Callable[[], bool] | None = None,
+           memory_budget_bytes: int | None = None) -> SearchOutcome:
     """Searches the plan of ``graph`` with the lowest predicted iteration time.
 
     The cost of a plan is :func:`disco_jax.simulator.simulate` of its
@@ -400,11 +443,15 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
             no-fusion plan); when it returns True the search ends as the time budget
             ends it, with the best plan so far and :data:`STOP_INTERRUPTED`. A signal
             handler that sets a flag it reads stops a search cleanly.
+        memory_budget_bytes: refuse plans whose predicted peak memory exceeds this many
+            bytes (None: no budget; see the module doc).
 
     Returns:
-        The :class:`SearchOutcome`: the best plan is never predicted worse than any start.
+        The :class:`SearchOutcome`: the best plan is never predicted worse than any start
+        that fits the budget, and never predicted over the budget.
 
     Raises:
+        MemoryBudgetError: no start plan fits the memory budget.
         ValueError: a parameter out of range, or a start plan named :data:`NO_FUSION`
             that is not the no-fusion plan.
     """
@@ -419,22 +466,34 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
     if NO_FUSION in given and given[NO_FUSION].key() != starts[NO_FUSION].key():
         raise ValueError(f"start plan {NO_FUSION!r} is not the no-fusion plan")
     starts.update(given)
+    if memory_budget_bytes is not None and not memory_budget_bytes > 0:
+        raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     overlap = costs.overlap
+    budget = math.inf if memory_budget_bytes is None else memory_budget_bytes
+    refused = [0, math.inf]  # count, smallest refused peak
 
     def cost(plan: P.Plan) -> float:
-        return simulate(sim_graph(graph, plan, costs), overlap, check=False).iteration_s
+        result = simulate(sim_graph(graph, plan, costs), overlap, check=False)
+        if result.peak_bytes > budget:
+            refused[0] += 1
+            refused[1] = min(refused[1], result.peak_bytes)
+            return math.inf
+        return result.iteration_s
 
     seen: dict[Any, float] = {}
     start_costs: dict[str, float] = {}
     queued: list[tuple[P.Plan, float]] = []
     for name, plan in starts.items():
-        if queued and stop is not None and stop():
+        if start_costs and stop is not None and stop():
             break  # (the start plans not costed are left out of start_costs)
         key = plan.key()
         if key not in seen:  # e.g. one bucket and 64 MiB buckets on a small model
             seen[key] = cost(plan)
-            queued.append((plan, seen[key]))
+            if seen[key] < math.inf:
+                queued.append((plan, seen[key]))
         start_costs[name] = seen[key]
+    if not queued:
+        raise MemoryBudgetError(int(budget), int(refused[1]))
     best_start = min(start_costs, key=start_costs.__getitem__)
     show = _Progress(progress is not False and sys.stderr.isatty())
     try:
@@ -442,11 +501,13 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
                      top_k, stop)
     finally:
         show.close()
-    fo = full_overlap_bound(sim_graph(graph, loop.plan, costs))
+    best_graph = sim_graph(graph, loop.plan, costs)
+    fo = full_overlap_bound(best_graph)
+    peak = simulate(best_graph, overlap, check=False).peak_bytes
     stats = SearchStats(loop.evaluated, loop.pops, loop.duplicates,
-                        time.perf_counter() - t0, loop.stop_reason)
+                        time.perf_counter() - t0, loop.stop_reason, refused[0])
     return SearchOutcome(loop.plan, loop.cost_s, start_costs, best_start, fo, stats, config,
-                         seed, loop.top)
+                         seed, loop.top, int(peak), memory_budget_bytes)
 
 
 def backtracking_search(space: P.FusionSpace, start: P.Plan, cost: Callable[[P.Plan], float],

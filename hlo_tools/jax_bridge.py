@@ -71,6 +71,7 @@ __all__ = [
     "compile_text",
     "compiled_text",
     "count_all_reduces",
+    "device_memory_bytes",
     "exact_compiler_options",
     "extract",
     "fresh_function",
@@ -1020,6 +1021,25 @@ def backend_info(platform: str | None = None) -> dict[str, Any]:
         "num_devices": len(devices),
         "cpu_count": os.cpu_count() or 0,
     }
+
+
+def device_memory_bytes(platform: str | None = None) -> int:
+    """Memory one device of this process may use, bytes.
+
+    A device that reports its memory (``memory_stats()["bytes_limit"]``: GPU) gives that;
+    host devices (CPU), which report nothing, share the machine's physical memory, so each
+    gets ``physical memory / local device count``.
+    """
+    platform = platform or jax.default_backend()
+    devices = jax.local_devices(backend=platform)
+    try:
+        stats = devices[0].memory_stats() if devices else None
+    except Exception:  # noqa: BLE001 - a backend without memory statistics
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(physical // max(1, len(devices)))
 
 
 def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:

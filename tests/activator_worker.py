@@ -2,7 +2,8 @@
 ``disco launch``: runs the tiny vgg under ``disco_jax.jit`` and ``jax.jit`` side by side
 and writes what happened as JSON.
 
-``python tests/activator_worker.py --out DIR [--put-staged] [--vote-no-on 1]`` with
+``python tests/activator_worker.py --out DIR [--put-staged | --put-tampered]
+[--vote-no-on 1]`` with
 ``DISCO_STORE`` (this process's store: the caller gives each process its own through
 ``DISCO_STORE_<pid>``) and ``ENABLE_SEARCH`` set by the caller. Writes
 ``DIR/p<pid>.json``: the losses of 5 steps of both, the ``last_run_info``, fallback
@@ -72,6 +73,34 @@ def _put_staged(step, args, store: str) -> str:
     return enactment.fingerprint
 
 
+def _put_tampered(step, args, store: str) -> str:
+    """Process 0: jax's own program with the learning rate doubled (it compiles and runs,
+    and computes other parameters from the first step on) into its store, never
+    verified."""
+    import re
+
+    from disco_jax import store as st
+    from disco_jax.enactment import Enactment
+    from hlo_tools.jax_bridge import lowered_text
+
+    text = lowered_text(jax.jit(step).lower(*args))
+    key = st.source_fingerprint(text)
+    tampered, count = re.subn(r"constant\(-0\.05\)", "constant(-0.1)", text)
+    assert count >= 1, "no learning-rate constant in the program"
+    enactment = Enactment.single("tampered_test", tampered, exact=False)
+    record = st.make_record(key, st.Setup.current(), enactment_fingerprint=enactment.fingerprint,
+                            choice="tampered_test", hardware="gloo2", hardware_sha256=None,
+                            predicted_s={}, measured_s={}, search=None)
+    st.write_entry(key, record, enactment, root=store)
+    return enactment.fingerprint
+
+
+def _verdicts(store: str) -> list:
+    """The ``verified`` field of every record in a store (None: never verified)."""
+    return [json.loads(p.read_text()).get("verified")
+            for p in sorted(Path(store).glob("*/record.json"))]
+
+
 def _absent(a, pid: int, out: dict, step, args) -> None:
     """Process ``a.absent`` stays away; the others record the error they get."""
     from disco_jax.activator import ActivatorError
@@ -93,6 +122,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--put-staged", action="store_true")
+    ap.add_argument("--put-tampered", action="store_true")
     ap.add_argument("--vote-no-on", type=int, default=None)
     ap.add_argument("--absent", type=int, default=None,
                     help="this process never calls the step (the others must not hang)")
@@ -109,6 +139,8 @@ def main() -> None:
     step, (params, opt_state, batch) = zoo.get("vgg")(n, "tiny")
     if a.put_staged and pid == 0:
         out["staged_fingerprint"] = _put_staged(step, (params, opt_state, batch), store)
+    if a.put_tampered and pid == 0:
+        out["tampered_fingerprint"] = _put_tampered(step, (params, opt_state, batch), store)
     if a.absent is not None:
         _absent(a, pid, out, step, (params, opt_state, batch))
     ref = jax.jit(fresh_function(step))
@@ -132,6 +164,7 @@ def main() -> None:
     out["warnings"] = [str(w.message) for w in caught
                        if issubclass(w.category, DiscoFallbackWarning)]
     out["searches"] = len(_searches)
+    out["verdicts"] = _verdicts(store)
     out["store_entries"] = sorted(p.name for p in Path(store).glob("*") if p.is_dir()
                                   and not p.name.startswith("."))
     Path(a.out, f"p{pid}.json").write_text(json.dumps(out, indent=1))

@@ -73,10 +73,14 @@ def test_search_only_on_process_0_same_fingerprint(searched):
 
 
 def test_only_process_0_has_the_plan(searched):
-    """(a) Only process 0's store holds the plan: both run it, losses equal jax.jit's."""
+    """(a) Only process 0's store holds the plan: both run it, losses equal jax.jit's. The
+    plan was never verified (a search does not verify): both processes verify it on the
+    first call, and process 0's store records the verdict."""
     tmp, stores, found = searched
     assert not any(stores[1].iterdir())
+    assert found[0]["verdicts"] == [None]
     rows = _job(tmp, stores, flag="0")
+    assert rows[0]["verdicts"][0]["ok"] is True and rows[1]["verdicts"] == []
     fp = found[0]["info"]["hlo_fingerprint"]
     for row in rows:
         assert row["info"]["mode"] == "stored", row["info"]
@@ -118,6 +122,21 @@ def test_staged_enactment_runs_in_both(tmp_path):
         assert row["info"]["hlo_fingerprint"] == rows[0]["staged_fingerprint"]
         assert row["loss_disco"] == pytest.approx(row["loss_jax"], rel=1e-5)
         assert row["max_abs_diff"] < 1e-5
+
+
+def test_verification_refuses_a_tampered_plan_in_both(tmp_path):
+    """Process 0's stored plan computes something else (its learning rate doubled):
+    both processes verify it on the first call, both refuse it with the same warning and
+    run jax.jit's program, and process 0's store records the refusal."""
+    stores = _stores(tmp_path, "tampered")
+    rows = _job(tmp_path, stores, flag="0", extra=("--put-tampered",))
+    for row in rows:
+        assert row["info"]["mode"] == "fallback", row["info"]
+        assert "verification refused the stored plan" in row["info"]["reason"]
+        assert len(row["warnings"]) == 1 and "differ" in row["warnings"][0]
+        assert row["loss_disco"] == row["loss_jax"]
+    verdict = rows[0]["verdicts"][0]
+    assert verdict["ok"] is False and verdict["detail"]
 
 
 def test_a_process_that_never_comes_is_a_clear_error(tmp_path):

@@ -15,6 +15,11 @@ any error there is no partial file, and an existing OUT is left as it was. Besid
 OUT.plan.json (written the same way) holds the plan itself, its predicted time and a
 fingerprint of the module's per-device graph.
 
+Memory: plans whose predicted peak memory per device (the simulator's live-range
+estimate) exceeds ``--memory-budget`` (default: this machine's device memory) are
+refused; the report gives the chosen plan's predicted peak beside the no-fusion plan's.
+When not even a start plan fits, the command exits with an error and writes nothing.
+
 Stopping: Ctrl-C (SIGINT) or SIGTERM during the search ends it as the time budget does:
 the best plan so far is written to OUT and OUT.plan.json and the exit code is 130 (a
 second Ctrl-C gives up at once, writing nothing; before the search starts, one is
@@ -49,6 +54,7 @@ from disco_jax.cli.simulate import (
     in_context_line,
     load_module,
 )
+from disco_jax.units import format_bytes
 from hlo_tools.dirs import write_atomic
 
 __all__ = ["PLAN_FORMAT", "graph_fingerprint", "plan_path", "register", "run"]
@@ -71,6 +77,9 @@ def register(subparsers: Any) -> None:
                    help="stop after N candidates without a new best (default: "
                         "configs/search.toml)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default: 0)")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="refuse plans whose predicted peak memory per device exceeds SIZE "
+                        "(e.g. 512MiB, 8GiB; default: this machine's device memory)")
     p.add_argument("--resume", action="store_true",
                    help="start from the plan of OUT.plan.json (written by an earlier run, "
                         "also an interrupted one) besides the usual start plans")
@@ -211,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, signals: _Signals) -> int:
     import hlo_tools
-    from disco_jax.search import baseline_plans, search
+    from disco_jax.search import MemoryBudgetError, baseline_plans, search
+    from disco_jax.units import parse_bytes
+    from hlo_tools.jax_bridge import device_memory_bytes
     from hlo_tools.plan import FusionSpace
 
     check_arguments(args)
@@ -222,6 +233,11 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
         raise UserError(f"--time-budget must be > 0, got {args.time_budget}")
     if args.patience is not None and args.patience < 1:
         raise UserError(f"--patience must be >= 1, got {args.patience}")
+    try:
+        budget = (parse_bytes(args.memory_budget) if args.memory_budget is not None
+                  else device_memory_bytes())
+    except ValueError as err:
+        raise UserError(f"--memory-budget: {err}") from None
     try:
         module = load_module(args.file)
     except UserError as err:  # one line: file:line:col and the reason, not the quote
@@ -240,9 +256,12 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     print("disco: searching (Ctrl-C stops it and keeps the best plan so far)",
           file=sys.stderr, flush=True)
     signals.phase = "search"
-    outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget,
-                     patience=args.patience, start_plans=starts, space=space,
-                     stop=signals.stop)
+    try:
+        outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget,
+                         patience=args.patience, start_plans=starts, space=space,
+                         stop=signals.stop, memory_budget_bytes=budget)
+    except MemoryBudgetError as err:
+        raise UserError(f"{args.file}: {err}") from None
     signals.phase = "after"
     text = hlo_tools.to_text(hlo_tools.apply_plan(module, outcome.plan, graph))
     record = {"format": PLAN_FORMAT, "file": str(args.file), "output": str(out),
@@ -298,6 +317,9 @@ def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
 
 
 def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> dict[str, Any]:
+    from disco_jax.lower import simulate_plan
+    from hlo_tools.plan import initial_plan
+
     groups = outcome.plan.groups()
     buckets = sum(1 for ms in groups.values() if graph.opcodes[ms[0]] == "all-reduce")
     stats = outcome.stats
@@ -307,9 +329,14 @@ def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> d
         "computation": graph.computation.name,
         "nodes": graph.num_nodes,
         "predicted_s": outcome.cost_s,
-        "start_predicted_s": outcome.start_costs_s,
+        "start_predicted_s": outcome.start_costs_json(),
         "best_start": outcome.best_start,
         "fo_bound_s": outcome.fo_bound_s,
+        "memory": {"peak_bytes": outcome.peak_bytes,
+                   "no_fusion_peak_bytes": simulate_plan(graph, initial_plan(graph),
+                                                         costs).peak_bytes,
+                   "budget_bytes": outcome.memory_budget_bytes,
+                   "refused": stats.over_budget},
         "plan": {"fusions": len(groups) - buckets, "buckets": buckets,
                  "duplicated_producers": len(outcome.plan.dups)},
         "search": {"seed": outcome.seed, "evaluated": stats.evaluated, "pops": stats.pops,
@@ -328,13 +355,18 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"{r['file']}: {r['computation']}, {r['nodes']} nodes -> {r['output']}", file=out)
     best = r["start_predicted_s"][r["best_start"]]
     for name, t in r["start_predicted_s"].items():
-        print(f"  {'start ' + name:28s} {_fmt_ms(t)}", file=out)
+        shown = "refused: over the memory budget" if t is None else _fmt_ms(t)
+        print(f"  {'start ' + name:28s} {shown}", file=out)
     print(f"  {'optimized plan':28s} {_fmt_ms(r['predicted_s'])}  "
           f"({best / r['predicted_s']:.2f}x the best start, {r['best_start']})", file=out)
     print(f"  {'full-overlap bound':28s} {_fmt_ms(r['fo_bound_s'])}", file=out)
     p, s = r["plan"], r["search"]
     print(f"plan: {p['fusions']} fusions, {p['duplicated_producers']} duplicated producers, "
           f"{p['buckets']} AllReduce buckets", file=out)
+    m = r["memory"]
+    print(f"memory: predicted peak {format_bytes(m['peak_bytes'])} per device (no fusion "
+          f"{format_bytes(m['no_fusion_peak_bytes'])}; budget {format_bytes(m['budget_bytes'])}"
+          f", {m['refused']} candidates refused)", file=out)
     print(in_context_line(r["in_context"]), file=out)
     print(f"search: {s['evaluated']} candidates, {s['pops']} pops in {s['seconds']:.1f} s "
           f"(seed {s['seed']}, stopped by {s['stop_reason']})", file=out)

@@ -37,6 +37,7 @@ from typing import Any
 
 from disco_jax.cli import UserError
 from disco_jax.cli.inputs import read_text
+from disco_jax.units import format_bytes
 
 __all__ = [
     "add_cost_model_arguments",
@@ -360,13 +361,6 @@ def in_context_line(ic: dict[str, Any]) -> str:
             f"{_fmt_s(pred['no_fusion'])}, {_fmt_s(pred['one_bucket'])}")
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def _print_report(r: dict[str, Any], args: argparse.Namespace) -> None:
     cm = r["cost_model"]
     out = sys.stdout
@@ -382,7 +376,7 @@ def _print_report(r: dict[str, Any], args: argparse.Namespace) -> None:
             ("communication (channel busy)", _fmt_s(r["comm_s"])),
             ("overlap (both busy)", _fmt_s(r["overlap_s"])),
             ("full-overlap bound", _fmt_s(r["fo_bound_s"])),
-            ("peak memory", _fmt_bytes(r["peak_bytes"]))]
+            ("peak memory", format_bytes(r["peak_bytes"]))]
     for label, value in rows:
         print(f"  {label:30s} {value:>12s}", file=out)
     sources = ", ".join(f"{k} {v}" for k, v in r["time_sources"].items())
