@@ -19,6 +19,11 @@ Prints a table and writes ``benchmarks/results/multiprocess_speed.json`` (atomic
 after every model)::
 
     sudo python benchmarks/multiprocess_speed.py --size medium
+
+``--compare BENCH.json`` (nothing measured) sets these rows beside ``disco bench``'s rows of
+the same size and setup (``disco bench --setups gloo2-1gbit --size medium --staged auto``):
+per model DisCo's measured step in both, and its speed-up over XLA's default (``jax.jit``)
+in both; writes ``benchmarks/results/multiprocess_vs_bench.json``.
 """
 
 from __future__ import annotations
@@ -139,6 +144,36 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _compare(mp_path: str, bench_path: str) -> dict:
+    """Rows of ``multiprocess_speed.json`` beside ``disco bench``'s gloo2-1gbit rows."""
+    mp = {r["model"]: r for r in json.loads(Path(mp_path).read_text())["rows"]}
+    bench = {r["model"]: r for r in json.loads(Path(bench_path).read_text())["rows"]
+             if r["setup"] == "gloo2-1gbit"}
+    rows = []
+    for model in [m for m in MODELS if m in mp and m in bench]:
+        m, b = mp[model], bench[model]
+        dj, jj = m["median_s"]["disco_jax.jit"], m["median_s"]["jax.jit"]
+        bd, bx = b["measured_s"]["disco"], b["measured_s"]["xla_default"]
+        rows.append({"model": model, "jit_disco_s": dj, "bench_disco_s": bd,
+                     "step_ratio": dj / bd, "jit_speedup_vs_jax_jit": jj / dj,
+                     "bench_speedup_vs_xla_default": bx / bd,
+                     "jit_choice": m["stored"]["choice"], "bench_choice": b["choice"]["disco"]})
+    return {"multiprocess": mp_path, "bench": bench_path, "rows": rows}
+
+
+def _compare_table(result: dict) -> str:
+    head = (f"{'model':12s} {'jit ms':>8s} {'bench ms':>9s} {'jit/bench':>9s} "
+            f"{'jit vs jax.jit':>14s} {'bench vs xla':>12s}  {'jit choice':16s} bench choice")
+    out = [head, "-" * len(head)]
+    for r in result["rows"]:
+        out.append(f"{r['model']:12s} {r['jit_disco_s'] * 1e3:8.1f} "
+                   f"{r['bench_disco_s'] * 1e3:9.1f} {r['step_ratio']:9.3f} "
+                   f"{r['jit_speedup_vs_jax_jit']:13.2f}x "
+                   f"{r['bench_speedup_vs_xla_default']:11.2f}x  {r['jit_choice']:16s} "
+                   f"{r['bench_choice']}")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -154,7 +189,17 @@ def main() -> None:
     ap.add_argument("--coordinator", default="")
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--parent-netns", default="")
+    ap.add_argument("--compare", metavar="BENCH.json",
+                    help="set the rows of --out beside disco bench's rows (measures nothing)")
     args = ap.parse_args()
+    if args.compare:
+        from hlo_tools.dirs import write_atomic
+
+        result = _compare(args.out, args.compare)
+        write_atomic(RESULTS.with_name("multiprocess_vs_bench.json"),
+                     json.dumps(result, indent=1))
+        print(_compare_table(result))
+        return None
     if args.mode == "worker":
         return _worker(args)
     if args.mode == "launch":
