@@ -163,3 +163,32 @@ def test_cli_reports_memory_and_refuses_a_tiny_budget(tmp_path, capsys):
     code = main(["optimize", str(FIXTURE), "-o", str(out), "--memory-budget", "lots"])
     captured = capsys.readouterr()
     assert code != 0 and "--memory-budget" in captured.err and "Traceback" not in captured.err
+
+
+def test_jit_under_a_tiny_budget_chooses_among_the_baselines(tmp_path, monkeypatch):
+    """``DISCO_MEMORY_BUDGET`` below what any plan needs: the search refuses every plan,
+    ``disco_jax.jit`` measures the baselines alone, stores the winner (a baseline) with
+    the reason in its record, and computes what ``jax.jit`` computes; a malformed value
+    is an error naming the variable."""
+    import numpy as np
+
+    import disco_jax
+    from disco_jax import store as st
+    from disco_jax import zoo
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    quick = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
+             "profile_rounds": 2, "predict_baselines": False}
+    monkeypatch.setenv("ENABLE_SEARCH", "1")
+    monkeypatch.setenv("DISCO_MEMORY_BUDGET", "1KiB")
+    wrapped = disco_jax.jit(step, store=tmp_path, time_budget_s=0.5, search_options=quick)
+    got = wrapped(*args)
+    info = wrapped.last_run_info
+    assert info.mode == "searched" and not info.choice.startswith("plan_"), info
+    record = st.load_entry(info.source_fingerprint, st.Setup.current(), root=tmp_path).entry
+    assert "no plan fits the memory budget" in record.record["search"]["refused"]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(step)(*args))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    monkeypatch.setenv("DISCO_MEMORY_BUDGET", "lots")
+    with pytest.raises(ValueError, match="^DISCO_MEMORY_BUDGET="):
+        disco_jax.jit(step, store=tmp_path / "other", search_options=quick)(*args)
