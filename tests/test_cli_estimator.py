@@ -54,7 +54,7 @@ def trained(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DISCO_CACHE_DIR", str(root / "cache"))
         code, out, err = _main("train-estimator", "--generate", "--models", "vgg",
-                               "--size", "tiny", "--per-module", "4", "--repeats", "3",
+                               "--size", "tiny", "--per-module", "2", "--repeats", "3",
                                "--epochs", "3", "--dataset", str(root / "data"),
                                "--out", str(root / "gnn.msgpack"))
     return root, code, out, err
@@ -66,6 +66,7 @@ def test_train_estimator_writes_a_checkpoint_that_loads(trained) -> None:
     (dataset,) = (root / "data").glob("dataset-*.jsonl")
     samples = load_samples(dataset)
     assert 1 <= len(samples) <= 4 and {s.source for s in samples} == {"vgg"}
+    assert {s.kind for s in samples} <= {"plan", "xla"} and "xla" in err  # both kinds drawn
     ckpt = ckpt_io.load(root / "gnn.msgpack")
     assert ckpt.fingerprint["platform"] == "cpu"  # the dataset's own backend
     assert ckpt.notes["training"]["epochs"] == 3 and ckpt.notes["samples"] == len(samples)
@@ -90,6 +91,11 @@ def test_train_estimator_user_errors(trained, tmp_path) -> None:
     code, _, err = _main("train-estimator", "--generate", "--models", "nope",
                          "--dataset", str(tmp_path))
     assert _user_error(code, err) and "unknown model 'nope'" in err, err
+    code, _, err = _main("train-estimator", "--generate", "--kinds", "plan,nope",
+                         "--dataset", str(tmp_path))
+    assert _user_error(code, err) and "valid kinds are plan, xla" in err, err
+    code, _, err = _main("train-estimator", "--generate-only", "--dataset", str(dataset))
+    assert _user_error(code, err) and "--generate-only needs --generate" in err, err
 
 
 def test_fallback_time_of_a_subgraph_is_the_rule(vgg) -> None:

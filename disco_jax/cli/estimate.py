@@ -6,8 +6,17 @@ of one fusion group, and its time is predicted from their single-op times -- fro
 cost model built as ``disco simulate`` builds it (``--hardware``, ``--profile``,
 single ops timed on this machine and cached, ``--no-bench``) -- by the fallback rule
 (:class:`estimator.interface.FallbackFusedEstimator`) and, with ``--checkpoint``, by the
-GNN (:class:`estimator.gnn.estimator.GnnFusedEstimator`). A module as extracted from jax
-has no fusions yet; ``disco optimize`` writes one that has.
+GNN (:class:`estimator.gnn.estimator.GnnFusedEstimator`). With ``--measure`` each fusion
+is also timed standalone the way the estimator's dataset is measured
+(:func:`estimator.gnn.dataset.measure_groups`: one ``fusion`` in a module of its own,
+XLA's fusion passes off, random inputs, median of ``--repeats`` runs); a fusion that
+cannot be built that way (e.g. multi-output) gets ``measured_s`` null and its reason.
+A module as extracted from jax has no fusions yet; ``disco optimize`` writes one that
+has, and ``lowered.compile().as_text()`` holds XLA's own.
+
+``--json`` prints ``{"fusions": [{"name", "predicted_s", "fallback_s", "measured_s",
+...}], ...}``: ``predicted_s`` is the GNN's prediction with ``--checkpoint``, else the
+fallback rule's (``"predictor"`` says which); times in seconds.
 
 This module holds the subcommand's parser (:func:`register`), the predictions
 (:func:`fusion_groups`, :func:`estimate_fusions`) and the run (:func:`run`).
@@ -42,6 +51,10 @@ def register(subparsers: Any) -> None:
                    help="GNN estimator checkpoint (disco train-estimator --out); without "
                         "it only the fallback rule predicts")
     add_cost_model_arguments(p)
+    p.add_argument("--measure", action="store_true",
+                   help="also time every fusion standalone, as the estimator's dataset is")
+    p.add_argument("--repeats", type=int, default=15, metavar="N",
+                   help="timed runs per fusion with --measure (default: 15)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -57,32 +70,30 @@ def fusion_groups(module: Any, graph: Any) -> list[tuple[Any, Any, list[int]]]:
         of its fused computation (:func:`hlo_tools.graph.device_graph`) and every node of
         it that is not a parameter.
     """
-    from hlo_tools.graph import NodeKind, device_graph
+    from estimator.gnn.dataset import fusion_groups as groups_of
 
-    out = []
-    for instr in graph.computation.instructions:
-        if instr.opcode != "fusion":
-            continue
-        body = device_graph(module, module.computation(instr.called_computations[0]))
-        members = [i for i, kind in enumerate(body.kinds) if kind != NodeKind.PARAMETER]
-        out.append((instr, body, members))
-    return out
+    return groups_of(module, graph)
 
 
-def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None
-                     ) -> list[dict[str, Any]]:
-    """Predicted seconds of every fusion of ``graph``.
+def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None,
+                     measure: bool = False, repeats: int = 15) -> list[dict[str, Any]]:
+    """Predicted (and optionally measured) seconds of every fusion of ``graph``.
 
     Args:
         module: the module.
         graph: its per-device graph.
         costs: the :class:`~disco_jax.cost_model.CostModel` giving the member times.
         gnn: a :class:`~estimator.gnn.estimator.GnnFusedEstimator`, or None.
+        measure: also time each fusion standalone
+            (:func:`estimator.gnn.dataset.measure_groups`).
+        repeats: timed runs per fusion when measuring.
 
     Returns:
         Per fusion ``{"name", "kind", "ops", "members_s" (sum of the member times),
-        "fallback_s", "gnn_s" (None without ``gnn``), "estimated" (a member time came
-        from the analytic model)}``.
+        "fallback_s", "gnn_s" (None without ``gnn``), "predicted_s" (``gnn_s``, else
+        ``fallback_s``), "measured_s" (None unless measured), "measure_error" (why it
+        could not be measured, with ``measure``), "estimated" (a member time came from
+        the analytic model)}``.
     """
     from estimator.interface import FallbackFusedEstimator
 
@@ -95,14 +106,24 @@ def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None
         subs = [subgraph_from_group(body, costs.node_costs(body), members)
                 for _, body, members in groups]
         gnn_s = [float(t) for t in gnn.predict_subgraphs(subs)]
+    measured: list[dict[str, Any]] = [{} for _ in groups]
+    if measure and groups:
+        from estimator.gnn.dataset import measure_groups
+
+        measured = measure_groups([(body, members, ()) for _, body, members in groups],
+                                  repeats=repeats, warmup=min(3, repeats))
     rows = []
-    for (instr, body, members), g in zip(groups, gnn_s):
+    for (instr, body, members), g, m in zip(groups, gnn_s, measured):
         gc = costs.graph_costs(body)
-        rows.append({"name": instr.name, "kind": instr.attrs.get("kind", ""),
-                     "ops": len(members),
-                     "members_s": float(gc.time_s[members].sum()),
-                     "fallback_s": float(fallback.predict(body, members)),
-                     "gnn_s": g, "estimated": bool(gc.estimated[members].any())})
+        fb = float(fallback.predict(body, members))
+        row = {"name": instr.name, "kind": instr.attrs.get("kind", ""),
+               "ops": len(members),
+               "members_s": float(gc.time_s[members].sum()),
+               "fallback_s": fb, "gnn_s": g, "predicted_s": fb if g is None else g,
+               "measured_s": m.get("time_s"), "estimated": bool(gc.estimated[members].any())}
+        if measure:
+            row["measure_error"] = m.get("error")
+        rows.append(row)
     return rows
 
 
@@ -144,16 +165,22 @@ def _print_report(r: dict[str, Any]) -> None:
               file=out)
         return
     width = max(len("fusion"), *(len(x["name"]) for x in rows))
+    measured = r["measured"]
+    head = f"{'measured':>14s}" if measured else ""
     print(f"  {'fusion':{width}s} {'kind':8s} {'ops':>4s} {'members sum':>14s} "
-          f"{'fallback':>14s} {'gnn':>14s}", file=out)
+          f"{'fallback':>14s} {'gnn':>14s}{head}", file=out)
     for x in rows:
         mark = " (estimated op times)" if x["estimated"] else ""
+        if measured and x["measured_s"] is None:
+            mark += f" (not measured: {x['measure_error']})"
+        meas = f"{_fmt_us(x['measured_s']):>14s}" if measured else ""
         print(f"  {x['name']:{width}s} {x['kind']:8s} {x['ops']:>4d} "
               f"{_fmt_us(x['members_s']):>14s} {_fmt_us(x['fallback_s']):>14s} "
-              f"{_fmt_us(x['gnn_s']):>14s}{mark}", file=out)
+              f"{_fmt_us(x['gnn_s']):>14s}{meas}{mark}", file=out)
     t = r["total"]
+    meas = f"{_fmt_us(t['measured_s']):>14s}" if measured else ""
     print(f"  {'total':{width}s} {'':8s} {t['ops']:>4d} {_fmt_us(t['members_s']):>14s} "
-          f"{_fmt_us(t['fallback_s']):>14s} {_fmt_us(t['gnn_s']):>14s}", file=out)
+          f"{_fmt_us(t['fallback_s']):>14s} {_fmt_us(t['gnn_s']):>14s}{meas}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     from hlo_tools.graph import device_graph
 
     check_arguments(args)
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
     try:
         module = load_module(args.file)
     except UserError as err:  # one line: file:line:col and the reason, not the quote
@@ -173,13 +202,19 @@ def run(args: argparse.Namespace) -> int:
     costs = cost_model(module, args)
     if gnn is not None:
         gnn.bind(costs)
-    rows = estimate_fusions(module, graph, costs, gnn)
+    rows = estimate_fusions(module, graph, costs, gnn, measure=args.measure,
+                            repeats=args.repeats)
+    timed = [x["measured_s"] for x in rows if x["measured_s"] is not None]
     total = {"ops": sum(x["ops"] for x in rows),
              "members_s": sum(x["members_s"] for x in rows),
              "fallback_s": sum(x["fallback_s"] for x in rows),
-             "gnn_s": sum(x["gnn_s"] for x in rows) if gnn is not None else None}
+             "gnn_s": sum(x["gnn_s"] for x in rows) if gnn is not None else None,
+             "predicted_s": sum(x["predicted_s"] for x in rows),
+             "measured_s": sum(timed) if args.measure and len(timed) == len(rows) else None}
     report = {"file": str(args.file), "computation": graph.computation.name,
-              "checkpoint": args.checkpoint, "fusions": rows, "total": total,
+              "checkpoint": args.checkpoint,
+              "predictor": "gnn" if gnn is not None else "fallback",
+              "measured": bool(args.measure), "fusions": rows, "total": total,
               "cost_model": costs.describe()}
     if args.json:
         print(json.dumps(report, sort_keys=True))

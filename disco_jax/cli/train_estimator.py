@@ -4,8 +4,10 @@ The samples are fusion groups measured as standalone fused ops
 (:mod:`estimator.gnn.dataset`): read from ``--dataset`` (a dataset file, or a directory
 holding one file per backend fingerprint; default: the cache's ``gnn`` directory), or
 first added to it with ``--generate``, which draws groups from the zoo models
-``--models`` at ``--size`` and times up to ``--per-module`` new ones per model (samples
-already stored are never timed again, so a stopped run resumes).
+``--models`` at ``--size`` -- of the ``--kinds`` ``plan`` (groups of random plans of the
+pre-optimization HLO) and ``xla`` (XLA's own fusions, from the module XLA compiles) --
+and times up to ``--per-module`` new ones per model and kind (samples already stored are
+never timed again, so a stopped run resumes). ``--generate-only`` stops there.
 
 Training (:func:`estimator.gnn.train.train`): Adam on the squared error of log time,
 ``--epochs`` passes' worth of minibatch steps (``epochs * ceil(n / batch)``), progress on
@@ -19,9 +21,11 @@ memory costs) on the held-out samples (else on the training samples): their numb
 the fraction predicted within 10% and 14% of the measured time, and the median relative
 error ``|predicted - measured| / measured``.
 
-This module holds the subcommand's parser (:func:`register`), the pure pieces of its run
-(:func:`resolve_dataset`, :func:`split_samples`, :func:`fallback_time`,
-:func:`accuracy`) and the run itself (:func:`run`).
+This module holds the subcommand's parser (:func:`register`), :func:`resolve_dataset`,
+the zoo modules ``--generate`` measures (:func:`zoo_modules`) and the run itself
+(:func:`run`); the evaluation's pure pieces (:func:`split_samples`,
+:func:`fallback_time`, :func:`accuracy`) live in :mod:`estimator.gnn.evaluate` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -29,17 +33,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from disco_jax.cli import UserError
+from estimator.gnn.evaluate import accuracy, fallback_time, split_samples
 
 __all__ = [
+    "DEFAULT_KINDS",
     "DEFAULT_MODELS",
     "accuracy",
     "fallback_time",
@@ -47,10 +50,14 @@ __all__ = [
     "resolve_dataset",
     "run",
     "split_samples",
+    "zoo_modules",
 ]
 
-#: Zoo models ``--generate`` draws from by default.
-DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert")
+#: Zoo models ``--generate`` draws from by default (all six, so that every model can be
+#: held out).
+DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
+#: Sample kinds ``--generate`` adds by default (see :data:`estimator.gnn.dataset.KINDS`).
+DEFAULT_KINDS = ("plan", "xla")
 #: Host devices the zoo models are built on (as ``disco demo`` does).
 _DEVICES = 4
 
@@ -67,6 +74,11 @@ def register(subparsers: Any) -> None:
                    help="first add samples of the --models to the dataset (resumable)")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
                    help="comma-separated zoo models for --generate (default: %(default)s)")
+    p.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                   help="comma-separated sample kinds for --generate: plan (random plans' "
+                        "groups), xla (XLA's own fusions) (default: %(default)s)")
+    p.add_argument("--generate-only", action="store_true",
+                   help="with --generate: add the samples and stop (no training)")
     p.add_argument("--size", default="tiny", choices=("tiny", "small", "medium"),
                    help="zoo size for --generate (default: tiny)")
     p.add_argument("--per-module", type=int, default=50, metavar="N",
@@ -109,53 +121,6 @@ def resolve_dataset(spec: str | os.PathLike | None, fingerprint: dict[str, Any])
     return dataset_path(fingerprint, path) if path.is_dir() else path
 
 
-def split_samples(samples: Sequence[Any], held_out: str | None
-                  ) -> tuple[list[Any], list[Any]]:
-    """``(training, held-out)`` samples: those whose ``source`` is ``held_out`` are held
-    out (none when ``held_out`` is None)."""
-    train = [s for s in samples if held_out is None or s.source != held_out]
-    test = [s for s in samples if held_out is not None and s.source == held_out]
-    return train, test
-
-
-def fallback_time(sub: Any, kernel_launch_s: float, mem_s_per_byte: float) -> float:
-    """The fallback rule's time of a fused op described only by its subgraph, seconds.
-
-    :func:`estimator.interface.fallback_fused_time` on the subgraph's own arrays: each
-    node's time is split by :func:`estimator.interface.split_times` over its traffic
-    (bytes read, plus bytes written for ops that run a kernel, i.e. take time), and the
-    fused op's ``io`` is the subgraph's ``input_bytes + output_bytes``.
-
-    Args:
-        sub: an :class:`estimator.gnn.features.FusedSubgraph`.
-        kernel_launch_s: fixed cost of one kernel, seconds.
-        mem_s_per_byte: seconds per byte of memory traffic.
-    """
-    from estimator.interface import split_times
-
-    time_s = np.asarray(sub.time_s, np.float64)
-    traffic = sub.in_bytes + np.where(time_s > 0, sub.out_bytes, 0)
-    launch, mem, compute = split_times(time_s, traffic, kernel_launch_s, mem_s_per_byte)
-    total = float(traffic.sum())
-    scale = (sub.input_bytes + sub.output_bytes) / total if total > 0 else 1.0
-    return float(launch.max(initial=0.0)) + float(mem.sum()) * min(scale, 1.0) \
-        + float(compute.sum())
-
-
-def accuracy(predicted_s: Sequence[float], measured_s: Sequence[float]) -> dict[str, float]:
-    """``{"n", "within_10", "within_14", "median_rel_err"}`` of predictions: the fractions
-    within 10% and 14% relative error ``|predicted - measured| / measured`` and its
-    median (NaN without samples)."""
-    pred = np.asarray(predicted_s, np.float64)
-    meas = np.asarray(measured_s, np.float64)
-    err = np.abs(pred - meas) / meas
-    n = int(err.size)
-    return {"n": n,
-            "within_10": float(np.mean(err <= 0.10)) if n else math.nan,
-            "within_14": float(np.mean(err <= 0.14)) if n else math.nan,
-            "median_rel_err": float(statistics.median(err.tolist())) if n else math.nan}
-
-
 # --------------------------------------------------------------------------- run
 
 
@@ -176,6 +141,12 @@ def _check_arguments(args: argparse.Namespace) -> list[str]:
     models = [m for m in args.models.split(",") if m]
     if args.generate and not models:
         raise UserError("--generate needs at least one model in --models")
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = [k for k in kinds if k not in DEFAULT_KINDS]
+    if bad or (args.generate and not kinds):
+        raise UserError(f"--kinds {args.kinds!r}: valid kinds are {', '.join(DEFAULT_KINDS)}")
+    if args.generate_only and not args.generate:
+        raise UserError("--generate-only needs --generate")
     return models
 
 
@@ -192,28 +163,57 @@ def _constants(spec: str) -> Any:
         raise UserError(f"hardware {spec!r}: invalid hardware file: {err}") from None
 
 
-def _generate(args: argparse.Namespace, models: list[str]) -> None:
-    """Adds samples of the zoo ``models`` to the ``--dataset`` directory."""
+def zoo_modules(models: list[str], size: str, kinds: list[str], devices: int = _DEVICES
+                ) -> dict[str, list[tuple[str, str]]]:
+    """The HLO texts ``--generate`` draws samples from: per kind, ``(model, text)``.
+
+    ``plan``: each model's pre-optimization HLO (:func:`hlo_tools.extract`); ``xla``: the
+    module XLA compiles from it with its default passes
+    (:func:`hlo_tools.baselines.compile_baseline`, ``"xla_default"``), whose fusions are
+    XLA's own.
+
+    Args:
+        models: zoo model names.
+        size: zoo size (``tiny``, ``small``, ``medium``).
+        kinds: sample kinds (see :data:`DEFAULT_KINDS`).
+        devices: host devices the models are built on.
+
+    Raises:
+        UserError: an unknown model, or fewer than ``devices`` devices.
+    """
     import jax
 
     import hlo_tools
     from disco_jax import zoo
-    from estimator.gnn.dataset import generate
+    from hlo_tools.baselines import compile_baseline
 
     for m in models:
         if m not in zoo.names():
             raise UserError(f"unknown model {m!r}; valid: {', '.join(zoo.names())}")
-    if jax.local_device_count() < _DEVICES:
-        raise UserError(f"--generate needs {_DEVICES} devices; set XLA_FLAGS="
-                        f"--xla_force_host_platform_device_count={_DEVICES}")
-    modules = []
+    if jax.local_device_count() < devices:
+        raise UserError(f"--generate needs {devices} devices; set XLA_FLAGS="
+                        f"--xla_force_host_platform_device_count={devices}")
+    out: dict[str, list[tuple[str, str]]] = {k: [] for k in kinds}
     for m in models:
-        print(f"extracting {m} ({args.size}, {_DEVICES} devices)", file=sys.stderr)
-        step, example = zoo.get(m)(_DEVICES, args.size)
-        modules.append((m, hlo_tools.extract(step, *example)))
-    path, added = generate(modules, per_module=args.per_module, seed=args.seed,
-                           repeats=args.repeats, directory=args.dataset)
-    print(f"{path}: {added} samples added", file=sys.stderr)
+        print(f"extracting {m} ({size}, {devices} devices)", file=sys.stderr)
+        step, example = zoo.get(m)(devices, size)
+        if "plan" in out:
+            out["plan"].append((m, hlo_tools.extract(step, *example)))
+        if "xla" in out:
+            out["xla"].append((m, compile_baseline(step, example, "xla_default").as_text()))
+    return out
+
+
+def _generate(args: argparse.Namespace, models: list[str]) -> None:
+    """Adds samples of the zoo ``models`` to the ``--dataset`` directory."""
+    from estimator.gnn.dataset import generate
+
+    kinds = [k for k in args.kinds.split(",") if k]
+    for kind, modules in zoo_modules(models, args.size, kinds).items():
+        path, added = generate(modules, kind=kind, per_module=args.per_module,
+                               seed=args.seed, repeats=args.repeats, directory=args.dataset,
+                               progress=True)
+        print(f"{path}: {added} samples of kind {kind} added", file=sys.stderr)
 
 
 def _load(path: Path) -> list[Any]:
@@ -270,7 +270,9 @@ def _fmt_pct(x: float) -> str:
 def _print_report(r: dict[str, Any]) -> None:
     out = sys.stdout
     counts = ", ".join(f"{k} {v}" for k, v in r["sources"].items())
-    print(f"dataset {r['dataset']}: {r['samples']} samples ({counts})", file=out)
+    kinds = ", ".join(f"{k} {v}" for k, v in r["kinds"].items())
+    print(f"dataset {r['dataset']}: {r['samples']} samples ({counts}; kinds: {kinds})",
+          file=out)
     t = r["training"]
     print(f"trained on {t['samples']} samples: {t['epochs']} epochs = {t['steps']} steps of "
           f"{t['batch_size']}, final loss {t['final_loss']:.4g} (mean squared log error), "
@@ -302,6 +304,9 @@ def run(args: argparse.Namespace) -> int:
     if args.generate:
         _generate(args, models)
     path = resolve_dataset(args.dataset, fingerprint)
+    if args.generate_only:
+        print(f"{path}: {len(_load(path))} samples", file=sys.stdout)
+        return 0
     samples = _load(path)
     train_set, test_set = split_samples(samples, args.held_out)
     sources = sorted({s.source for s in samples})
@@ -331,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         "dataset": str(path),
         "samples": len(samples),
         "sources": {src: sum(s.source == src for s in samples) for src in sources},
+        "kinds": {k: n for k in DEFAULT_KINDS if (n := sum(s.kind == k for s in samples))},
         "training": {"samples": len(train_set), "epochs": args.epochs, "steps": steps,
                      "batch_size": min(args.batch_size, len(train_set)),
                      "learning_rate": args.learning_rate, "seed": args.seed,

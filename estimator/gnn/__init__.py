@@ -6,7 +6,11 @@
 * :mod:`~estimator.gnn.train`: training on log time with Adam;
 * :mod:`~estimator.gnn.checkpoint`: checkpoints (msgpack with a JSON header);
 * :mod:`~estimator.gnn.estimator`: :class:`GnnFusedEstimator`, the
-  :class:`~estimator.interface.BatchedFusedOpEstimator` the cost model plugs in.
+  :class:`~estimator.interface.BatchedFusedOpEstimator` the cost model plugs in;
+* :mod:`~estimator.gnn.dataset`: the measured samples (random plans' groups and XLA's
+  own fusions, timed as standalone fused ops);
+* :mod:`~estimator.gnn.evaluate`: accuracy against measured times, the fallback rule on
+  a subgraph, held-out splits (pure numpy).
 
 Importing this package imports jax.
 """

@@ -2,10 +2,18 @@
 
 Generation (:func:`generate`), for one HLO module at a time:
 
-1. **Groups**: the compute groups of random plans (:func:`hlo_tools.plan.random_moves`,
-   op fusion and duplicate fusion: a group grows by fusing an op with a producer or a
-   consumer, as the paper draws them), deduplicated (:func:`plan_groups`). Only
-   single-output groups are measured for now (see :func:`fused_module`).
+1. **Groups**, of one of two :data:`KINDS` (each sample records its ``kind``):
+
+   * ``"plan"``: the compute groups of random plans (:func:`hlo_tools.plan.random_moves`,
+     op fusion and duplicate fusion: a group grows by fusing an op with a producer or a
+     consumer, as the paper draws them), deduplicated (:func:`plan_groups`), from a
+     pre-optimization module;
+   * ``"xla"``: XLA's own fusions (:func:`xla_groups`), from a post-optimization module
+     (``lowered.compile().as_text()``): each ``fusion`` of the per-device program with
+     two or more ops is a group over the graph of its fused computation, as the
+     simulator and ``disco estimate`` see it (library fusions, ``kCustom``, are not).
+
+   Only single-output groups are measured for now (see :func:`fused_module`).
 2. **Member times**: every member's single-op time, timed standalone by
    :func:`estimator.op_bench.bench_ops` (cached on disk, as the cost model does), so the
    features are those the estimator will see at search time.
@@ -57,16 +65,23 @@ from hlo_tools.printer import to_text
 __all__ = [
     "DATASET_VERSION",
     "Sample",
+    "KINDS",
     "dataset_path",
     "fused_module",
+    "fusion_groups",
     "generate",
     "load_samples",
+    "measure_groups",
     "node_arrays",
     "plan_groups",
+    "xla_groups",
 ]
 
-#: Version of how samples are drawn, built and timed (part of the file name).
-DATASET_VERSION = 1
+#: Version of how samples are drawn, built and timed (part of the file name). 2: samples
+#: carry their ``kind``; XLA's own fusions are a source.
+DATASET_VERSION = 2
+#: Kinds of samples: groups of random plans, XLA's own fusions.
+KINDS = ("plan", "xla")
 #: Opcodes whose operands past the first are indices (drawn as 0: in bounds).
 _INDEXED = frozenset({"gather", "scatter", "dynamic-slice", "dynamic-update-slice"})
 
@@ -83,6 +98,8 @@ class Sample:
         p25_s: 25th percentile, seconds.
         p75_s: 75th percentile, seconds.
         samples: timed executions.
+        kind: one of :data:`KINDS`: ``"plan"`` (a group of a random plan) or ``"xla"``
+            (one of XLA's own fusions).
     """
 
     key: str
@@ -92,9 +109,11 @@ class Sample:
     p25_s: float
     p75_s: float
     samples: int
+    kind: str = "plan"
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "source": self.source, "subgraph": self.subgraph.to_json(),
+        return {"key": self.key, "source": self.source, "kind": self.kind,
+                "subgraph": self.subgraph.to_json(),
                 "time_s": self.time_s, "p25_s": self.p25_s, "p75_s": self.p75_s,
                 "samples": self.samples, "feature_version": FEATURE_VERSION}
 
@@ -102,7 +121,7 @@ class Sample:
     def from_json(cls, d: dict[str, Any]) -> Sample:
         return cls(str(d["key"]), str(d["source"]), FusedSubgraph.from_json(d["subgraph"]),
                    float(d["time_s"]), float(d["p25_s"]), float(d["p75_s"]),
-                   int(d["samples"]))
+                   int(d["samples"]), str(d.get("kind", "plan")))
 
 
 def dataset_path(fingerprint: dict[str, Any], directory: str | os.PathLike | None = None
@@ -158,6 +177,87 @@ def plan_groups(graph: DeviceGraph, seed: int, plans: int = 8, moves: int = 80
     return list(out)
 
 
+def fusion_groups(module: HloModule, graph: DeviceGraph
+                  ) -> list[tuple[HloInstruction, DeviceGraph, list[int]]]:
+    """The ``fusion`` instructions of ``graph`` as fusion groups.
+
+    Args:
+        module: the module holding ``graph``.
+        graph: a per-device graph (e.g. :func:`hlo_tools.graph.device_graph` of a
+            post-optimization module).
+
+    Returns:
+        ``(instruction, body graph, members)`` per fusion, in program order: the graph
+        of its fused computation (:func:`hlo_tools.graph.device_graph`) and every node of
+        it that is not a parameter.
+    """
+    out = []
+    for instr in graph.computation.instructions:
+        if instr.opcode != "fusion":
+            continue
+        body = device_graph(module, module.computation(instr.called_computations[0]))
+        members = [i for i, kind in enumerate(body.kinds) if kind != NodeKind.PARAMETER]
+        out.append((instr, body, members))
+    return out
+
+
+def xla_groups(module: HloModule, graph: DeviceGraph | None = None
+               ) -> list[tuple[str, DeviceGraph, list[int]]]:
+    """XLA's own fusions that can be samples: ``(fusion name, body graph, members)``.
+
+    The :func:`fusion_groups` of the per-device program with two or more members, a
+    single (non-tuple) output, that XLA:CPU can compile standalone (:func:`buildable`),
+    and not a library fusion (``kind=kCustom``: a call into
+    XLA's kernel library, timed as one op). Multi-output fusions (a tuple-shaped root)
+    cannot be built standalone yet (see :func:`fused_module`).
+
+    Args:
+        module: a post-optimization module (e.g.
+            :func:`hlo_tools.baselines.module_from_compiled`).
+        graph: its per-device graph (default: ``device_graph(module)``).
+    """
+    graph = graph if graph is not None else device_graph(module)
+    out = []
+    for instr, body, members in fusion_groups(module, graph):
+        if instr.attrs.get("kind") == "kCustom" or len(members) < 2:
+            continue
+        root = body.computation.instructions[body.root]
+        if root.shape.is_tuple or len(P.group_outputs(body, None, members)) != 1:
+            continue
+        if not buildable(body, members):
+            continue
+        out.append((instr.name, body, members))
+    return out
+
+
+def buildable(graph: DeviceGraph, members: Sequence[int]) -> bool:
+    """Whether a group can be written as a standalone fusion that XLA:CPU compiles.
+
+    A hand-written fusion reaches XLA before layout assignment, and XLA:CPU's emitter
+    aborts the process on some of them (reshapes, bitcasts, transposes inside, a select
+    reading a fused value, ...: :data:`hlo_tools.opcodes.UNFUSIBLE_OPCODES` and the
+    checks of :func:`hlo_tools.plan.can_fuse`). The group is buildable when the fusion
+    moves can rebuild it from single ops: every member's producers among the members
+    fused into it one by one, from the root down, each fusion legal.
+
+    Args:
+        graph: the graph of the group (e.g. a fused computation's).
+        members: its nodes.
+    """
+    inside = set(members)
+    space = P.FusionSpace(graph)
+    if not all(space.fusible[m] for m in inside):
+        return False
+    plan = P.initial_plan(graph)
+    for consumer in sorted(inside, reverse=True):
+        for producer in dict.fromkeys(graph.operands[consumer]):
+            if producer in inside and plan.group[producer] != plan.group[consumer]:
+                if not P.can_fuse(space, plan, producer, consumer):
+                    return False
+                plan = P.fuse(space, plan, producer, consumer)
+    return len({plan.group[m] for m in inside}) == 1
+
+
 def node_arrays(graph: DeviceGraph, time_s: np.ndarray, free: np.ndarray) -> NodeCosts:
     """The node arrays the features read, built as ``disco_jax.cost_model.GraphCosts``
     builds them (reads of slice-like ops capped at their result, ops without a kernel
@@ -189,9 +289,23 @@ def node_arrays(graph: DeviceGraph, time_s: np.ndarray, free: np.ndarray) -> Nod
 # --------------------------------------------------------------------------- modules
 
 
+def _unbitcast(graph: DeviceGraph, node: int) -> str:
+    """The opcode a node keeps in a standalone fused module: a post-layout ``bitcast``
+    (XLA's fusions hold them; XLA rejects them before layout assignment) becomes the op
+    it stands for, ``bitcast-convert`` when the element type changes, else ``reshape``."""
+    instr = graph.computation.instructions[node]
+    if instr.opcode != "bitcast" or not graph.operands[node]:
+        return instr.opcode
+    src = graph.computation.instructions[graph.operands[node][0]].shape
+    return "reshape" if src.element_type == instr.shape.element_type else "bitcast-convert"
+
+
 def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[int] = (),
                  name: str = "disco_fused") -> tuple[str, list[op_bench.InputSpec]]:
     """A single-output group as a standalone module holding one ``fusion``.
+
+    Layouts are dropped (the module is compiled with default layouts) and post-layout
+    bitcasts become reshapes, so XLA's own fused computations can be rebuilt this way.
 
     Multi-output groups are refused: jaxlib 0.10.2's XLA:CPU aborts the process (a failed
     ``has_layout()`` check, not an exception) compiling a module whose tuple-shaped
@@ -207,9 +321,10 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
     inside = sorted(set(members) | set(copies))
     local = set(inside)
     outputs = list(P.group_outputs(graph, None, members)) or [max(members)]
-    if len(outputs) > 1:
-        raise ValueError(f"group has {len(outputs)} outputs; only single-output fusions "
-                         "are built (XLA:CPU aborts on a standalone multi-output fusion)")
+    if len(outputs) > 1 or instrs[outputs[0]].shape.is_tuple:
+        raise ValueError(f"group has {len(outputs)} outputs or a tuple-shaped one; only "
+                         "single-output fusions are built (XLA:CPU aborts on a standalone "
+                         "multi-output fusion)")
     params: list[HloInstruction] = []
     entry_params: list[HloInstruction] = []
     specs: list[op_bench.InputSpec] = []
@@ -220,7 +335,7 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
         ops = []
         for pos, o in enumerate(graph.operands[node]):
             if o not in local and o not in inner:
-                shape = instrs[o].shape
+                shape = instrs[o].shape.without_layout()
                 k = len(params)
                 params.append(HloInstruction(f"p{k}", "parameter", shape, payload=str(k)))
                 entry_params.append(HloInstruction(f"a{k}", "parameter", shape,
@@ -230,9 +345,11 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
                 specs.append(op_bench.InputSpec(shape, 1 if index else 0))
                 inner[o] = f"p{k}"
             ops.append(inner[o])
-        body.append(src.copy(name=f"n{node}", operands=ops, attrs=op_bench.standalone_attrs(src)))
+        body.append(src.copy(name=f"n{node}", operands=ops, attrs=op_bench.standalone_attrs(src),
+                             shape=src.shape.without_layout(),
+                             opcode=_unbitcast(graph, node)))
         inner[node] = f"n{node}"
-    root, shape = inner[outputs[0]], instrs[outputs[0]].shape
+    root, shape = inner[outputs[0]], instrs[outputs[0]].shape.without_layout()
     fused = HloComputation("fused_group", params + body, root)
     fusion = HloInstruction("fusion", "fusion", shape, [p.name for p in entry_params],
                             {"kind": "kLoop", "calls": "fused_group"})
@@ -244,37 +361,68 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
 # --------------------------------------------------------------------------- generation
 
 
-def _member_times(module: HloModule, graph: DeviceGraph, nodes: Iterable[int],
-                  replicas: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``[N]`` single-op seconds (NaN where unknown) and ``[N]`` free flags."""
-    instrs = graph.computation.instructions
-    wanted = sorted(set(nodes))
-    timings = op_bench.bench_ops(module, [instrs[i] for i in wanted], replicas=replicas,
-                                 progress=progress)
+def _member_times(module: HloModule, graphs: Sequence[tuple[DeviceGraph, Iterable[int]]],
+                  replicas: int, progress: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per ``(graph, nodes)``: ``[N]`` single-op seconds (NaN where unknown, or not among
+    ``nodes``) and ``[N]`` free flags; every op is timed in one :func:`bench_ops` call."""
+    wanted = [(graph, sorted(set(nodes))) for graph, nodes in graphs]
+    instrs = [graph.computation.instructions[i] for graph, nodes in wanted for i in nodes]
+    timings = op_bench.bench_ops(module, instrs, replicas=replicas, progress=progress)
     view = op_bench.module_view(module)
-    t = np.full(graph.num_nodes, math.nan)
-    free = np.zeros(graph.num_nodes, np.bool_)
-    for i in range(graph.num_nodes):
-        status = op_bench.op_status(instrs[i])[0]
-        if status == "free":
-            t[i], free[i] = 0.0, True
-        elif status == "bench" and i in set(wanted):
-            hit = timings.get(op_bench.timing_key(view, instrs[i]))
-            if hit is not None and hit.ok:
-                t[i] = hit.time_s
-    return t, free
+    out = []
+    for graph, nodes in wanted:
+        body = graph.computation.instructions
+        t = np.full(graph.num_nodes, math.nan)
+        free = np.zeros(graph.num_nodes, np.bool_)
+        chosen = set(nodes)
+        for i in range(graph.num_nodes):
+            status = op_bench.op_status(body[i])[0]
+            if status == "free":
+                t[i], free[i] = 0.0, True
+            elif status == "bench" and i in chosen:
+                hit = timings.get(op_bench.timing_key(view, body[i]))
+                if hit is not None and hit.ok:
+                    t[i] = hit.time_s
+        out.append((t, free))
+    return out
 
 
-def generate(modules: Sequence[tuple[str, str]], *, per_module: int = 50, seed: int = 0,
-             repeats: int = 15, warmup: int = 3, replicas: int = 1,
+def _candidates(module: HloModule, kind: str, seed: int, replicas: int, progress: bool
+                ) -> list[tuple[DeviceGraph, NodeCosts, tuple[int, ...], tuple[int, ...]]]:
+    """The measurable groups of one module: ``(graph, node arrays, members, copies)``."""
+    if kind == "plan":
+        graph = device_graph(module)
+        groups = plan_groups(graph, seed)
+        ((times, free),) = _member_times(
+            module, [(graph, (i for m, c in groups for i in (*m, *c)))], replicas, progress)
+        nodes = node_arrays(graph, np.nan_to_num(times), free)
+        return [(graph, nodes, ms, cs) for ms, cs in groups
+                if not np.isnan(times[list(ms) + list(cs)]).any()
+                and len(P.group_outputs(graph, None, ms)) == 1]
+    if kind == "xla":
+        fusions = xla_groups(module)
+        timed = _member_times(module, [(body, ms) for _, body, ms in fusions], replicas,
+                              progress)
+        return [(body, node_arrays(body, np.nan_to_num(times), free), tuple(ms), ())
+                for (_, body, ms), (times, free) in zip(fusions, timed)
+                if not np.isnan(times[ms]).any()]
+    raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(KINDS)}")
+
+
+def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_module: int = 50,
+             seed: int = 0, repeats: int = 15, warmup: int = 3, replicas: int = 1,
              directory: str | os.PathLike | None = None, progress: bool | None = None
              ) -> tuple[Path, int]:
     """Draws, builds, times and stores fused-op samples (resumable).
 
     Args:
-        modules: ``(source name, HLO text)`` pairs, e.g. zoo models' pre-optimization HLO.
+        modules: ``(source name, HLO text)`` pairs: for ``kind="plan"`` zoo models'
+            pre-optimization HLO, for ``kind="xla"`` their post-optimization HLO
+            (``lowered.compile().as_text()``).
+        kind: which groups to draw (:data:`KINDS`): random plans' groups, or XLA's own
+            fusions (:func:`xla_groups`).
         per_module: new samples to add per module at most.
-        seed: seed of the random plans.
+        seed: seed of the random plans (and of which XLA fusions come first).
         repeats: traced runs per fused op (median kept).
         warmup: untraced runs first.
         replicas: devices running each op at once (part of the fingerprint).
@@ -283,58 +431,105 @@ def generate(modules: Sequence[tuple[str, str]], *, per_module: int = 50, seed: 
 
     Returns:
         ``(dataset file, samples added)``.
-    """
-    from hlo_tools import jax_bridge, parse
 
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    from hlo_tools import parse
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(KINDS)}")
     shown = sys.stderr.isatty() if progress is None else progress
     fingerprint = op_bench.backend_fingerprint(replicas)
     path = dataset_path(fingerprint, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    known = {s.key for s in load_samples(path)}
+    known = {(s.kind, s.key) for s in load_samples(path)}
     added = 0
     t0 = time.perf_counter()
     for source, text in modules:
         module = parse(text)
-        graph = device_graph(module)
-        groups = plan_groups(graph, seed)
-        times, free = _member_times(module, graph, (i for m, c in groups for i in (*m, *c)),
-                                    replicas, shown)
-        nodes = node_arrays(graph, np.nan_to_num(times), free)
+        candidates = _candidates(module, kind, seed, replicas, shown)
+        if kind == "xla":  # a fixed, seeded order, so per_module draws a fair subset
+            random.Random(seed).shuffle(candidates)
         todo = []
-        for ms, cs in groups:
-            if (np.isnan(times[list(ms) + list(cs)]).any()
-                    or len(P.group_outputs(graph, None, ms)) > 1):
-                continue
+        for graph, nodes, ms, cs in candidates:
             sub = _features_of(graph, nodes, ms, cs)
             key = canonical_key(sub).hex()
-            if key not in known:
-                known.add(key)
-                todo.append((ms, cs, sub, key))
+            if (kind, key) not in known:
+                known.add((kind, key))
+                todo.append((graph, ms, cs, sub, key))
             if len(todo) >= per_module:
                 break
-        items = []
-        for ms, cs, sub, key in todo:
-            text_k, specs = fused_module(graph, ms, cs, name=f"disco_fused_{key[:16]}")
-            try:
-                exe = jax_bridge.compile_standalone(text_k, exact=True, replicas=replicas)
-                placed = exe.put(*op_bench.random_inputs(specs, seed=int(key[:8], 16)))
-            except Exception as err:  # a group XLA rejects standalone: not a sample
-                if shown:
-                    sys.stderr.write(f"\n{source}: skipped a group: {str(err)[:120]}\n")
-                continue
-            items.append((exe, placed, sub, key))
-        samples = op_bench.time_standalone([(e, p) for e, p, _, _ in items],
-                                           repeats=repeats, warmup=warmup)
+        measured = measure_groups([(g, ms, cs) for g, ms, cs, _, _ in todo],
+                                  names=[f"disco_fused_{key[:16]}" for *_, key in todo],
+                                  repeats=repeats, warmup=warmup, replicas=replicas)
+        skipped = 0
         with open(path, "a", encoding="utf-8") as f:
-            for exe, _, sub, key in items:
-                runs = samples.get(exe.module_name, [])
-                if not runs:
+            for (_, _, _, sub, key), m in zip(todo, measured):
+                if m.get("error"):
+                    skipped += 1
+                    if shown:
+                        sys.stderr.write(f"{source}: skipped a group: {m['error'][:120]}\n")
                     continue
-                q25, q50, q75 = np.percentile(runs, [25, 50, 75])
-                sample = Sample(key, source, sub, float(q50), float(q25), float(q75), len(runs))
+                sample = Sample(key, source, sub, m["time_s"], m["p25_s"], m["p75_s"],
+                                m["samples"], kind)
                 f.write(json.dumps(sample.to_json()) + "\n")
                 added += 1
         if shown:
-            sys.stderr.write(f"{source}: {len(items)} fused ops timed, {added} added "
+            sys.stderr.write(f"{source} ({kind}): {len(candidates)} groups, {len(todo)} new, "
+                             f"{skipped} not measurable, {added} added in all "
                              f"({time.perf_counter() - t0:.0f} s)\n")
     return path, added
+
+
+def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[int]]], *,
+                   names: Sequence[str] | None = None, repeats: int = 15, warmup: int = 3,
+                   replicas: int = 1, seed: int = 0) -> list[dict[str, Any]]:
+    """Times fusion groups as standalone fused ops, the way the dataset's samples are.
+
+    Each group is built by :func:`fused_module`, compiled with XLA's fusion passes off,
+    fed :func:`estimator.op_bench.random_inputs` and timed by
+    :func:`estimator.op_bench.time_standalone` (median of ``repeats`` traced runs).
+
+    Args:
+        groups: ``(graph, members, copies)`` per fused op.
+        names: module name of each (default ``disco_fused_<k>``); unique.
+        repeats: traced runs per fused op.
+        warmup: untraced runs first.
+        replicas: devices running each at once.
+        seed: seed of the inputs (group ``k`` uses ``seed + k``, or the hash in its name).
+
+    Returns:
+        Per group ``{"time_s", "p25_s", "p75_s", "samples"}`` (seconds), or
+        ``{"error": why}`` when it cannot be built, compiled or timed (e.g. a
+        multi-output group).
+    """
+    from hlo_tools import jax_bridge
+
+    names = list(names) if names is not None else [f"disco_fused_{k}"
+                                                   for k in range(len(groups))]
+    out: list[dict[str, Any]] = [{} for _ in groups]
+    items = []
+    for k, ((graph, ms, cs), name) in enumerate(zip(groups, names)):
+        tail = name.rsplit("_", 1)[-1]
+        in_seed = int(tail[:8], 16) if len(tail) >= 8 and all(
+            c in "0123456789abcdef" for c in tail[:8]) else seed + k
+        try:
+            text, specs = fused_module(graph, ms, cs, name=name)
+            exe = jax_bridge.compile_standalone(text, exact=True, replicas=replicas)
+            placed = exe.put(*op_bench.random_inputs(specs, seed=in_seed))
+        except Exception as err:  # XLA rejects the group standalone: no time
+            out[k] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+            continue
+        items.append((k, exe, placed))
+    runs = op_bench.time_standalone([(e, p) for _, e, p in items], repeats=repeats,
+                                    warmup=warmup)
+    for k, exe, _ in items:
+        got = runs.get(exe.module_name, [])
+        if not got:
+            out[k] = {"error": "no timed run (the fused op ran no kernel)"}
+            continue
+        q25, q50, q75 = np.percentile(got, [25, 50, 75])
+        out[k] = {"time_s": float(q50), "p25_s": float(q25), "p75_s": float(q75),
+                  "samples": len(got)}
+    return out

@@ -5,13 +5,14 @@ It implements :class:`~estimator.interface.FusedOpEstimator` and
 the same :class:`~estimator.interface.NodeCostSource` as the fallback rule's
 (``source.node_costs(graph)``, e.g. the cost model itself), so both estimators see the
 same measurements. Predictions are cached by the fused subgraph's canonical form
-(:func:`~estimator.gnn.features.canonical_key`), and the uncached ones of a batch run
-through one jitted forward pass per chunk, padded to static buckets.
+(:func:`~estimator.gnn.features.canonical_key`), and the uncached ones of a batch are
+encoded at once (:func:`~estimator.gnn.features.encode_batch`) and run through one
+jitted forward pass per chunk, padded to static buckets (one compilation per bucket).
+``benchmarks/gnn_inference_speed.py`` measures the throughput.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,9 +20,13 @@ import jax
 import numpy as np
 
 from estimator.gnn import checkpoint as ckpt_io
-from estimator.gnn.features import FusedSubgraph, canonical_key, subgraph_from_group
+from estimator.gnn.features import (
+    FusedSubgraph,
+    canonical_key,
+    encode_batch,
+    subgraph_from_group,
+)
 from estimator.gnn.model import FusedOpGnn, GnnConfig
-from estimator.gnn.train import make_batch
 from estimator.interface import NodeCostSource
 from hlo_tools.graph import DeviceGraph
 
@@ -37,13 +42,14 @@ class GnnFusedEstimator:
         source: gives the :class:`~estimator.interface.NodeCosts` of a graph (the member
             times), e.g. ``disco_jax.cost_model.CostModel``; may be set later with
             :meth:`bind` (a cost model that needs the estimator at construction).
-        chunk: fused ops per forward pass.
+        chunk: fused ops per forward pass (511 fills the 512-graph bucket with the
+            padding graph).
         jit: run the forward pass jitted (False: op by op, for checks).
     """
 
     def __init__(self, params: Any, config: GnnConfig, source: NodeCostSource | None = None,
-                 *, chunk: int = 512, jit: bool = True):
-        self.params = params
+                 *, chunk: int = 511, jit: bool = True):
+        self.params = jax.device_put(params) if jit else params
         self.config = config
         self.source = source
         self.chunk = chunk
@@ -80,10 +86,9 @@ class GnnFusedEstimator:
         items = list(todo.items())
         for start in range(0, len(items), self.chunk):
             part = items[start:start + self.chunk]
-            padded, _, _ = make_batch([s for _, s in part])
+            padded = encode_batch([s for _, s in part])
             log_t = np.asarray(self._apply(self.params, padded), np.float64)
-            for (k, _), lt in zip(part, log_t[:len(part)]):
-                self.cache[k] = math.exp(float(lt))
+            self.cache.update(zip((k for k, _ in part), np.exp(log_t[:len(part)]).tolist()))
         return np.array([self.cache[k] for k in keys], np.float64)
 
     # -- the estimator protocol

@@ -61,6 +61,7 @@ __all__ = [
     "canonical_key",
     "dtype_id",
     "encode",
+    "encode_batch",
     "opcode_id",
     "pad_to_bucket",
     "subgraph_from_group",
@@ -303,6 +304,89 @@ def pad_to_bucket(graph: jraph.GraphsTuple) -> jraph.GraphsTuple:
     n_node, n_edge, n_graph = bucket_sizes(int(np.sum(graph.n_node)), int(np.sum(graph.n_edge)),
                                            len(graph.n_node))
     return jraph.pad_with_graphs(graph, n_node, n_edge, n_graph)
+
+
+def encode_batch(subs: Sequence[FusedSubgraph], pad: bool = True) -> jraph.GraphsTuple:
+    """Several fused subgraphs encoded, batched and padded at once (vectorised numpy).
+
+    Equal to ``pad_to_bucket(batch([encode(s) for s in subs]))`` (or, with ``pad=False``,
+    to ``batch([encode(s) for s in subs])``) up to float rounding, about ten times
+    faster: the estimator's inference and training build their batches with it.
+
+    Args:
+        subs: ``B >= 1`` fused subgraphs, each with at least one node.
+        pad: pad to :func:`bucket_sizes` with the padding graph of
+            ``jraph.pad_with_graphs``.
+
+    Returns:
+        The batch (numpy arrays); with ``pad`` its sizes are :func:`bucket_sizes`.
+    """
+    b = len(subs)
+    n = np.fromiter((len(s.opcodes) for s in subs), np.int64, count=b)
+    e = np.fromiter((len(s.senders) for s in subs), np.int64, count=b)
+    if b == 0 or (n < 1).any():
+        raise ValueError("encode_batch needs at least one subgraph, each with a node")
+    total_n, total_e = int(n.sum()), int(e.sum())
+    cum_n = np.concatenate([[0], np.cumsum(n)[:-1]])
+    cum_e = np.concatenate([[0], np.cumsum(e)[:-1]])
+    graph_of_node = np.repeat(np.arange(b), n)
+    graph_of_edge = np.repeat(np.arange(b), e)
+    time_s = np.concatenate([s.time_s for s in subs]).astype(np.float64)
+    x = np.stack([np.log1p(np.concatenate([s.in_bytes for s in subs]).astype(np.float64)),
+                  np.log1p(np.concatenate([s.out_bytes for s in subs]).astype(np.float64)),
+                  _log_us(time_s),
+                  np.concatenate([s.is_output for s in subs]).astype(np.float64),
+                  np.concatenate([s.is_copy for s in subs]).astype(np.float64)],
+                 axis=-1).astype(np.float32)
+    opcode = np.fromiter((_OPCODE_IDS.get(o, 0) for s in subs for o in s.opcodes), np.int32,
+                         count=total_n)
+    dtype = np.fromiter((_DTYPE_IDS.get(d, 0) for s in subs for d in s.dtypes), np.int32,
+                        count=total_n)
+    # Edges of graph g in encode's order: e forward, e backward, n self-loops.
+    n_edge = 2 * e + n
+    m_edges = int(n_edge.sum())
+    snd = np.concatenate([s.senders for s in subs]).astype(np.int64) + cum_n[graph_of_edge] \
+        if total_e else np.zeros(0, np.int64)
+    rcv = np.concatenate([s.receivers for s in subs]).astype(np.int64) + cum_n[graph_of_edge] \
+        if total_e else np.zeros(0, np.int64)
+    k = np.arange(total_e)
+    fwd = cum_e[graph_of_edge] + cum_n[graph_of_edge] + k          # 2*cum_e + cum_n + (k - cum_e)
+    bwd = fwd + e[graph_of_edge]
+    i = np.arange(total_n)
+    loop = 2 * cum_e[graph_of_node] + 2 * e[graph_of_node] + i       # + cum_n + (i - cum_n)
+    senders = np.empty(m_edges, np.int32)
+    receivers = np.empty(m_edges, np.int32)
+    edges = np.zeros((m_edges, 2), np.float32)
+    senders[fwd], receivers[fwd], edges[fwd, 0] = snd, rcv, 1.0
+    senders[bwd], receivers[bwd], edges[bwd, 1] = rcv, snd, 1.0
+    senders[loop], receivers[loop] = i, i
+    starts = cum_n.astype(np.int64)
+    total = np.add.reduceat(np.maximum(time_s, 0.0), starts)
+    largest = np.maximum.reduceat(time_s, starts)
+    glob = np.stack([np.log(n.astype(np.float64)),
+                     np.log1p(np.fromiter((s.input_bytes for s in subs), np.float64, b) / _MIB),
+                     np.log1p(np.fromiter((s.output_bytes for s in subs), np.float64, b) / _MIB),
+                     _log_us(total), _log_us(largest)], axis=-1).astype(np.float32)
+    base = np.log(np.maximum(total, MIN_TIME_S)).astype(np.float32)
+    n_node, n_edges = n.astype(np.int32), n_edge.astype(np.int32)
+    if pad:
+        pn, pe, pg = bucket_sizes(total_n, m_edges, b)
+        extra_n, extra_e, extra_g = pn - total_n, pe - m_edges, pg - b
+        opcode = np.concatenate([opcode, np.zeros(extra_n, np.int32)])
+        dtype = np.concatenate([dtype, np.zeros(extra_n, np.int32)])
+        x = np.concatenate([x, np.zeros((extra_n, NUM_NODE_FEATURES), np.float32)])
+        edges = np.concatenate([edges, np.zeros((extra_e, 2), np.float32)])
+        senders = np.concatenate([senders, np.full(extra_e, total_n, np.int32)])
+        receivers = np.concatenate([receivers, np.full(extra_e, total_n, np.int32)])
+        glob = np.concatenate([glob, np.zeros((extra_g, NUM_GLOBAL_FEATURES), np.float32)])
+        base = np.concatenate([base, np.zeros(extra_g, np.float32)])
+        zeros = np.zeros(extra_g - 1, np.int32)
+        n_node = np.concatenate([n_node, [extra_n], zeros]).astype(np.int32)
+        n_edges = np.concatenate([n_edges, [extra_e], zeros]).astype(np.int32)
+    return jraph.GraphsTuple(
+        nodes={"opcode": opcode, "dtype": dtype, "x": x}, edges=edges,
+        senders=senders, receivers=receivers, globals={"x": glob, "base": base},
+        n_node=n_node, n_edge=n_edges)
 
 
 def unpad(padded: jraph.GraphsTuple) -> jraph.GraphsTuple:

@@ -21,7 +21,7 @@ import jraph
 import numpy as np
 import optax
 
-from estimator.gnn.features import FusedSubgraph, batch, encode, pad_to_bucket
+from estimator.gnn.features import FusedSubgraph, encode_batch
 from estimator.gnn.model import FusedOpGnn, GnnConfig, init_params
 
 __all__ = ["TrainResult", "log_targets", "make_batch", "train"]
@@ -52,9 +52,9 @@ def log_targets(times_s: Sequence[float]) -> np.ndarray:
 
 def make_batch(subgraphs: Sequence[FusedSubgraph], targets: np.ndarray | None = None
                ) -> tuple[jraph.GraphsTuple, np.ndarray, np.ndarray]:
-    """A padded batch, its ``[G_pad]`` float32 targets (0 for padding) and ``[G_pad]`` bool
-    mask of real graphs."""
-    padded = pad_to_bucket(batch([encode(s) for s in subgraphs]))
+    """A padded batch (:func:`~estimator.gnn.features.encode_batch`), its ``[G_pad]``
+    float32 targets (0 for padding) and ``[G_pad]`` bool mask of real graphs."""
+    padded = encode_batch(subgraphs)
     g = padded.n_node.shape[0]
     mask = np.zeros(g, np.bool_)
     mask[:len(subgraphs)] = True
