@@ -164,3 +164,32 @@ def test_estimate_bad_checkpoint_exits_2(vgg, tmp_path) -> None:
                        (tmp_path / "missing.msgpack", "no such file")):
         code, _, err = _main("estimate", str(post), "--no-bench", "--checkpoint", str(ckpt))
         assert _user_error(code, err) and what in err, err
+
+
+def test_simulate_and_optimize_price_fusions_with_the_gnn(vgg, trained, tmp_path) -> None:
+    """``--gnn CHECKPOINT`` swaps the GNN into the simulator's cost model: ``disco
+    simulate`` of a planned module (fusions priced by the estimator) reports it and
+    predicts another time than with the fallback rule; ``disco optimize`` searches with
+    it; a missing checkpoint is one clean error."""
+    _, planned, _ = vgg
+    post = tmp_path / "post.hlo"
+    post.write_text(planned)
+    ckpt = str(trained[0] / "gnn.msgpack")
+    base = ("simulate", str(post), "--no-bench", "--no-in-context", "--json")
+    code, out, err = _main(*base)
+    assert code == 0, err
+    fallback = json.loads(out)
+    code, out, err = _main(*base, "--gnn", ckpt)
+    assert code == 0, err
+    gnn = json.loads(out)
+    assert fallback["cost_model"]["fused_estimator"] == "FallbackFusedEstimator"
+    assert gnn["cost_model"]["fused_estimator"] == "GnnFusedEstimator"
+    assert gnn["iteration_s"] > 0 and gnn["iteration_s"] != fallback["iteration_s"]
+    pre = tmp_path / "pre.hlo"
+    pre.write_text(vgg[0])
+    code, out, err = _main("optimize", str(pre), "-o", str(tmp_path / "o.hlo"), "--no-bench",
+                           "--no-in-context", "--time-budget", "1", "--json", "--gnn", ckpt)
+    assert code == 0, err
+    assert json.loads(out)["cost_model"]["fused_estimator"] == "GnnFusedEstimator"
+    code, out, err = _main(*base, "--gnn", str(tmp_path / "missing.msgpack"))
+    assert _user_error(code, err) and "--gnn" in err and "no such file" in err

@@ -35,6 +35,7 @@ from disco_jax.cli.simulate import (
     add_cost_model_arguments,
     check_arguments,
     cost_model,
+    load_gnn,
     load_module,
 )
 
@@ -130,23 +131,6 @@ def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None,
 # --------------------------------------------------------------------------- run
 
 
-def _gnn(path: str) -> Any:
-    """The GNN estimator of checkpoint ``path`` (no member-time source bound yet);
-    raises :class:`UserError`."""
-    from estimator.gnn import checkpoint as ckpt_io
-    from estimator.gnn.estimator import GnnFusedEstimator
-
-    try:
-        ck = ckpt_io.load(path)
-    except FileNotFoundError:
-        raise UserError(f"--checkpoint {path}: no such file") from None
-    except OSError as err:
-        raise UserError(f"--checkpoint {path}: cannot read: {err.strerror or err}") from None
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return GnnFusedEstimator(ck.params, ck.config)
-
-
 def _fmt_us(t: float | None) -> str:
     if t is None:
         return "-"
@@ -198,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         graph = device_graph(module)
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
-    gnn = _gnn(args.checkpoint) if args.checkpoint is not None else None
+    gnn = load_gnn(args.checkpoint, "--checkpoint") if args.checkpoint is not None else None
     costs = cost_model(module, args)
     if gnn is not None:
         gnn.bind(costs)

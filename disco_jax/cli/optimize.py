@@ -48,6 +48,7 @@ from typing import Any
 from disco_jax.cli import EXIT_INTERRUPTED, UserError
 from disco_jax.cli.simulate import (
     add_cost_model_arguments,
+    add_gnn_argument,
     add_in_context_argument,
     check_arguments,
     cost_model_in_context,
@@ -93,6 +94,7 @@ def register(subparsers: Any) -> None:
                         "('plan') or of K buckets of equal bytes, instead of the single "
                         "optimized module")
     add_cost_model_arguments(p)
+    add_gnn_argument(p)
     add_in_context_argument(p)
     p.set_defaults(func=run)
 

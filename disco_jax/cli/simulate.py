@@ -41,11 +41,13 @@ from disco_jax.units import format_bytes
 
 __all__ = [
     "add_cost_model_arguments",
+    "add_gnn_argument",
     "add_in_context_argument",
     "check_arguments",
     "cost_model",
     "cost_model_in_context",
     "in_context_line",
+    "load_gnn",
     "load_module",
     "register",
     "run",
@@ -63,6 +65,7 @@ def register(subparsers: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.hlo", help="HLO text (pre- or post-optimization)")
     add_cost_model_arguments(p)
+    add_gnn_argument(p)
     add_in_context_argument(p)
     p.add_argument("--overlap", type=float, metavar="PHI",
                    help="override the hardware's compute/communication overlap phi in [0, 1]")
@@ -83,6 +86,37 @@ def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not time single ops on this machine (profile/analytic only)")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="devices that run each timed op at once (default: 1)")
+
+
+def add_gnn_argument(p: argparse.ArgumentParser) -> None:
+    """``--gnn CHECKPOINT``: price fused ops with the GNN instead of the fallback rule."""
+    p.add_argument("--gnn", metavar="CHECKPOINT",
+                   help="price fused ops with this GNN estimator checkpoint (disco "
+                        "train-estimator --out) instead of the fallback rule")
+
+
+def load_gnn(path: str, option: str = "--gnn") -> Any:
+    """The GNN fused-op estimator of checkpoint ``path`` (no member-time source bound
+    yet); raises :class:`UserError` naming ``option`` for a missing or bad file."""
+    from estimator.gnn import checkpoint as ckpt_io
+    from estimator.gnn.estimator import GnnFusedEstimator
+
+    try:
+        ck = ckpt_io.load(path)
+    except FileNotFoundError:
+        raise UserError(f"{option} {path}: no such file") from None
+    except OSError as err:
+        raise UserError(f"{option} {path}: cannot read: {err.strerror or err}") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return GnnFusedEstimator(ck.params, ck.config)
+
+
+def _apply_gnn(costs: Any, args: argparse.Namespace) -> None:
+    """Swaps the GNN of ``--gnn`` into the cost model (a no-op without the option)."""
+    path = getattr(args, "gnn", None)
+    if path:
+        costs.set_fused_estimator(load_gnn(path).bind(costs))
 
 
 def add_in_context_argument(p: argparse.ArgumentParser) -> None:
@@ -198,6 +232,7 @@ def cost_model(module: Any, args: argparse.Namespace) -> Any:
     except ValueError as err:
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
     _apply_overlap(costs, args)
+    _apply_gnn(costs, args)
     return costs
 
 
@@ -289,6 +324,7 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
     _apply_overlap(costs, args)
     costs, cal = calibrate_in_context(costs, module, measured)
+    _apply_gnn(costs, args)  # (the two calibration programs hold no fusion)
     names = ("no_fusion", "one_bucket")
     return costs, {"profiled": True, "devices": len(measured.profile.per_device_s) or 1,
                    "platform": platform, "wall_s": dict(zip(names, cal.wall_s)),
