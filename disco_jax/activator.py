@@ -119,7 +119,7 @@ class Agreement(NamedTuple):
 
 def _timeout_s() -> float:
     """Seconds the activator's barrier waits (``DISCO_ACTIVATOR_TIMEOUT``)."""
-    from disco_jax.enact import env_seconds
+    from disco_jax.units import env_seconds
 
     seconds = env_seconds(TIMEOUT_ENV)
     return _DEFAULT_TIMEOUT_S if seconds is None else seconds

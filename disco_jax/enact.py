@@ -26,7 +26,6 @@ to arrive at the barrier times the iteration from the moment every participant i
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import time
@@ -48,7 +47,6 @@ __all__ = [
     "choose",
     "cover",
     "calibrate_in_context",
-    "env_seconds",
     "in_context_costs",
     "job_sync",
     "measure",
@@ -89,24 +87,6 @@ class _JobSync:
 
     def gather(self, key: str, value: Any) -> list[Any]:
         return self._coord.all_values(key, value, self._pid, self._n)
-
-
-def env_seconds(name: str) -> float | None:
-    """The environment variable ``name`` as a positive number of seconds (None: unset).
-
-    Raises:
-        ValueError: it is set but not a number > 0 (the message names the variable).
-    """
-    value = os.environ.get(name)
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ValueError(f"{name}={value!r} must be > 0 seconds")
-    return seconds
 
 
 def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync | None:

@@ -164,7 +164,7 @@ def _flag() -> str | None:
 
 
 def _budget(time_budget_s: float | None) -> float | None:
-    from disco_jax.enact import env_seconds
+    from disco_jax.units import env_seconds
 
     if time_budget_s is not None:
         return float(time_budget_s)
@@ -367,8 +367,9 @@ class DiscoJitted:
         return _compare_outputs(got, want)
 
     def _record_verdict(self, key: str, record: Mapping[str, Any], ok: bool,
-                        worst: float | None, detail: str) -> str:
-        """Writes a verification verdict into the store; says where it went, in words."""
+                        worst: float | None, detail: str) -> str | None:
+        """Writes a verification verdict into the store; None when it was written, else
+        why not, in words."""
         from disco_jax import store as st
 
         try:
@@ -377,8 +378,7 @@ class DiscoJitted:
                 root=self._store)
         except OSError as err:
             return f"not recorded: the store cannot be written ({err})"
-        return ("refused in the store" if written is not None else
-                "not recorded: the entry was replaced meanwhile")
+        return None if written is not None else "not recorded: the entry was replaced meanwhile"
 
     def _verify_stored(self, run: Callable[..., Any], entry: Any, args: tuple, kwargs: dict,
                        dyn: tuple) -> str | None:
@@ -391,7 +391,8 @@ class DiscoJitted:
             first = (str(err).strip().splitlines() or [""])[0][:300]
             return (f"the stored plan failed when run once to verify it "
                     f"({type(err).__name__}: {first})")
-        where = self._record_verdict(entry.key, entry.record, ok, worst, detail)
+        where = (self._record_verdict(entry.key, entry.record, ok, worst, detail)
+                 or "refused in the store")
         if ok:
             return None
         return (f"verification refused the stored plan: it does not compute what jax.jit "
@@ -416,9 +417,9 @@ class DiscoJitted:
             ok, worst, detail = False, None, f"it failed when run ({type(err).__name__}: {first})"
         all_ok, reason = unanimous(ok, "" if ok else detail, step="vote on the verification")
         if jax.process_index() == 0 and key is not None:
-            where = self._record_verdict(key, record, all_ok, worst, reason or detail)
-            if where != "refused in the store" and not all_ok:
-                _warn(self._name(), f"the verification's verdict was {where}")
+            unrecorded = self._record_verdict(key, record, all_ok, worst, reason or detail)
+            if unrecorded is not None and not all_ok:
+                _warn(self._name(), f"the verification's verdict was {unrecorded}")
         if all_ok:
             return None
         return (f"verification refused the stored plan: it does not compute what jax.jit "

@@ -90,7 +90,6 @@ STOP_QUEUE_EMPTY = "queue_empty"
 STOP_INTERRUPTED = "interrupted"
 
 
-
 class MemoryBudgetError(ValueError):
     """No start plan fits the memory budget (not even the no-fusion plan).
 
@@ -204,8 +203,8 @@ class SearchOutcome(NamedTuple):
         plan: the best plan found.
         cost_s: its predicted iteration time, seconds.
         start_costs_s: predicted iteration time of each start plan by name, seconds
-            (``math.inf``: refused, over the memory budget)
-            (:data:`NO_FUSION` first, then the seeded start plans in the order given).
+            (:data:`NO_FUSION` first, then the seeded start plans in the order given;
+            ``math.inf``: refused, over the memory budget).
         best_start: name of the cheapest start plan.
         fo_bound_s: full-overlap bound of the best plan
             (:func:`disco_jax.simulator.full_overlap_bound` of its SimGraph), seconds.
@@ -470,13 +469,14 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     overlap = costs.overlap
     budget = math.inf if memory_budget_bytes is None else memory_budget_bytes
-    refused = [0, math.inf]  # count, smallest refused peak
+    over_budget, smallest_refused = 0, math.inf
 
     def cost(plan: P.Plan) -> float:
+        nonlocal over_budget, smallest_refused
         result = simulate(sim_graph(graph, plan, costs), overlap, check=False)
         if result.peak_bytes > budget:
-            refused[0] += 1
-            refused[1] = min(refused[1], result.peak_bytes)
+            over_budget += 1
+            smallest_refused = min(smallest_refused, result.peak_bytes)
             return math.inf
         return result.iteration_s
 
@@ -493,7 +493,7 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
                 queued.append((plan, seen[key]))
         start_costs[name] = seen[key]
     if not queued:
-        raise MemoryBudgetError(int(budget), int(refused[1]))
+        raise MemoryBudgetError(int(budget), int(smallest_refused))
     best_start = min(start_costs, key=start_costs.__getitem__)
     show = _Progress(progress is not False and sys.stderr.isatty())
     try:
@@ -505,7 +505,7 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
     fo = full_overlap_bound(best_graph)
     peak = simulate(best_graph, overlap, check=False).peak_bytes
     stats = SearchStats(loop.evaluated, loop.pops, loop.duplicates,
-                        time.perf_counter() - t0, loop.stop_reason, refused[0])
+                        time.perf_counter() - t0, loop.stop_reason, over_budget)
     return SearchOutcome(loop.plan, loop.cost_s, start_costs, best_start, fo, stats, config,
                          seed, loop.top, int(peak), memory_budget_bytes)
 

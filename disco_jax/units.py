@@ -1,4 +1,5 @@
-"""Sizes in bytes: read from text (options, the environment) and written for people.
+"""Quantities read from text (options, the environment): sizes in bytes, also written
+for people, and seconds.
 
 Binary units throughout: ``k``/``KB``/``KiB`` = 1024 bytes, ``M``/``MB``/``MiB`` = 2**20,
 ``G``/``GB``/``GiB`` = 2**30, ``T``/``TB``/``TiB`` = 2**40 (case does not matter).
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["env_bytes", "format_bytes", "parse_bytes"]
+__all__ = ["env_bytes", "env_seconds", "format_bytes", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
           "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
@@ -48,6 +49,25 @@ def env_bytes(name: str) -> int | None:
         return parse_bytes(value)
     except ValueError as err:
         raise ValueError(f"{name}={err}") from None
+
+
+def env_seconds(name: str) -> float | None:
+    """The environment variable ``name`` as a positive number of seconds (None: unset or
+    empty).
+
+    Raises:
+        ValueError: it is set but not a number > 0 (the message names the variable).
+    """
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise ValueError(f"{name}={value!r} must be > 0 seconds")
+    return seconds
 
 
 def format_bytes(n: int | float) -> str:

@@ -462,6 +462,7 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
                 break
         measured = measure_groups([(g, ms, cs) for g, ms, cs, _, _ in todo],
                                   names=[f"disco_fused_{key[:16]}" for *_, key in todo],
+                                  seeds=[int(key[:8], 16) for *_, key in todo],
                                   repeats=repeats, warmup=warmup, replicas=replicas)
         skipped = 0
         with open(path, "a", encoding="utf-8") as f:
@@ -483,8 +484,9 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
 
 
 def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[int]]], *,
-                   names: Sequence[str] | None = None, repeats: int = 15, warmup: int = 3,
-                   replicas: int = 1, seed: int = 0) -> list[dict[str, Any]]:
+                   names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+                   repeats: int = 15, warmup: int = 3, replicas: int = 1
+                   ) -> list[dict[str, Any]]:
     """Times fusion groups as standalone fused ops, the way the dataset's samples are.
 
     Each group is built by :func:`fused_module`, compiled with XLA's fusion passes off,
@@ -494,10 +496,10 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
     Args:
         groups: ``(graph, members, copies)`` per fused op.
         names: module name of each (default ``disco_fused_<k>``); unique.
+        seeds: seed of each group's random inputs (default: ``k`` for group ``k``).
         repeats: traced runs per fused op.
         warmup: untraced runs first.
         replicas: devices running each at once.
-        seed: seed of the inputs (group ``k`` uses ``seed + k``, or the hash in its name).
 
     Returns:
         Per group ``{"time_s", "p25_s", "p75_s", "samples"}`` (seconds), or
@@ -508,12 +510,10 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
 
     names = list(names) if names is not None else [f"disco_fused_{k}"
                                                    for k in range(len(groups))]
+    seeds = list(seeds) if seeds is not None else list(range(len(groups)))
     out: list[dict[str, Any]] = [{} for _ in groups]
     items = []
-    for k, ((graph, ms, cs), name) in enumerate(zip(groups, names)):
-        tail = name.rsplit("_", 1)[-1]
-        in_seed = int(tail[:8], 16) if len(tail) >= 8 and all(
-            c in "0123456789abcdef" for c in tail[:8]) else seed + k
+    for k, ((graph, ms, cs), name, in_seed) in enumerate(zip(groups, names, seeds)):
         try:
             text, specs = fused_module(graph, ms, cs, name=name)
             exe = jax_bridge.compile_standalone(text, exact=True, replicas=replicas)
