@@ -160,14 +160,21 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                            "size": spec["size"]}
     plans_json = None
     if pid == 0:
+        gnn = None
+        if spec.get("gnn"):
+            from estimator.gnn.estimator import GnnFusedEstimator
+
+            gnn = GnnFusedEstimator.from_checkpoint(spec["gnn"])
         costs, cal = in_context_costs(module, spec["hardware"], measured, progress=False,
-                                      calibrate=bool(spec.get("calibrate", True)))
+                                      calibrate=bool(spec.get("calibrate", True)), fused=gnn)
+        row["fused_estimator"] = type(costs.fused).__name__
         if cal is not None:
             row["calibration"] = cal._asdict()
             say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
-                f"{cal.compute_scale:.2f} (no fusion / one bucket measured "
-                f"{cal.wall_s[0] * 1e3:.2f} / {cal.wall_s[1] * 1e3:.2f} ms, predicted "
-                f"{cal.predicted_s[0] * 1e3:.2f} / {cal.predicted_s[1] * 1e3:.2f} ms)")
+                f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f} (no fusion "
+                f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
+                f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
+                f"{cal.predicted_s[1] * 1e3:.2f} ms)")
         say(f"searching ({spec['time_budget_s']:.0f} s budget)")
         outcome = search(graph, costs, seed=int(spec["seed"]),
                          time_budget_s=float(spec["time_budget_s"]), progress=False,
@@ -190,6 +197,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                             for name in bl.BASELINES}
     bucketed: dict[str, Any] = {}
     thresholds: dict[str, Any] = {}
+    bucket_counts: dict[str, int] = {}
     seen_buckets: set = set()
     for cand in bl.bucketed_candidates(step, args):
         if cand.buckets in seen_buckets:
@@ -199,6 +207,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
             f"bucketed_{cand.threshold_bytes >> 20}MiB"
         bucketed[label] = cand.run
         thresholds[label] = cand.threshold_bytes
+        bucket_counts[label] = len(cand.buckets)
     plans: dict[str, Any] = {}
     for i, pj in enumerate(plans_json):
         plans[f"plan_{i}"] = Plan.from_json(pj)
@@ -261,6 +270,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         "predicted_s": predicted,
         "choice": {"disco": choice.name, "bucketed": best_bucketed, "disco_is": same,
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
+                   "bucket_counts": bucket_counts,
                    "medians_s": choice.medians_s,
                    "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,
                                    "xla_default": predicted["xla_default"]}},

@@ -118,6 +118,7 @@ class BackendConstants:
         kernel_launch_s = 1e-6    # fixed cost of one kernel (thunk), seconds
         mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
         compute_scale = 2.0       # factor on every kernel time in the simulation
+        fused_scale = 1.0         # extra factor on the fused-op estimator's times
 
     Attributes:
         overlap: how fast computation progresses while an AllReduce is in flight (phi).
@@ -134,6 +135,14 @@ class BackendConstants:
             shows up as gaps between its kernels, not in them). The default is
             therefore ``max(1, devices_per_process / host_cpus)`` on CPU, 1 elsewhere.
         source: where the values come from.
+        fused_scale: factor on the fused-op estimator's time of every kernel of several
+            ops (a fusion group of a plan, a fusion XLA wrote; not a single op XLA
+            wrapped in a fusion, nor a library fusion's body), on top of
+            ``compute_scale``. The estimator predicts a fused kernel from its members'
+            times; in context a fused kernel slows down less than its members did (it
+            moves less memory through the caches the job's other devices share), which
+            one scale on every kernel cannot say. Fitted in context to XLA's fused
+            program (:func:`disco_jax.enact.calibrate_in_context`); 1 by default.
     """
 
     overlap: float
@@ -141,6 +150,7 @@ class BackendConstants:
     mem_s_per_byte: float
     source: str = "default"
     compute_scale: float = 1.0
+    fused_scale: float = 1.0
 
     #: Defaults per platform family: ``(overlap, kernel_launch_s, mem_s_per_byte)``.
     #: CPU: phi ~ 0 (with XLA:CPU's default scheduler an AllReduce of M = 135 ms next to
@@ -182,9 +192,10 @@ class BackendConstants:
                   float(table.get("kernel_launch_s", base.kernel_launch_s)),
                   float(table.get("mem_s_per_byte", base.mem_s_per_byte)),
                   f"{hardware.name}.toml [costs]" if table else base.source,
-                  float(table.get("compute_scale", shared)))
+                  float(table.get("compute_scale", shared)),
+                  float(table.get("fused_scale", 1.0)))
         if (not 0.0 <= out.overlap <= 1.0 or out.kernel_launch_s < 0 or out.mem_s_per_byte < 0
-                or out.compute_scale <= 0):
+                or out.compute_scale <= 0 or out.fused_scale <= 0):
             raise ValueError(f"invalid [costs] in hardware {hardware.name!r}: {out}")
         return out
 
@@ -484,6 +495,9 @@ class GraphCosts:
         self.users = graph.users
         #: (members, copies[, outputs]) -> (seconds, output bytes, name)
         self.fused_cache: dict[tuple, tuple[float, int, str]] = {}
+        #: factor on the estimator's times (none inside a library fusion's body)
+        self.fused_scale = (1.0 if graph.computation.name in costs._library_bodies(graph.module)
+                            else costs.constants.fused_scale)
 
     # -- static arrays
 
@@ -552,6 +566,8 @@ class GraphCosts:
         members = key[0]
         outs = self.outputs(members) if len(key) == 2 else key[2]
         out = int(sum(self.write_bytes[m] for m in outs))
+        if len(key[1]) or np.count_nonzero(self.time_s[list(members)]) > 1:
+            t *= self.fused_scale  # a kernel of several ops (not one op XLA wrapped)
         hit = (t, out, f"fusion({self.graph.names[members[-1]]})")
         self.fused_cache[key] = hit
         return hit
@@ -791,7 +807,7 @@ class CostModel:
         c = self.constants
         return {"hardware": self.hardware.name, "overlap": c.overlap,
                 "kernel_launch_s": c.kernel_launch_s, "mem_s_per_byte": c.mem_s_per_byte,
-                "compute_scale": c.compute_scale,
+                "compute_scale": c.compute_scale, "fused_scale": c.fused_scale,
                 "constants_source": c.source, "measured_op_keys": len(self.op_times),
                 "fused_estimator": type(self.fused).__name__,
                 "allreduce": {"c_s_per_byte": self.hardware.allreduce.c_s_per_byte,

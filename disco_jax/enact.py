@@ -37,9 +37,11 @@ from disco_jax.cost_model import CostModel
 from estimator import op_bench
 from estimator import profiler as pr
 from estimator.hardware import HardwareConfig
+from estimator.interface import FallbackFusedEstimator
 from hlo_tools.ir import HloModule
 
 __all__ = [
+    "FUSED_SCALE_BOUNDS",
     "Calibration",
     "Choice",
     "InContext",
@@ -109,8 +111,12 @@ class InContext(NamedTuple):
         one_bucket: the no-fusion program with every gradient in one flat all-reduce
             bucket (the same computation, one collective), as a module.
         one_bucket_wall_s: its untraced seconds per iteration.
+        fused: XLA's compilation of ``one_bucket`` with its op fusion on (the
+            ``bucketed`` baseline with one bucket), as the module XLA runs (None: not
+            measured).
+        fused_wall_s: its untraced seconds per iteration (None: not measured).
 
-    Both times are medians of interleaved samples (in a job, per sample the minimum over
+    The times are medians of interleaved samples (in a job, per sample the minimum over
     processes).
     """
 
@@ -118,13 +124,16 @@ class InContext(NamedTuple):
     wall_s: float
     one_bucket: HloModule
     one_bucket_wall_s: float
+    fused: HloModule | None = None
+    fused_wall_s: float | None = None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
                        iterations: int = 5, warmup: int = 2, rounds: int = 5,
                        library: bool = True, sync: Sync | None = None) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
-    and times it beside the same program with one gradient bucket.
+    and times it beside the same program with one gradient bucket, compiled once with
+    nothing fused and once with XLA's op fusion (see :class:`InContext`).
 
     Args:
         step: the train step (its calling convention).
@@ -138,10 +147,13 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             the times a plan's dots will take.
         sync: the job's :class:`Sync` (None: one process).
     """
+
     one = _one_bucket(module)
     runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
                                         library=library)
             for name, m in (("no_fusion", module), ("one_bucket", one))}
+    runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
+                                          compiler_options=_fused_options())
     return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=sync)
 
@@ -182,9 +194,12 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     run, inputs = compile_text(text, exact=True, library=library, seed=seed)
     parsed = hlo_tools.parse(text) if isinstance(module, str) else module
     one = _one_bucket(parsed)
+    one_text = hlo_tools.to_text(one)
     runs = {"no_fusion": run,
-            "one_bucket": compile_text(hlo_tools.to_text(one), exact=True, library=library,
-                                       inputs=False).run}
+            "one_bucket": compile_text(one_text, exact=True, library=library,
+                                       inputs=False).run,
+            "fused": compile_text(one_text, exact=False, inputs=False,
+                                  compiler_options=_fused_options()).run}
     return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=None)
 
@@ -197,30 +212,47 @@ def _one_bucket(module: HloModule) -> HloModule:
     return hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
 
 
+def _fused_options() -> dict[str, Any]:
+    """XLA's options for the fused program of :class:`InContext`: the ``bucketed``
+    baseline's (op fusion on, combiner off)."""
+    import jax
+
+    from hlo_tools import baselines as bl
+
+    return bl.baseline_options(bl.BUCKETED, jax.default_backend())
+
+
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   one: HloModule, *, iterations: int, warmup: int, rounds: int,
                   sync: Sync | None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
-    program of ``one``), both called on ``args``."""
+    program of ``one``) and ``runs["fused"]`` (XLA's compilation of it), all called on
+    ``args``."""
+    from hlo_tools import baselines as bl
+
     profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                  warmup=warmup)
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
     return InContext(profile, statistics.median(walls["no_fusion"]), one,
-                     statistics.median(walls["one_bucket"]))
+                     statistics.median(walls["one_bucket"]),
+                     bl.module_from_compiled(runs["fused"]),
+                     statistics.median(walls["fused"]))
 
 
 def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
                      measured: InContext | None, *, bench: bool = True,
                      calibrate: bool = True, progress: bool | None = None,
-                     op_profile: pr.OpProfile | None = None, replicas: int = 1
-                     ) -> tuple[CostModel, Calibration | None]:
+                     op_profile: pr.OpProfile | None = None, replicas: int = 1,
+                     fused: Any = None) -> tuple[CostModel, Calibration | None]:
     """The cost model of ``module`` in the setup ``measured`` was taken in.
 
     Op times in priority order: ``op_profile`` (a stored profile, when given), the
     in-context profile (:func:`profile_in_context`), then standalone timings of the ops
     they lack (``bench``, each op on ``replicas`` devices at once), then the analytic
     model. With ``calibrate``, the hardware file's all-reduce model and compute scale are
-    then fitted to the same measurement (:func:`calibrate_in_context`).
+    then fitted to the same measurement (:func:`calibrate_in_context`). ``fused``: a
+    fused-op estimator to use instead of the fallback rule (one with a ``bind`` method,
+    e.g. the GNN, is bound to the cost model first), set before the fit.
 
     Returns:
         The cost model and its :class:`Calibration` (None without ``calibrate`` or a
@@ -238,9 +270,11 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         if bench:
             costs.op_times.add_timings(op_bench.bench_ops(module, replicas=replicas,
                                                           progress=progress))
+    if fused is not None:
+        costs.set_fused_estimator(fused.bind(costs) if hasattr(fused, "bind") else fused)
     if not calibrate or measured is None:
         return costs, None
-    return calibrate_in_context(costs, module, measured)
+    return calibrate_in_context(costs, module, measured, bench=bench)
 
 
 def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
@@ -263,28 +297,49 @@ class Calibration(NamedTuple):
         compute_scale: the factor on every compute node.
         wall_s: ``(no fusion, one bucket)`` measured seconds per iteration.
         predicted_s: ``(no fusion, one bucket)`` predicted after the fit, seconds.
+        fused_scale: the factor on fused-op estimates (1.0 when XLA's fused program was
+            not measured).
+        fused_wall_s: XLA's fused one-bucket program, measured seconds per iteration
+            (None: not measured).
+        fused_predicted_s: the same, predicted after the fit (None: not measured).
     """
 
     d_s: float
     compute_scale: float
     wall_s: tuple[float, float]
     predicted_s: tuple[float, float]
+    fused_scale: float = 1.0
+    fused_wall_s: float | None = None
+    fused_predicted_s: float | None = None
 
 
-def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext
-                         ) -> tuple[CostModel, Calibration]:
-    """Fits the all-reduce latency ``D`` and the compute scale to two programs measured in
-    context: no fusion with every gradient on its own all-reduce, and the same with one
-    bucket (:func:`profile_in_context`).
+#: Range of the fitted fused-op scale.
+FUSED_SCALE_BOUNDS = (0.2, 5.0)
 
-    The two run the same kernels and differ in the number of collectives, so the pair
-    separates what a collective costs inside a program -- gloo's latency, and the wait
-    for the slower process, which no microbenchmark sees and which changes from run to
-    run on a shared host -- from how fast the kernels run beside the job's other devices
-    (4 devices of one process share 2 cores). Both simulated times are close to affine in
-    ``(scale, D)``: finite differences give the 2x2 system, solved once and refined once;
-    the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
-    ``[0, 1 s]``. ``C`` (seconds per byte) stays the file's.
+
+def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext, *,
+                         bench: bool = True) -> tuple[CostModel, Calibration]:
+    """Fits the all-reduce latency ``D``, the compute scale and the fused-op scale to the
+    programs measured in context (:func:`profile_in_context`).
+
+    1. ``D`` and the compute scale, from two programs: no fusion with every gradient on
+       its own all-reduce, and the same with one bucket. The two run the same kernels
+       and differ in the number of collectives, so the pair separates what a collective
+       costs inside a program -- gloo's latency, and the wait for the slower process,
+       which no microbenchmark sees and which changes from run to run on a shared host --
+       from how fast the kernels run beside the job's other devices (4 devices of one
+       process share 2 cores). Both simulated times are close to affine in
+       ``(scale, D)``: finite differences give the 2x2 system, solved once and refined
+       once; the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
+       ``[0, 1 s]``. ``C`` (seconds per byte) stays the file's.
+    2. The fused-op scale (:attr:`~disco_jax.cost_model.BackendConstants.fused_scale`),
+       from XLA's fused compilation of the one-bucket program, when it was measured: the
+       same collective and the same computation as the second program, fused as XLA
+       fuses, so what its time differs by is how fast fused kernels run here. Its
+       simulated time is affine in the scale: solved once and refined once, clamped to
+       :data:`FUSED_SCALE_BOUNDS`. With ``bench``, ops of XLA's program that no
+       measurement covers are timed standalone first (:func:`cover`, before either fit,
+       so that both see the same op times).
 
     Returns:
         The calibrated cost model (same op times) and the :class:`Calibration`.
@@ -296,21 +351,29 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     from disco_jax.lower import sim_graph_from_module
     from disco_jax.simulator import simulate
 
+    has_fused = measured.fused is not None and measured.fused_wall_s is not None
+    if has_fused and bench:
+        cover(costs, measured.fused)
     modules = (module, measured.one_bucket)
     want = np.array([measured.wall_s, measured.one_bucket_wall_s])
     s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
+    # another estimator (the GNN) carries over: its member times are the same op times
+    estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
-    def model(scale: float, d: float) -> CostModel:
+    def model(scale: float, d: float, fused: float = costs.constants.fused_scale
+              ) -> CostModel:
         ar = dataclasses.replace(costs.hardware.allreduce, d_s=d)
-        consts = dataclasses.replace(costs.constants, compute_scale=scale,
+        consts = dataclasses.replace(costs.constants, compute_scale=scale, fused_scale=fused,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
-                         op_times=costs.op_times, constants=consts)
+                         op_times=costs.op_times, constants=consts, fused=estimator)
+
+    def time_of(m: HloModule, cm: CostModel) -> float:
+        return simulate(sim_graph_from_module(m, cm), cm.overlap).iteration_s
 
     def times(scale: float, d: float) -> np.ndarray:
         cm = model(scale, d)
-        return np.array([simulate(sim_graph_from_module(m, cm), cm.overlap).iteration_s
-                         for m in modules])
+        return np.array([time_of(m, cm) for m in modules])
 
     x = np.array([s0, max(d0, 1e-5)])
     lo, hi = np.array([0.25 * s0, 0.0]), np.array([8.0 * s0, 1.0])
@@ -323,10 +386,22 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
             x = np.clip(x + np.linalg.solve(jac, want - base), lo, hi)
         except np.linalg.LinAlgError:
             break
-    cm = model(*x)
     got = times(*x)
+    fused, fused_got = costs.constants.fused_scale, None
+    if has_fused:
+        f_lo, f_hi = FUSED_SCALE_BOUNDS
+        for _ in range(2):
+            base_t = time_of(measured.fused, model(*x, fused))
+            slope = (time_of(measured.fused, model(*x, fused * 1.5)) - base_t) / (0.5 * fused)
+            if slope <= 0:
+                break
+            fused = float(min(max(fused + (measured.fused_wall_s - base_t) / slope, f_lo),
+                              f_hi))
+        fused_got = time_of(measured.fused, model(*x, fused))
+    cm = model(*x, fused)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
-                           (float(got[0]), float(got[1])))
+                           (float(got[0]), float(got[1])), fused,
+                           measured.fused_wall_s, fused_got)
 
 
 # --------------------------------------------------------------------------- measuring

@@ -20,6 +20,7 @@ from disco_jax.bench import PROGRAMS
 from disco_jax.cli.bench import render_table
 from disco_jax.cost_model import CostModel
 from disco_jax.enact import (
+    FUSED_SCALE_BOUNDS,
     calibrate_in_context,
     choose,
     in_context_costs,
@@ -85,6 +86,13 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert cal is not None and cal.d_s >= 0 and cal.compute_scale > 0
     for want, got in zip(cal.wall_s, cal.predicted_s):
         assert abs(got - want) <= 0.1 * want, cal
+    # XLA's fused program: measured, and matched unless the scale hit a bound
+    assert measured.fused is not None and 0 < measured.fused_wall_s < measured.wall_s
+    lo, hi = FUSED_SCALE_BOUNDS
+    assert lo <= cal.fused_scale <= hi
+    assert costs.constants.fused_scale == cal.fused_scale
+    if lo < cal.fused_scale < hi:
+        assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
     again, _ = calibrate_in_context(costs, module, measured)
     assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
                                                           rel=0.05)

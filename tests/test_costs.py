@@ -4,6 +4,7 @@ jax_bridge.compile_standalone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -368,6 +369,76 @@ def test_compute_scale_and_overlap_from_hardware() -> None:
     costs, module = _model(CHAIN, {"a": 5e-6, "b": 4e-6, "c": 6e-6, "d": 3e-6}, inproc)
     sim = sim_graph_from_module(module, costs)
     assert sim.duration_s[sim.names.index("a")] == pytest.approx(10e-6)
+
+
+FUSIONS = """HloModule fusions
+
+%two (x: f32[256], y: f32[256]) -> f32[256] {
+  %x = f32[256] parameter(0)
+  %y = f32[256] parameter(1)
+  %s = f32[256] add(%x, %y)
+  ROOT %m = f32[256] multiply(%s, %s)
+}
+
+%one (u: f32[256]) -> f32[256] {
+  %u = f32[256] parameter(0)
+  ROOT %n = f32[256] negate(%u)
+}
+
+ENTRY %e (p0: f32[256], p1: f32[256]) -> (f32[256], f32[256]) {
+  %p0 = f32[256] parameter(0)
+  %p1 = f32[256] parameter(1)
+  %f2 = f32[256] fusion(%p0, %p1), kind=kLoop, calls=%two
+  %f1 = f32[256] fusion(%p0), kind=kLoop, calls=%one
+  ROOT %t = (f32[256], f32[256]) tuple(%f2, %f1)
+}
+"""
+
+
+def test_fused_scale_prices_kernels_of_several_ops_only() -> None:
+    """``fused_scale`` multiplies the estimate of a fusion of two ops (as XLA wrote it,
+    and as a plan's fusion group), not of one op XLA wrapped in a fusion nor a single op
+    of a plan."""
+    times = {"s": 4e-6, "m": 3e-6, "n": 2e-6}
+
+    def durations(constants):
+        costs, module = _model(FUSIONS, times, constants)
+        sg = sim_graph_from_module(module, costs)
+        return dict(zip(sg.names, sg.duration_s))
+
+    base = durations(EXACT)
+    scaled = durations(dataclasses.replace(EXACT, fused_scale=2.5))
+    assert base["f2"] > 0 and scaled["f2"] == pytest.approx(2.5 * base["f2"])
+    assert scaled["f1"] == base["f1"] > 0
+
+    def plan_durations(constants):
+        costs, module = _model(CHAIN, {"a": 5e-6, "b": 4e-6, "c": 6e-6, "d": 3e-6},
+                               constants)
+        graph = device_graph(module)
+        b, c = _node(graph, "b"), _node(graph, "c")
+        plan = P.fuse(P.FusionSpace(graph), P.initial_plan(graph), b, c)
+        sg = sim_graph(graph, plan, costs)
+        return dict(zip(sg.names, sg.duration_s))
+
+    base, scaled = plan_durations(EXACT), plan_durations(
+        dataclasses.replace(EXACT, fused_scale=0.5))
+    fused = next(n for n in base if n.startswith("fusion("))
+    assert scaled[fused] == pytest.approx(0.5 * base[fused])
+    assert scaled["a"] == base["a"] and scaled["d"] == base["d"]
+
+
+def test_fused_scale_from_hardware_and_its_range(tmp_path) -> None:
+    assert C.BackendConstants.from_hardware(load_hardware("gloo2")).fused_scale == 1.0
+    text = (Path(C.__file__).parents[1] / "estimator" / "hardware_files" /
+            "inproc4.toml").read_text()
+    for value, ok in (("0.6", True), ("0", False), ("-1", False)):
+        path = tmp_path / f"h{value}.toml"
+        path.write_text(text + f"\n[costs]\nfused_scale = {value}\n")
+        if ok:
+            assert C.BackendConstants.from_hardware(load_hardware(path)).fused_scale == 0.6
+        else:
+            with pytest.raises(ValueError, match="invalid"):
+                C.BackendConstants.from_hardware(load_hardware(path))
 
 
 def test_recosting_a_plan_from_the_caches_gives_the_same_graph() -> None:

@@ -323,13 +323,17 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     except ValueError as err:
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
     _apply_overlap(costs, args)
-    costs, cal = calibrate_in_context(costs, module, measured)
-    _apply_gnn(costs, args)  # (the two calibration programs hold no fusion)
+    _apply_gnn(costs, args)  # before the fit: the fused-op scale is fitted to it
+    costs, cal = calibrate_in_context(costs, module, measured, bench=not args.no_bench)
     names = ("no_fusion", "one_bucket")
+    wall, predicted = dict(zip(names, cal.wall_s)), dict(zip(names, cal.predicted_s))
+    if cal.fused_wall_s is not None:
+        wall["xla_fused_one_bucket"] = cal.fused_wall_s
+        predicted["xla_fused_one_bucket"] = cal.fused_predicted_s
     return costs, {"profiled": True, "devices": len(measured.profile.per_device_s) or 1,
-                   "platform": platform, "wall_s": dict(zip(names, cal.wall_s)),
-                   "predicted_s": dict(zip(names, cal.predicted_s)), "d_s": cal.d_s,
-                   "compute_scale": cal.compute_scale}
+                   "platform": platform, "wall_s": wall, "predicted_s": predicted,
+                   "d_s": cal.d_s, "compute_scale": cal.compute_scale,
+                   "fused_scale": cal.fused_scale}
 
 
 def run(args: argparse.Namespace) -> int:
