@@ -193,3 +193,24 @@ def test_simulate_and_optimize_price_fusions_with_the_gnn(vgg, trained, tmp_path
     assert json.loads(out)["cost_model"]["fused_estimator"] == "GnnFusedEstimator"
     code, out, err = _main(*base, "--gnn", str(tmp_path / "missing.msgpack"))
     assert _user_error(code, err) and "--gnn" in err and "no such file" in err
+
+
+def test_the_shipped_checkpoint_loads_and_prices_fusions(vgg, tmp_path) -> None:
+    """The package ships a trained CPU estimator (package data): it loads, was trained
+    on this backend family, and ``--gnn pretrained`` prices a planned module's fusions
+    with it."""
+    from estimator.gnn import checkpoint as ckpt_io
+
+    path = ckpt_io.pretrained("cpu")
+    assert path is not None and path.stat().st_size < 512 * 1024
+    ck = ckpt_io.load(path)
+    assert ck.fingerprint.get("platform") == "cpu" and ck.notes
+    assert ckpt_io.pretrained("gpu") is None
+    post = tmp_path / "post.hlo"
+    post.write_text(vgg[1])
+    base = ("simulate", str(post), "--no-bench", "--no-in-context", "--json")
+    code, out, err = _main(*base, "--gnn", "pretrained")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["cost_model"]["fused_estimator"] == "GnnFusedEstimator"
+    assert report["iteration_s"] > 0

@@ -92,15 +92,28 @@ def add_gnn_argument(p: argparse.ArgumentParser) -> None:
     """``--gnn CHECKPOINT``: price fused ops with the GNN instead of the fallback rule."""
     p.add_argument("--gnn", metavar="CHECKPOINT",
                    help="price fused ops with this GNN estimator checkpoint (disco "
-                        "train-estimator --out) instead of the fallback rule")
+                        "train-estimator --out; 'pretrained': the one shipped for this "
+                        "backend) instead of the fallback rule")
 
 
 def load_gnn(path: str, option: str = "--gnn") -> Any:
-    """The GNN fused-op estimator of checkpoint ``path`` (no member-time source bound
-    yet); raises :class:`UserError` naming ``option`` for a missing or bad file."""
+    """The GNN fused-op estimator of checkpoint ``path`` (``pretrained``: the one shipped
+    for this backend, :func:`estimator.gnn.checkpoint.pretrained`; no member-time source
+    bound yet); raises :class:`UserError` naming ``option`` for a missing or bad file."""
     from estimator.gnn import checkpoint as ckpt_io
     from estimator.gnn.estimator import GnnFusedEstimator
 
+    if path == "pretrained":
+        import jax
+
+        from hlo_tools.jax_bridge import platform_family
+
+        family = platform_family(jax.default_backend()) or jax.default_backend()
+        shipped = ckpt_io.pretrained(family)
+        if shipped is None:
+            raise UserError(f"{option} pretrained: no checkpoint ships for {family!r}; "
+                            "train one with disco train-estimator --out")
+        path = str(shipped)
     try:
         ck = ckpt_io.load(path)
     except FileNotFoundError:
