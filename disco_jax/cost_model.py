@@ -566,7 +566,8 @@ class GraphCosts:
         members = key[0]
         outs = self.outputs(members) if len(key) == 2 else key[2]
         out = int(sum(self.write_bytes[m] for m in outs))
-        if len(key[1]) or np.count_nonzero(self.time_s[list(members)]) > 1:
+        if self.fused_scale != 1.0 and (
+                len(key[1]) or np.count_nonzero(self.time_s[list(members)]) > 1):
             t *= self.fused_scale  # a kernel of several ops (not one op XLA wrapped)
         hit = (t, out, f"fusion({self.graph.names[members[-1]]})")
         self.fused_cache[key] = hit

@@ -147,7 +147,6 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             the times a plan's dots will take.
         sync: the job's :class:`Sync` (None: one process).
     """
-
     one = _one_bucket(module)
     runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
                                         library=library)
