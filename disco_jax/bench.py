@@ -171,7 +171,9 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         if cal is not None:
             row["calibration"] = cal._asdict()
             say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
-                f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f} (no fusion "
+                f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
+                f"latency per buffer of a combined all-reduce "
+                f"{cal.d_tuple_extra_s * 1e3:.3f} ms (no fusion "
                 f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
                 f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
                 f"{cal.predicted_s[1] * 1e3:.2f} ms)")
@@ -223,7 +225,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans, *staged)}
     say(f"final choice among {len(candidates)} programs")
     choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
-                    tag="choice", min_sample_s=float(spec["min_sample_s"]))
+                    tag="choice", min_sample_s=float(spec["min_sample_s"]),
+                    incumbent="xla_default")
     best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
     finals = {name: runs[name] for name in bl.BASELINES}
     finals["bucketed"] = runs[best_bucketed]
@@ -272,6 +275,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
                    "bucket_counts": bucket_counts,
                    "medians_s": choice.medians_s,
+                   "wins_over_xla_default": choice.wins,
                    "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,
                                    "xla_default": predicted["xla_default"]}},
         "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},

@@ -689,7 +689,8 @@ class CostModel:
         if len(buffers) <= 1 or self.hardware.hardware.get("backend", "cpu") != "cpu":
             return float(model.time(nbytes))
         linear = getattr(model, "linear", model)  # MeasuredAllReduce keeps its fit
-        return linear.c_s_per_byte * float(nbytes) + sum(linear.latency(b) for b in buffers)
+        return linear.c_s_per_byte * float(nbytes) + sum(linear.tuple_latency(b)
+                                                         for b in buffers)
 
     def copy_time(self, nbytes: float) -> float:
         """Seconds of one copy kernel moving ``nbytes`` (read once, written once)."""
@@ -812,6 +813,7 @@ class CostModel:
                 "constants_source": c.source, "measured_op_keys": len(self.op_times),
                 "fused_estimator": type(self.fused).__name__,
                 "allreduce": {"c_s_per_byte": self.hardware.allreduce.c_s_per_byte,
-                              "d_s": self.hardware.allreduce.d_s}}
+                              "d_s": self.hardware.allreduce.d_s,
+                              "d_tuple_extra_s": self.hardware.allreduce.d_tuple_extra_s}}
 
 

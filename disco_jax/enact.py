@@ -16,7 +16,9 @@ final choice by measurement (the product path shared by ``disco bench`` and, lat
 3. :func:`measure` runs programs interleaved (rounds in a shared seeded order, every
    sample ``K`` calls, each waited for) and :func:`choose` keeps the fastest: the search's
    best few plans, hand bucketing and XLA's default run side by side, so a plan is never
-   chosen when a baseline measured faster.
+   chosen when a baseline measured faster. XLA's default is the incumbent: another
+   program replaces it only when it wins most rounds against it (:func:`decide`), not
+   when a lucky median says so.
 
 Multi-process jobs synchronize through a :class:`Sync` (:func:`job_sync` wraps
 ``jax.distributed``'s coordination service): a barrier before every sample, ``K`` and the
@@ -26,6 +28,7 @@ to arrive at the barrier times the iteration from the moment every participant i
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -41,6 +44,7 @@ from estimator.interface import FallbackFusedEstimator
 from hlo_tools.ir import HloModule
 
 __all__ = [
+    "CHALLENGER_WIN_SHARE",
     "FUSED_SCALE_BOUNDS",
     "Calibration",
     "Choice",
@@ -48,6 +52,7 @@ __all__ = [
     "Sync",
     "choose",
     "cover",
+    "decide",
     "calibrate_in_context",
     "in_context_costs",
     "job_sync",
@@ -115,6 +120,15 @@ class InContext(NamedTuple):
             ``bucketed`` baseline with one bucket), as the module XLA runs (None: not
             measured).
         fused_wall_s: its untraced seconds per iteration (None: not measured).
+        combined: the no-fusion program compiled as plans are but with XLA's all-reduce
+            combiner on (the same kernels, every gradient in XLA's one variadic
+            all-reduce), as the module XLA runs. Measured in multi-process jobs only
+            (None: not measured): there each buffer of the combined collective is a
+            network all-reduce of its own. In one process it is a rendezvous of the
+            device threads, and the extra fitted to it there (-0.02 to 0.15 ms per
+            buffer on 4 held-out steps) was noise that made XLA's default up to 85%
+            too slow in the held-out benchmark.
+        combined_wall_s: its untraced seconds per iteration (None: not measured).
 
     The times are medians of interleaved samples (in a job, per sample the minimum over
     processes).
@@ -126,6 +140,8 @@ class InContext(NamedTuple):
     one_bucket_wall_s: float
     fused: HloModule | None = None
     fused_wall_s: float | None = None
+    combined: HloModule | None = None
+    combined_wall_s: float | None = None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
@@ -133,7 +149,8 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
                        library: bool = True, sync: Sync | None = None) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
     and times it beside the same program with one gradient bucket, compiled once with
-    nothing fused and once with XLA's op fusion (see :class:`InContext`).
+    nothing fused and once with XLA's op fusion, and in a multi-process job beside the
+    first program with XLA's all-reduce combiner on (see :class:`InContext`).
 
     Args:
         step: the train step (its calling convention).
@@ -153,6 +170,10 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             for name, m in (("no_fusion", module), ("one_bucket", one))}
     runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
                                           compiler_options=_fused_options())
+    if sync is not None and _has_gradients(module):
+        runs["combined"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(module),
+                                                 exact=False,
+                                                 compiler_options=_combined_options(library))
     return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=sync)
 
@@ -221,21 +242,39 @@ def _fused_options() -> dict[str, Any]:
     return bl.baseline_options(bl.BUCKETED, jax.default_backend())
 
 
+def _combined_options(library: bool) -> dict[str, Any]:
+    """XLA's options for the combined program of :class:`InContext`: a plan's, with
+    XLA's all-reduce combiner on."""
+    import jax
+
+    from hlo_tools import baselines as bl
+
+    return bl.combined_plan_options(jax.default_backend(), library=library)
+
+
+def _has_gradients(module: HloModule) -> bool:
+    """Whether XLA's combiner has two all-reduces to combine."""
+    return len(hlo_tools.device_graph(module).gradient_allreduces) >= 2
+
+
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   one: HloModule, *, iterations: int, warmup: int, rounds: int,
                   sync: Sync | None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
-    program of ``one``) and ``runs["fused"]`` (XLA's compilation of it), all called on
-    ``args``."""
+    program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
+    ``runs["combined"]``, all called on ``args``."""
     from hlo_tools import baselines as bl
 
     profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                  warmup=warmup)
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
+    combined = runs.get("combined")
     return InContext(profile, statistics.median(walls["no_fusion"]), one,
                      statistics.median(walls["one_bucket"]),
                      bl.module_from_compiled(runs["fused"]),
-                     statistics.median(walls["fused"]))
+                     statistics.median(walls["fused"]),
+                     None if combined is None else bl.module_from_compiled(combined),
+                     None if combined is None else statistics.median(walls["combined"]))
 
 
 def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
@@ -301,6 +340,12 @@ class Calibration(NamedTuple):
         fused_wall_s: XLA's fused one-bucket program, measured seconds per iteration
             (None: not measured).
         fused_predicted_s: the same, predicted after the fit (None: not measured).
+        d_tuple_extra_s: the extra latency of each buffer of a variadic all-reduce
+            (:attr:`estimator.allreduce.AllReduceModel.d_tuple_extra_s`; the hardware
+            file's when XLA's combined program was not measured).
+        combined_wall_s: XLA's combined no-fusion program, measured seconds per
+            iteration (None: not measured).
+        combined_predicted_s: the same, predicted after the fit (None: not measured).
     """
 
     d_s: float
@@ -310,6 +355,9 @@ class Calibration(NamedTuple):
     fused_scale: float = 1.0
     fused_wall_s: float | None = None
     fused_predicted_s: float | None = None
+    d_tuple_extra_s: float = 0.0
+    combined_wall_s: float | None = None
+    combined_predicted_s: float | None = None
 
 
 #: Range of the fitted fused-op scale.
@@ -336,9 +384,18 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        same collective and the same computation as the second program, fused as XLA
        fuses, so what its time differs by is how fast fused kernels run here. Its
        simulated time is affine in the scale: solved once and refined once, clamped to
-       :data:`FUSED_SCALE_BOUNDS`. With ``bench``, ops of XLA's program that no
-       measurement covers are timed standalone first (:func:`cover`, before either fit,
-       so that both see the same op times).
+       :data:`FUSED_SCALE_BOUNDS`.
+    3. The extra latency of each buffer of a variadic all-reduce
+       (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the combined
+       program when it was measured: the first program's kernels, every gradient in
+       XLA's one variadic all-reduce, so what its time differs by from the first
+       program is what XLA:CPU's combined collective costs per buffer beyond separate
+       ones. Affine in
+       the extra: solved once and refined once; each buffer's latency stays >= 0.
+
+    With ``bench``, ops of XLA's programs that no measurement covers are timed
+    standalone first (:func:`cover`, before any fit, so that every fit sees the same op
+    times).
 
     Returns:
         The calibrated cost model (same op times) and the :class:`Calibration`.
@@ -351,17 +408,20 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     from disco_jax.simulator import simulate
 
     has_fused = measured.fused is not None and measured.fused_wall_s is not None
+    has_combined = measured.combined is not None and measured.combined_wall_s is not None
     if has_fused and bench:
         cover(costs, measured.fused)
+    if has_combined and bench:
+        cover(costs, measured.combined)
     modules = (module, measured.one_bucket)
     want = np.array([measured.wall_s, measured.one_bucket_wall_s])
     s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
     # another estimator (the GNN) carries over: its member times are the same op times
     estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
-    def model(scale: float, d: float, fused: float = costs.constants.fused_scale
-              ) -> CostModel:
-        ar = dataclasses.replace(costs.hardware.allreduce, d_s=d)
+    def model(scale: float, d: float, fused: float = costs.constants.fused_scale,
+              extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
+        ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra)
         consts = dataclasses.replace(costs.constants, compute_scale=scale, fused_scale=fused,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
@@ -397,10 +457,24 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
             fused = float(min(max(fused + (measured.fused_wall_s - base_t) / slope, f_lo),
                               f_hi))
         fused_got = time_of(measured.fused, model(*x, fused))
-    cm = model(*x, fused)
+    extra, combined_got = costs.hardware.allreduce.d_tuple_extra_s, None
+    if has_combined:
+        step_s = max(1e-4, 0.25 * float(x[1]))
+        for _ in range(2):
+            base_t = time_of(measured.combined, model(*x, fused, extra))
+            slope = (time_of(measured.combined, model(*x, fused, extra + step_s))
+                     - base_t) / step_s
+            if slope <= 0:
+                break  # no variadic all-reduce in XLA's program
+            # below -D every buffer's latency is already 0: nothing more to take off
+            extra = float(min(max(extra + (measured.combined_wall_s - base_t) / slope,
+                                  -float(x[1])), 1.0))
+        combined_got = time_of(measured.combined, model(*x, fused, extra))
+    cm = model(*x, fused, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
-                           measured.fused_wall_s, fused_got)
+                           measured.fused_wall_s, fused_got, extra,
+                           measured.combined_wall_s, combined_got)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -484,28 +558,80 @@ def summarize_samples(samples: Sequence[float]) -> dict[str, float]:
     return {"median_s": statistics.median(samples), "p25_s": q[0], "p75_s": q[2]}
 
 
+#: a challenger replaces the incumbent (XLA's default) only when it is faster in at least
+#: this share of the rounds, paired within a round (3 of 3, 4 of 4, 4 of 5, 6 of 7): a
+#: one-sided sign test at about 6% for 4 rounds. On the 2-core VM a bucketed program 1-2%
+#: faster by the median of 4 rounds was 4% slower over 14 rounds (transformer-medium,
+#: inproc4; it won 4 of them), and with a share of 0.75 bert-medium's 4 MiB buckets won 3
+#: of 4 choice rounds and then lost the fresh rounds by 16% (bimodal: p25 126 ms, median
+#: 139 ms against XLA's 120 ms). Lesser wins are not worth a program the user did not
+#: have; real ones (hand bucketing on gloo, 3x) win every round.
+CHALLENGER_WIN_SHARE = 0.8
+
+
 class Choice(NamedTuple):
     """The outcome of :func:`choose`.
 
     Attributes:
-        name: the fastest program (lowest median).
+        name: the chosen program.
         medians_s: median seconds per iteration of every candidate.
         samples_s: the samples behind them.
+        incumbent: the program kept unless a challenger beats it (None: none was named).
+        wins: per challenger, the rounds it was faster than the incumbent in (empty
+            without an incumbent).
     """
 
     name: str
     medians_s: dict[str, float]
     samples_s: dict[str, list[float]]
+    incumbent: str | None = None
+    wins: dict[str, int] = {}
+
+
+def decide(samples: Mapping[str, Sequence[float]], incumbent: str | None = None, *,
+           win_share: float = CHALLENGER_WIN_SHARE) -> Choice:
+    """The choice from interleaved samples (:func:`measure`'s output).
+
+    Without an incumbent the lowest median wins. With one, a challenger is eligible when
+    it was faster than the incumbent in at least ``win_share`` of the rounds (samples of
+    one round compared); the eligible challenger with the lowest median wins, and the
+    incumbent stays when none is eligible or none has a lower median. Ties go to the name
+    first in sorted order, so every process of a job (which sees the same samples)
+    chooses the same program.
+
+    Args:
+        samples: ``{name: [seconds per iteration, one per round]}``, rounds aligned.
+        incumbent: the program the user runs without DisCo (``"xla_default"``), or None.
+        win_share: the share of rounds a challenger must win, in ``(0, 1]``.
+
+    Raises:
+        ValueError: no samples, an incumbent that is not among them, or a bad share.
+    """
+    if not samples:
+        raise ValueError("nothing to choose from")
+    if not 0 < win_share <= 1:
+        raise ValueError(f"win_share must be in (0, 1], got {win_share}")
+    if incumbent is not None and incumbent not in samples:
+        raise ValueError(f"the incumbent {incumbent!r} was not measured")
+    medians = {n: statistics.median(s) for n, s in samples.items()}
+    if incumbent is None:
+        return Choice(min(sorted(medians), key=medians.__getitem__), medians,
+                      {n: list(s) for n, s in samples.items()})
+    base = samples[incumbent]
+    wins = {n: sum(a < b for a, b in zip(s, base)) for n, s in samples.items()
+            if n != incumbent}
+    need = math.ceil(win_share * len(base) - 1e-9)
+    eligible = [n for n in sorted(wins)
+                if wins[n] >= need and medians[n] < medians[incumbent]]
+    name = min(eligible, key=medians.__getitem__) if eligible else incumbent
+    return Choice(name, medians, {n: list(s) for n, s in samples.items()}, incumbent, wins)
 
 
 def choose(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *, rounds: int = 5,
+           incumbent: str | None = None, win_share: float = CHALLENGER_WIN_SHARE,
            **kwargs: Any) -> Choice:
-    """Measures the candidates side by side (:func:`measure`) and keeps the fastest.
-
-    Ties go to the name first in sorted order, so every process of a job (which sees
-    the same samples) chooses the same program.
-    """
-    samples = measure(runs, args, rounds=rounds, **kwargs)
-    medians = {n: statistics.median(s) for n, s in samples.items()}
-    name = min(sorted(medians), key=medians.__getitem__)
-    return Choice(name, medians, samples)
+    """Measures the candidates side by side (:func:`measure`) and decides
+    (:func:`decide`): the fastest, or with an ``incumbent`` the fastest of those that beat
+    it in ``win_share`` of the rounds."""
+    return decide(measure(runs, args, rounds=rounds, **kwargs), incumbent,
+                  win_share=win_share)

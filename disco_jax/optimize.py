@@ -231,7 +231,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
 
     say(f"final choice among {len(runs)} programs")
     choice = choose(runs, args, rounds=choice_rounds, sync=sync, tag="optimize_choice",
-                    min_sample_s=min_sample_s, seed=seed)
+                    min_sample_s=min_sample_s, seed=seed, incumbent="xla_default")
     lap("choice")
     for name, run in runs.items():
         if name != choice.name and hasattr(run, "close"):
@@ -252,6 +252,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         "choice": choice.name,
         "predicted_s": predicted,
         "measured_s": dict(choice.medians_s),
+        # rounds each program beat XLA's default in (the incumbent: see enact.decide)
+        "wins_over_xla_default": dict(choice.wins),
         "search": (_search_report(outcome, seed, top_k, choice_rounds) if outcome
                    else {"refused": refused} if refused else None),
         "hardware": hardware,
@@ -259,7 +261,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                         if calibration is not None else None),
         "seconds": {**seconds, "total": time.perf_counter() - t0},
     }
-    say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured)")
+    won = (f", faster than XLA's default in {choice.wins[choice.name]} of {choice_rounds} "
+           "rounds" if choice.name in choice.wins else "")
+    say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
     return Optimized(enactments[choice.name], runs[choice.name], report)
 
 

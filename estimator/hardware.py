@@ -212,6 +212,9 @@ def _problems(raw: Mapping[str, Any]) -> list[str]:
                    f"not {ar['small_bytes']!r}")
     if "d_small_s" in ar and not (_is_number(ar["d_small_s"]) and ar["d_small_s"] >= 0):
         out.append(f"[allreduce] d_small_s must be a number >= 0, not {ar['d_small_s']!r}")
+    if "d_tuple_extra_s" in ar and not _is_number(ar["d_tuple_extra_s"]):
+        out.append(f"[allreduce] d_tuple_extra_s must be a number, "
+                   f"not {ar['d_tuple_extra_s']!r}")
     pts = ar.get("points")
     if pts is not None:
         if not isinstance(pts, Mapping):
@@ -255,7 +258,8 @@ def load_hardware(path_or_name: str | os.PathLike[str]) -> HardwareConfig:
     validate(raw, path)
     ar = raw["allreduce"]
     model = AllReduceModel(float(ar["c_s_per_byte"]), float(ar["d_s"]),
-                           int(ar.get("small_bytes", 0)), float(ar.get("d_small_s", 0.0)))
+                           int(ar.get("small_bytes", 0)), float(ar.get("d_small_s", 0.0)),
+                           float(ar.get("d_tuple_extra_s", 0.0)))
     return HardwareConfig(raw.get("name", path.stem), model, dict(raw.get("hardware", {})), raw)
 
 
@@ -283,6 +287,8 @@ _SCHEMA_DOC = """\
 #   model             str     "linear"
 #   c_s_per_byte      float   seconds per byte (1 / effective bandwidth)
 #   d_s               float   fixed latency per all-reduce, seconds
+#   d_tuple_extra_s   float   optional: extra latency of each buffer of a variadic
+#                             all-reduce on CPU (fitted in context; default 0)
 #   time_metric       str     "op": all-reduce op duration from profiler traces, min over
 #                             participants per iteration; "spec": derived from hardware
 #                             specifications

@@ -77,6 +77,7 @@ __all__ = [
     "baseline_options",
     "bucketed_candidates",
     "bucketed_plan",
+    "combined_plan_options",
     "combiner_buckets",
     "compile_baseline",
     "compile_bucketed",
@@ -200,6 +201,30 @@ def baseline_options(
         options.update(_threshold_option(cfg, platform, threshold_bytes))
     if disabled:
         options[_DISABLE] = ",".join(disabled)
+    return options
+
+
+def combined_plan_options(platform: str = "cpu", *, library: bool = True,
+                          config: str | Path | None = None) -> dict[str, Any]:
+    """Options that compile a module as a plan is compiled (exact, dots and convolutions
+    on the kernel library: :func:`hlo_tools.jax_bridge.plan_library_options`) except
+    that XLA's all-reduce combiner runs: the same kernels as the plan, every gradient in
+    XLA's combined (variadic) all-reduce.
+
+    Args:
+        platform: jax platform name (``cpu``, ``cuda``, ``rocm`` or ``gpu``).
+        library: dots and convolutions on the kernel library (False: XLA's own thunks,
+            as ``compile_hlo(..., exact=True, library=False)``).
+        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
+
+    Returns:
+        Options for ``jax_bridge.compile_hlo(..., exact=False, compiler_options=...)``.
+    """
+    options = (jb.plan_library_options(platform, config) if library
+               else jb.exact_compiler_options(platform, config))
+    combiners = set(_config(platform, config)["combine_disable"])
+    options[_DISABLE] = ",".join(name for name in options.get(_DISABLE, "").split(",")
+                                 if name and name not in combiners)
     return options
 
 

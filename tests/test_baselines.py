@@ -60,6 +60,16 @@ def test_each_baseline_disables_only_its_passes(platform):
     assert bl.baseline_options("xla_default", platform) == {}
 
 
+@pytest.mark.parametrize("library", [True, False])
+def test_combined_plan_options_are_a_plans_with_the_combiner_on(library):
+    cfg = jb.load_pass_config()["cpu"]["baselines"]
+    plan = jb.plan_library_options("cpu") if library else jb.exact_compiler_options("cpu")
+    got = bl.combined_plan_options("cpu", library=library)
+    assert _disabled(got) == _disabled(plan) - set(cfg["combine_disable"])
+    assert _disabled(got) and not _disabled(got) & set(cfg["combine_disable"])
+    assert _rest(got) == _rest(plan)
+
+
 def test_threshold_options():
     # Threshold 0: the combiner is switched off even in the combining baselines.
     assert _disabled(bl.baseline_options("xla_default", "cpu", 0)) == _disabled(

@@ -23,6 +23,7 @@ from disco_jax.enact import (
     FUSED_SCALE_BOUNDS,
     calibrate_in_context,
     choose,
+    decide,
     in_context_costs,
     measure,
     profile_in_context,
@@ -78,6 +79,34 @@ def test_measure_interleaves_and_choose_keeps_the_fastest():
     assert choice.medians_s["fast"] == min(choice.medians_s.values())
 
 
+def test_decide_keeps_the_incumbent_unless_a_challenger_wins_most_rounds():
+    # 4 rounds; "lucky" has the lower median but beats XLA's default in 2 rounds only
+    samples = {"xla_default": [1.00, 1.00, 1.00, 1.00],
+               "lucky": [0.85, 0.85, 1.10, 1.20],
+               "steady": [0.98, 0.97, 0.99, 1.05]}
+    plain = decide(samples)
+    assert plain.name == "lucky" and plain.incumbent is None and plain.wins == {}
+    kept = decide(samples, "xla_default")
+    assert kept.wins == {"lucky": 2, "steady": 3}
+    assert kept.name == "xla_default"  # 3 of 4 rounds is below the default 0.8
+    assert decide(samples, "xla_default", win_share=0.75).name == "steady"
+    samples["steady"][3] = 0.99  # now it wins every round
+    assert decide(samples, "xla_default").name == "steady"
+    # eligible by its wins, then chosen by the median only when it is lower
+    assert decide({"xla_default": [1.0, 1.0, 1.0], "odd": [0.99, 0.99, 2.0]},
+                  "xla_default", win_share=0.5).name == "odd"
+    assert decide({"xla_default": [1.0, 1.0, 1.0], "odd": [0.99, 1.5, 2.0]},
+                  "xla_default", win_share=0.3).name == "xla_default"
+    # ties in the median go to the first name in sorted order
+    assert decide({"b": [1.0], "a": [1.0]}).name == "a"
+    with pytest.raises(ValueError, match="nothing"):
+        decide({})
+    with pytest.raises(ValueError, match="incumbent"):
+        decide(samples, "bucketed")
+    with pytest.raises(ValueError, match="win_share"):
+        decide(samples, "xla_default", win_share=0)
+
+
 def test_in_context_calibration_matches_both_programs(vgg):
     step, args, module, _ = vgg
     measured = profile_in_context(step, args, module, rounds=3)
@@ -93,6 +122,9 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert costs.constants.fused_scale == cal.fused_scale
     if lo < cal.fused_scale < hi:
         assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
+    # one process: no combined program, the hardware file's extra (0) stays
+    assert measured.combined is None and cal.combined_wall_s is None
+    assert cal.d_tuple_extra_s == costs.hardware.allreduce.d_tuple_extra_s == 0.0
     again, _ = calibrate_in_context(costs, module, measured)
     assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
                                                           rel=0.05)
@@ -141,6 +173,12 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = _check_rows(out, "gloo2")
     assert row["facts"]["num_processes"] == 2
+    # two processes: the combined program was measured and the extra fitted to it (it
+    # matches unless the extra reached its bound, where every buffer's latency is 0)
+    cal = row["calibration"]
+    assert cal["combined_wall_s"] > 0 and cal["combined_predicted_s"] > 0
+    if cal["d_tuple_extra_s"] > -cal["d_s"]:
+        assert cal["combined_predicted_s"] == pytest.approx(cal["combined_wall_s"], rel=0.1)
 
 
 def test_disco_bench_predicts_a_gpu_cluster(tmp_path):

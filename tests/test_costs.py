@@ -656,6 +656,31 @@ def test_tuple_allreduce_pays_one_latency_per_buffer_and_tiny_ones_less():
     assert costs.allreduce_time(1028, [1024, 4]) == pytest.approx(1028e-9 + 1e-3 + 1e-4)
     assert costs.allreduce_time(1028, [4, 1024]) == pytest.approx(1028e-9 + 1e-3 + 1e-4)
     assert costs.allreduce_time(2048, [1024, 1024]) == pytest.approx(2048e-9 + 2e-3)
+    # the extra of a variadic all-reduce: every buffer, never below zero; one flat
+    # buffer (our buckets) does not pay it
+    extra = dataclasses.replace(hw, allreduce=AllReduceModel(1e-9, 1e-3, 8, 1e-4, 5e-4))
+    costs = C.CostModel(extra, constants=EXACT)
+    assert costs.allreduce_time(2048, [1024, 1024]) == pytest.approx(2048e-9 + 3e-3)
+    assert costs.allreduce_time(1028, [1024, 4]) == pytest.approx(1028e-9 + 1.5e-3 + 6e-4)
+    assert costs.allreduce_time(2048) == pytest.approx(2048e-9 + 1e-3)
+    less = dataclasses.replace(hw, allreduce=AllReduceModel(1e-9, 1e-3, 8, 1e-4, -5e-4))
+    costs = C.CostModel(less, constants=EXACT)
+    assert costs.allreduce_time(1028, [1024, 4]) == pytest.approx(1028e-9 + 0.5e-3 + 0.0)
+
+
+def test_tuple_extra_from_hardware(tmp_path) -> None:
+    assert load_hardware("gloo2").allreduce.d_tuple_extra_s == 0.0
+    text = (Path(C.__file__).parents[1] / "estimator" / "hardware_files" /
+            "gloo2.toml").read_text()
+    path = tmp_path / "x.toml"
+    for value, want in (("-2e-4", -2e-4), ('"a"', None)):
+        path.write_text(text.replace("[allreduce]\n", f"[allreduce]\nd_tuple_extra_s = {value}\n",
+                                     1))
+        if want is not None:
+            assert load_hardware(path).allreduce.d_tuple_extra_s == want
+        else:
+            with pytest.raises(ValueError, match="d_tuple_extra_s"):
+                load_hardware(path)
 
 
 # --------------------------------------------------------------------------- library ops

@@ -94,6 +94,8 @@ def test_simulate_profiles_in_context_and_reports_the_fit(vgg, capsys):
     assert ic["d_s"] >= 0 and ic["compute_scale"] > 0 and ic["fused_scale"] > 0
     assert ic["wall_s"]["xla_fused_one_bucket"] > 0  # XLA's fused program, measured too
     assert report["cost_model"]["fused_scale"] == ic["fused_scale"]
+    assert "xla_combined" not in ic["wall_s"]  # one process: not measured
+    assert ic["d_tuple_extra_s"] == 0.0
     for name in ("no_fusion", "one_bucket"):
         assert ic["wall_s"][name] > 0
         assert ic["predicted_s"][name] == pytest.approx(ic["wall_s"][name], rel=0.1)
