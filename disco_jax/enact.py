@@ -448,33 +448,40 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     got = times(*x)
     fused, fused_got = costs.constants.fused_scale, None
     if has_fused:
-        f_lo, f_hi = FUSED_SCALE_BOUNDS
-        for _ in range(2):
-            base_t = time_of(measured.fused, model(*x, fused))
-            slope = (time_of(measured.fused, model(*x, fused * 1.5)) - base_t) / (0.5 * fused)
-            if slope <= 0:
-                break
-            fused = float(min(max(fused + (measured.fused_wall_s - base_t) / slope, f_lo),
-                              f_hi))
-        fused_got = time_of(measured.fused, model(*x, fused))
+        fused, fused_got = _fit_affine(
+            lambda f: time_of(measured.fused, model(*x, f)), measured.fused_wall_s, fused,
+            lambda f: 0.5 * f, *FUSED_SCALE_BOUNDS)
     extra, combined_got = costs.hardware.allreduce.d_tuple_extra_s, None
     if has_combined:
+        # below -D every buffer's latency is already 0: nothing more to take off
         step_s = max(1e-4, 0.25 * float(x[1]))
-        for _ in range(2):
-            base_t = time_of(measured.combined, model(*x, fused, extra))
-            slope = (time_of(measured.combined, model(*x, fused, extra + step_s))
-                     - base_t) / step_s
-            if slope <= 0:
-                break  # no variadic all-reduce in XLA's program
-            # below -D every buffer's latency is already 0: nothing more to take off
-            extra = float(min(max(extra + (measured.combined_wall_s - base_t) / slope,
-                                  -float(x[1])), 1.0))
-        combined_got = time_of(measured.combined, model(*x, fused, extra))
+        extra, combined_got = _fit_affine(
+            lambda e: time_of(measured.combined, model(*x, fused, e)),
+            measured.combined_wall_s, extra, lambda e: step_s, -float(x[1]), 1.0)
     cm = model(*x, fused, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
                            measured.fused_wall_s, fused_got, extra,
                            measured.combined_wall_s, combined_got)
+
+
+def _fit_affine(time_at: Callable[[float], float], want: float, x: float,
+                step: Callable[[float], float], lo: float, hi: float) -> tuple[float, float]:
+    """Solves ``time_at(x) = want`` for a time close to affine in ``x``: a secant step
+    of width ``step(x)``, refined once, clamped to ``[lo, hi]``; ``x`` stays where the
+    time does not grow with it (nothing in the program depends on it).
+
+    Returns:
+        ``(x, time_at(x))``.
+    """
+    for _ in range(2):
+        base = time_at(x)
+        h = step(x)
+        slope = (time_at(x + h) - base) / h
+        if slope <= 0:
+            break
+        x = float(min(max(x + (want - base) / slope, lo), hi))
+    return x, time_at(x)
 
 
 # --------------------------------------------------------------------------- measuring
