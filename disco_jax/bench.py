@@ -226,7 +226,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     say(f"final choice among {len(candidates)} programs")
     choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
                     tag="choice", min_sample_s=float(spec["min_sample_s"]),
-                    incumbent="xla_default")
+                    tiers=(["xla_default"], list(bucketed), [*plans, *staged]))
     best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
     finals = {name: runs[name] for name in bl.BASELINES}
     finals["bucketed"] = runs[best_bucketed]
@@ -275,7 +275,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
                    "bucket_counts": bucket_counts,
                    "medians_s": choice.medians_s,
-                   "wins_over_xla_default": choice.wins,
+                   # rounds each challenger beat the choice before its tier in
+                   "wins": choice.wins, "against": choice.against,
                    "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,
                                    "xla_default": predicted["xla_default"]}},
         "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},

@@ -565,14 +565,15 @@ def summarize_samples(samples: Sequence[float]) -> dict[str, float]:
     return {"median_s": statistics.median(samples), "p25_s": q[0], "p75_s": q[2]}
 
 
-#: a challenger replaces the incumbent (XLA's default) only when it is faster in at least
-#: this share of the rounds, paired within a round (3 of 3, 4 of 4, 4 of 5, 6 of 7): a
-#: one-sided sign test at about 6% for 4 rounds. On the 2-core VM a bucketed program 1-2%
-#: faster by the median of 4 rounds was 4% slower over 14 rounds (transformer-medium,
-#: inproc4; it won 4 of them), and with a share of 0.75 bert-medium's 4 MiB buckets won 3
-#: of 4 choice rounds and then lost the fresh rounds by 16% (bimodal: p25 126 ms, median
-#: 139 ms against XLA's 120 ms). Lesser wins are not worth a program the user did not
-#: have; real ones (hand bucketing on gloo, 3x) win every round.
+#: a challenger replaces the current choice (first XLA's default, then the hand bucketing
+#: that beat it) only when it is faster in at least this share of the rounds, paired
+#: within a round (3 of 3, 4 of 4, 4 of 5, 6 of 7): a one-sided sign test at about 6% for
+#: 4 rounds. On the 2-core VM a bucketed program 1-2% faster by the median of 4 rounds was
+#: 4% slower over 14 rounds (transformer-medium, inproc4; it won 4 of them), and with a
+#: share of 0.75 bert-medium's 4 MiB buckets won 3 of 4 choice rounds and then lost the
+#: fresh rounds by 16% (bimodal: p25 126 ms, median 139 ms against XLA's 120 ms). Lesser
+#: wins are not worth a program the user did not have; real ones (hand bucketing on gloo,
+#: 3x) win every round.
 CHALLENGER_WIN_SHARE = 0.8
 
 
@@ -583,9 +584,12 @@ class Choice(NamedTuple):
         name: the chosen program.
         medians_s: median seconds per iteration of every candidate.
         samples_s: the samples behind them.
-        incumbent: the program kept unless a challenger beats it (None: none was named).
-        wins: per challenger, the rounds it was faster than the incumbent in (empty
-            without an incumbent).
+        incumbent: the first tier's program, kept unless a challenger beats it (None:
+            no tiers were named, the lowest median won).
+        wins: per challenger, the rounds it was faster than the program it challenged in
+            (empty without tiers).
+        against: per challenger, the program it challenged: the choice of the tiers
+            before its own (empty without tiers).
     """
 
     name: str
@@ -593,52 +597,68 @@ class Choice(NamedTuple):
     samples_s: dict[str, list[float]]
     incumbent: str | None = None
     wins: dict[str, int] = {}
+    against: dict[str, str] = {}
 
 
-def decide(samples: Mapping[str, Sequence[float]], incumbent: str | None = None, *,
+def decide(samples: Mapping[str, Sequence[float]],
+           tiers: Sequence[Sequence[str]] | None = None, *,
            win_share: float = CHALLENGER_WIN_SHARE) -> Choice:
     """The choice from interleaved samples (:func:`measure`'s output).
 
-    Without an incumbent the lowest median wins. With one, a challenger is eligible when
-    it was faster than the incumbent in at least ``win_share`` of the rounds (samples of
-    one round compared); the eligible challenger with the lowest median wins, and the
-    incumbent stays when none is eligible or none has a lower median. Ties go to the name
-    first in sorted order, so every process of a job (which sees the same samples)
-    chooses the same program.
+    Without tiers the lowest median wins. With them, the choice climbs a ladder: the
+    first tier's lowest median (``["xla_default"]``: what the user runs without DisCo) is
+    the incumbent; each later tier (hand bucketing, then DisCo's own programs) challenges
+    the choice so far, and a challenger is eligible when it was faster than that choice in
+    at least ``win_share`` of the rounds (samples of one round compared) and has a lower
+    median; the eligible one with the lowest median becomes the choice. A program of a
+    later tier must so beat the best of the earlier ones, not merely XLA's default:
+    a plan that ties with hand bucketing stays out. Programs in no tier form a last one.
+    Ties go to the name first in sorted order, so every process of a job (which sees the
+    same samples) chooses the same program.
 
     Args:
         samples: ``{name: [seconds per iteration, one per round]}``, rounds aligned.
-        incumbent: the program the user runs without DisCo (``"xla_default"``), or None.
+        tiers: groups of program names, the incumbent's first, or None.
         win_share: the share of rounds a challenger must win, in ``(0, 1]``.
 
     Raises:
-        ValueError: no samples, an incumbent that is not among them, or a bad share.
+        ValueError: no samples, a tier naming a program that was not measured (or an
+            empty first tier), or a bad share.
     """
     if not samples:
         raise ValueError("nothing to choose from")
     if not 0 < win_share <= 1:
         raise ValueError(f"win_share must be in (0, 1], got {win_share}")
-    if incumbent is not None and incumbent not in samples:
-        raise ValueError(f"the incumbent {incumbent!r} was not measured")
     medians = {n: statistics.median(s) for n, s in samples.items()}
-    if incumbent is None:
-        return Choice(min(sorted(medians), key=medians.__getitem__), medians,
-                      {n: list(s) for n, s in samples.items()})
-    base = samples[incumbent]
-    wins = {n: sum(a < b for a, b in zip(s, base)) for n, s in samples.items()
-            if n != incumbent}
-    need = math.ceil(win_share * len(base) - 1e-9)
-    eligible = [n for n in sorted(wins)
-                if wins[n] >= need and medians[n] < medians[incumbent]]
-    name = min(eligible, key=medians.__getitem__) if eligible else incumbent
-    return Choice(name, medians, {n: list(s) for n, s in samples.items()}, incumbent, wins)
+    copied = {n: list(s) for n, s in samples.items()}
+    if tiers is None:
+        return Choice(min(sorted(medians), key=medians.__getitem__), medians, copied)
+    named = [n for tier in tiers for n in tier]
+    missing = sorted(set(named) - set(samples))
+    if missing or not tiers or not tiers[0]:
+        raise ValueError(f"the tiers name programs that were not measured: {missing}"
+                         if missing else "the first tier (the incumbent) is empty")
+    rest = sorted(set(samples) - set(named))
+    ladder = [sorted(t) for t in tiers] + ([rest] if rest else [])
+    name = min(ladder[0], key=medians.__getitem__)
+    incumbent, wins, against = name, {}, {}
+    need = math.ceil(win_share * len(samples[name]) - 1e-9)
+    for tier in ladder[1:]:
+        base = samples[name]
+        for n in tier:
+            wins[n] = sum(a < b for a, b in zip(samples[n], base))
+            against[n] = name
+        eligible = [n for n in tier if wins[n] >= need and medians[n] < medians[name]]
+        if eligible:
+            name = min(eligible, key=medians.__getitem__)
+    return Choice(name, medians, copied, incumbent, wins, against)
 
 
 def choose(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *, rounds: int = 5,
-           incumbent: str | None = None, win_share: float = CHALLENGER_WIN_SHARE,
-           **kwargs: Any) -> Choice:
+           tiers: Sequence[Sequence[str]] | None = None,
+           win_share: float = CHALLENGER_WIN_SHARE, **kwargs: Any) -> Choice:
     """Measures the candidates side by side (:func:`measure`) and decides
-    (:func:`decide`): the fastest, or with an ``incumbent`` the fastest of those that beat
-    it in ``win_share`` of the rounds."""
-    return decide(measure(runs, args, rounds=rounds, **kwargs), incumbent,
-                  win_share=win_share)
+    (:func:`decide`): the fastest, or with ``tiers`` the climb from the first tier's
+    program, each later tier's best replacing the choice only when it beats it in
+    ``win_share`` of the rounds."""
+    return decide(measure(runs, args, rounds=rounds, **kwargs), tiers, win_share=win_share)

@@ -11,8 +11,10 @@ The steps are those of ``disco bench``'s jobs (:func:`disco_jax.bench.bench_row`
 3. compile the candidates: the plans (``exact=True``, dots on the kernel library), every
    distinct program of the bucketed sweep (:func:`hlo_tools.baselines.bucketed_candidates`),
    XLA's default, and optional staged programs (:func:`disco_jax.staged.staged_step`);
-4. the final choice by measurement (:func:`disco_jax.enact.choose`): the fastest measured
-   program wins, so a plan is never chosen when a baseline measured faster.
+4. the final choice by measurement (:func:`disco_jax.enact.choose`), in tiers: XLA's
+   default stays unless hand bucketing beats it in most paired rounds, and that choice
+   stays unless a plan or staged program beats it so: a plan is never chosen when a
+   baseline measured faster.
 
 Typical use::
 
@@ -231,7 +233,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
 
     say(f"final choice among {len(runs)} programs")
     choice = choose(runs, args, rounds=choice_rounds, sync=sync, tag="optimize_choice",
-                    min_sample_s=min_sample_s, seed=seed, incumbent="xla_default")
+                    min_sample_s=min_sample_s, seed=seed,
+                    tiers=(["xla_default"], [n for n in runs if n.startswith("bucketed")]))
     lap("choice")
     for name, run in runs.items():
         if name != choice.name and hasattr(run, "close"):
@@ -252,8 +255,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         "choice": choice.name,
         "predicted_s": predicted,
         "measured_s": dict(choice.medians_s),
-        # rounds each program beat XLA's default in (the incumbent: see enact.decide)
-        "wins_over_xla_default": dict(choice.wins),
+        # rounds each challenger beat the choice before its tier in (see enact.decide)
+        "wins": dict(choice.wins), "against": dict(choice.against),
         "search": (_search_report(outcome, seed, top_k, choice_rounds) if outcome
                    else {"refused": refused} if refused else None),
         "hardware": hardware,
@@ -261,8 +264,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                         if calibration is not None else None),
         "seconds": {**seconds, "total": time.perf_counter() - t0},
     }
-    won = (f", faster than XLA's default in {choice.wins[choice.name]} of {choice_rounds} "
-           "rounds" if choice.name in choice.wins else "")
+    won = (f", faster than {choice.against[choice.name]} in {choice.wins[choice.name]} of "
+           f"{choice_rounds} rounds" if choice.name in choice.wins else "")
     say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
     return Optimized(enactments[choice.name], runs[choice.name], report)
 

@@ -22,24 +22,13 @@ import time
 import warnings
 from pathlib import Path
 
+from step_helpers import local, run_steps
+
 STEPS = 5
 
 
-def _local(x):
-    import numpy as np
-
-    return np.asarray(x.addressable_shards[0].data)
-
-
 def _run_steps(fn, args, steps=STEPS):
-    import jax
-
-    outs, (params, opt_state, batch) = [], args
-    for _ in range(steps):
-        params, opt_state, loss = fn(params, opt_state, batch)
-        jax.block_until_ready((params, opt_state, loss))
-        outs.append((params, opt_state, loss))
-    return outs
+    return run_steps(fn, args, steps)
 
 
 def _compare(got, want) -> dict:
@@ -49,10 +38,10 @@ def _compare(got, want) -> dict:
     rel = 0.0
     for g, w in zip(got, want):
         for a, b in zip(jax.tree.leaves(g[:2]), jax.tree.leaves(w[:2])):
-            a, b = _local(a), _local(b)
+            a, b = local(a), local(b)
             rel = max(rel, float(np.max(np.abs(a - b) / (1e-6 + 1e-5 * np.abs(b)))))
-    return {"staged": [float(_local(g[2])) for g in got],
-            "jit": [float(_local(w[2])) for w in want],
+    return {"staged": [float(local(g[2])) for g in got],
+            "jit": [float(local(w[2])) for w in want],
             "max_scaled_diff": rel}  # <= 1: within rtol 1e-5, atol 1e-6
 
 

@@ -86,25 +86,48 @@ def test_decide_keeps_the_incumbent_unless_a_challenger_wins_most_rounds():
                "steady": [0.98, 0.97, 0.99, 1.05]}
     plain = decide(samples)
     assert plain.name == "lucky" and plain.incumbent is None and plain.wins == {}
-    kept = decide(samples, "xla_default")
+    kept = decide(samples, [["xla_default"]])  # the rest form the last tier
     assert kept.wins == {"lucky": 2, "steady": 3}
-    assert kept.name == "xla_default"  # 3 of 4 rounds is below the default 0.8
-    assert decide(samples, "xla_default", win_share=0.75).name == "steady"
+    assert kept.against == {"lucky": "xla_default", "steady": "xla_default"}
+    assert kept.name == kept.incumbent == "xla_default"  # 3 of 4 is below the default 0.8
+    assert decide(samples, [["xla_default"]], win_share=0.75).name == "steady"
     samples["steady"][3] = 0.99  # now it wins every round
-    assert decide(samples, "xla_default").name == "steady"
+    assert decide(samples, [["xla_default"]]).name == "steady"
     # eligible by its wins, then chosen by the median only when it is lower
     assert decide({"xla_default": [1.0, 1.0, 1.0], "odd": [0.99, 0.99, 2.0]},
-                  "xla_default", win_share=0.5).name == "odd"
+                  [["xla_default"]], win_share=0.5).name == "odd"
     assert decide({"xla_default": [1.0, 1.0, 1.0], "odd": [0.99, 1.5, 2.0]},
-                  "xla_default", win_share=0.3).name == "xla_default"
+                  [["xla_default"]], win_share=0.3).name == "xla_default"
     # ties in the median go to the first name in sorted order
     assert decide({"b": [1.0], "a": [1.0]}).name == "a"
     with pytest.raises(ValueError, match="nothing"):
         decide({})
-    with pytest.raises(ValueError, match="incumbent"):
-        decide(samples, "bucketed")
+    with pytest.raises(ValueError, match="not measured"):
+        decide(samples, [["bucketed"]])
+    with pytest.raises(ValueError, match="empty"):
+        decide(samples, [[]])
     with pytest.raises(ValueError, match="win_share"):
-        decide(samples, "xla_default", win_share=0)
+        decide(samples, [["xla_default"]], win_share=0)
+
+
+def test_decide_makes_a_plan_beat_the_bucketing_that_beat_xla():
+    # hand bucketing wins every round against XLA's default; the plan also beats XLA's
+    # default every round and has the lowest median, but ties with the bucketing (2 of 4)
+    samples = {"xla_default": [3.0, 3.0, 3.0, 3.0],
+               "bucketed_1MiB": [1.00, 1.00, 1.00, 1.00],
+               "bucketed_4MiB": [1.20, 1.20, 1.20, 1.20],
+               "plan_0": [0.98, 0.97, 1.02, 1.03]}
+    tiers = [["xla_default"], ["bucketed_1MiB", "bucketed_4MiB"], ["plan_0"]]
+    choice = decide(samples, tiers)
+    assert choice.name == "bucketed_1MiB" and choice.incumbent == "xla_default"
+    assert choice.wins == {"bucketed_1MiB": 4, "bucketed_4MiB": 4, "plan_0": 2}
+    assert choice.against["plan_0"] == "bucketed_1MiB"
+    assert choice.against["bucketed_4MiB"] == "xla_default"
+    # without the middle tier the plan faces XLA's default alone and is chosen
+    assert decide(samples, [["xla_default"], ["plan_0"]]).name == "plan_0"
+    # a plan that beats the bucketing in every round takes it
+    samples["plan_0"] = [0.9, 0.9, 0.95, 0.99]
+    assert decide(samples, tiers).name == "plan_0"
 
 
 def test_in_context_calibration_matches_both_programs(vgg):

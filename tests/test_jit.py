@@ -24,14 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from step_helpers import mlp_step
 
 import disco_jax
 from disco_jax import store as st
 from disco_jax import zoo
 from disco_jax.jit import DiscoFallbackWarning
-from disco_jax.zoo.common import make_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = list(zoo.MODELS)
@@ -168,45 +166,13 @@ def test_unusable_stores_fall_back_with_a_warning(searched, tmp_path):
 # --------------------------------------------------------------------------- in process
 
 
-def _mlp_step_and_args():
-    """A small shard_map data-parallel step with a static learning rate."""
-    mesh = make_mesh(4)
-
-    def local(params, batch, lr):
-        def loss_fn(p):
-            h = jnp.tanh(batch["x"] @ p["w1"])
-            return jnp.mean((h @ p["w2"] - batch["y"]) ** 2)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        grads = jax.lax.pmean(grads, "data")
-        new = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-        return new, jax.lax.pmean(loss, "data")
-
-    def step(params, batch, lr):
-        return jax.shard_map(partial(local, lr=lr), mesh=mesh,
-                             in_specs=(P(), P("data")), out_specs=(P(), P()),
-                             check_vma=False)(params, batch)
-
-    rng = np.random.default_rng(1)
-    rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-
-    def params():  # the same values at every call, fresh buffers (donation deletes them)
-        rng = np.random.default_rng(0)
-        return {"w1": jax.device_put(jnp.asarray(rng.normal(size=(16, 32)), jnp.float32), rep),
-                "w2": jax.device_put(jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), rep)}
-
-    batch = {"x": jax.device_put(jnp.asarray(rng.normal(size=(32, 16)), jnp.float32), dat),
-             "y": jax.device_put(jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), dat)}
-    return step, params, batch
-
-
 def _close(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
 
 
 def test_static_and_donated_arguments(tmp_path, monkeypatch):
-    step, make_params, batch = _mlp_step_and_args()
+    step, make_params, batch = mlp_step()
     ref = jax.jit(step, static_argnums=2)
     monkeypatch.setenv("ENABLE_SEARCH", "1")
     wrapped = disco_jax.jit(step, static_argnums=2, donate_argnums=0, store=tmp_path,
@@ -240,7 +206,7 @@ def test_static_and_donated_arguments(tmp_path, monkeypatch):
 
 
 def test_flag_unset_uses_a_stored_plan_silently_or_jax_jit(tmp_path, monkeypatch):
-    step, make_params, batch = _mlp_step_and_args()
+    step, make_params, batch = mlp_step()
     monkeypatch.delenv("ENABLE_SEARCH", raising=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiscoFallbackWarning)
@@ -291,7 +257,7 @@ def test_bad_environment_is_a_clear_error(tmp_path, monkeypatch, flag, budget, w
     monkeypatch.setenv("ENABLE_SEARCH", flag)
     if budget is not None:
         monkeypatch.setenv("DISCO_TIME_BUDGET", budget)
-    step, make_params, batch = _mlp_step_and_args()
+    step, make_params, batch = mlp_step()
     wrapped = disco_jax.jit(step, static_argnums=2, store=tmp_path)
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
         wrapped(make_params(), batch, 0.1)

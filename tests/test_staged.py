@@ -18,27 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from step_helpers import local, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
 
 
 def _run_steps(fn, args, steps=STEPS):
-    """``steps`` successive steps (params and optimizer state fed back, same batch)."""
-    import jax
-
-    outs, (params, opt_state, batch) = [], args
-    for _ in range(steps):
-        params, opt_state, loss = fn(params, opt_state, batch)
-        jax.block_until_ready((params, opt_state, loss))
-        outs.append((params, opt_state, loss))
-    return outs
-
-
-def _local(x):
-    import numpy as np
-
-    return np.asarray(x.addressable_shards[0].data)
+    return run_steps(fn, args, steps)
 
 
 _STEPS_CACHE: dict[str, tuple] = {}
@@ -100,7 +87,7 @@ def test_staged_matches_jit(name, buckets, monkeypatch):
         for a, b in zip(leaves_g, leaves_w):
             assert a.shape == b.shape and a.dtype == b.dtype
             assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
-            np.testing.assert_allclose(_local(a), _local(b), rtol=1e-5, atol=1e-6,
+            np.testing.assert_allclose(local(a), local(b), rtol=1e-5, atol=1e-6,
                                        err_msg=f"{name}, {buckets} buckets, step {i}")
 
 
@@ -128,7 +115,7 @@ def test_chunked_reduction_matches_one_collective_per_bucket():
     (whole, got_whole), (pieces, got_pieces) = results
     assert pieces > whole >= 1
     for g, w in zip(jax.tree.leaves(got_pieces), jax.tree.leaves(got_whole)):
-        np.testing.assert_array_equal(_local(g), _local(w))
+        np.testing.assert_array_equal(local(g), local(w))
 
 
 def test_even_buckets_cover_the_gradients():
@@ -169,14 +156,14 @@ def _worker(args: argparse.Namespace) -> None:
     want = _run_steps(jax.jit(step), step_args)
     got = _run_steps(staged, step_args)
     staged.close()
-    diff = max(float(np.max(np.abs(_local(a) - _local(b))))
+    diff = max(float(np.max(np.abs(local(a) - local(b))))
                for g, w in zip(got, want)
                for a, b in zip(jax.tree.leaves(g[:2]), jax.tree.leaves(w[:2])))
     row = {"process": args.process_id, "devices": jax.device_count(),
            "local_devices": jax.local_device_count(),
            "comms": len(staged.plan.comms), "stages": len(staged.plan.stages),
-           "staged": [float(_local(g[2])) for g in got],
-           "jit": [float(_local(w[2])) for w in want], "max_param_diff": diff}
+           "staged": [float(local(g[2])) for g in got],
+           "jit": [float(local(w[2])) for w in want], "max_param_diff": diff}
     Path(args.out).write_text(json.dumps(row))
     jax.distributed.shutdown()
 

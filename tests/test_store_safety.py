@@ -39,17 +39,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from step_helpers import mlp_step
 
 import disco_jax
 from disco_jax import store as st
 from disco_jax.enactment import Enactment
 from disco_jax.jit import DiscoFallbackWarning
-from disco_jax.zoo.common import make_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "store_safety_worker.py"
@@ -60,39 +57,6 @@ WRITES = 60  # per writer in the race
 
 
 # --------------------------------------------------------------------------- the program
-
-
-def _mlp():
-    """A small shard_map data-parallel step (static learning rate), fresh parameters and
-    a batch."""
-    mesh = make_mesh(4)
-
-    def local(params, batch, lr):
-        def loss_fn(p):
-            h = jnp.tanh(batch["x"] @ p["w1"])
-            return jnp.mean((h @ p["w2"] - batch["y"]) ** 2)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        grads = jax.lax.pmean(grads, "data")
-        new = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-        return new, jax.lax.pmean(loss, "data")
-
-    def step(params, batch, lr):
-        return jax.shard_map(partial(local, lr=lr), mesh=mesh,
-                             in_specs=(P(), P("data")), out_specs=(P(), P()),
-                             check_vma=False)(params, batch)
-
-    rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-
-    def params():  # the same values at every call, fresh buffers (donation deletes them)
-        rng = np.random.default_rng(0)
-        return {"w1": jax.device_put(jnp.asarray(rng.normal(size=(16, 32)), jnp.float32), rep),
-                "w2": jax.device_put(jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), rep)}
-
-    rng = np.random.default_rng(1)
-    batch = {"x": jax.device_put(jnp.asarray(rng.normal(size=(32, 16)), jnp.float32), dat),
-             "y": jax.device_put(jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), dat)}
-    return step, params, batch
 
 
 class Searched(NamedTuple):
@@ -126,7 +90,7 @@ def _like_jax_jit(got, want):
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     """A real ENABLE_SEARCH=1 search of the step; its store holds one entry."""
-    step, make_params, batch = _mlp()
+    step, make_params, batch = mlp_step()
     store = tmp_path_factory.mktemp("searched") / "store"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ENABLE_SEARCH", "1")
