@@ -16,9 +16,9 @@ final choice by measurement (the product path shared by ``disco bench`` and, lat
 3. :func:`measure` runs programs interleaved (rounds in a shared seeded order, every
    sample ``K`` calls, each waited for) and :func:`choose` keeps the fastest: the search's
    best few plans, hand bucketing and XLA's default run side by side, so a plan is never
-   chosen when a baseline measured faster. XLA's default is the incumbent: another
-   program replaces it only when it wins most rounds against it (:func:`decide`), not
-   when a lucky median says so.
+   chosen when a baseline measured faster. The choice climbs tiers (:func:`decide`):
+   XLA's default, then hand bucketing, then DisCo's programs, each replacing the choice
+   so far only when it wins most rounds against it, not when a lucky median says so.
 
 Multi-process jobs synchronize through a :class:`Sync` (:func:`job_sync` wraps
 ``jax.distributed``'s coordination service): a barrier before every sample, ``K`` and the
@@ -164,13 +164,14 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             the times a plan's dots will take.
         sync: the job's :class:`Sync` (None: one process).
     """
-    one = _one_bucket(module)
+    graph = hlo_tools.device_graph(module)
+    one = _one_bucket(module, graph)
     runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
                                         library=library)
             for name, m in (("no_fusion", module), ("one_bucket", one))}
     runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
                                           compiler_options=_fused_options())
-    if sync is not None and _has_gradients(module):
+    if sync is not None and len(graph.gradient_allreduces) >= 2:  # something to combine
         runs["combined"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(module),
                                                  exact=False,
                                                  compiler_options=_combined_options(library))
@@ -213,7 +214,7 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     text = module if isinstance(module, str) else hlo_tools.to_text(module)
     run, inputs = compile_text(text, exact=True, library=library, seed=seed)
     parsed = hlo_tools.parse(text) if isinstance(module, str) else module
-    one = _one_bucket(parsed)
+    one = _one_bucket(parsed, hlo_tools.device_graph(parsed))
     one_text = hlo_tools.to_text(one)
     runs = {"no_fusion": run,
             "one_bucket": compile_text(one_text, exact=True, library=library,
@@ -224,11 +225,11 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
                          rounds=rounds, sync=None)
 
 
-def _one_bucket(module: HloModule) -> HloModule:
-    """``module`` with every gradient in one flat all-reduce bucket."""
+def _one_bucket(module: HloModule, graph: hlo_tools.DeviceGraph) -> HloModule:
+    """``module`` (its device ``graph``) with every gradient in one flat all-reduce
+    bucket."""
     from hlo_tools import plan as P
 
-    graph = hlo_tools.device_graph(module)
     return hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
 
 
@@ -250,11 +251,6 @@ def _combined_options(library: bool) -> dict[str, Any]:
     from hlo_tools import baselines as bl
 
     return bl.combined_plan_options(jax.default_backend(), library=library)
-
-
-def _has_gradients(module: HloModule) -> bool:
-    """Whether XLA's combiner has two all-reduces to combine."""
-    return len(hlo_tools.device_graph(module).gradient_allreduces) >= 2
 
 
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
@@ -390,8 +386,8 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        program when it was measured: the first program's kernels, every gradient in
        XLA's one variadic all-reduce, so what its time differs by from the first
        program is what XLA:CPU's combined collective costs per buffer beyond separate
-       ones. Affine in
-       the extra: solved once and refined once; each buffer's latency stays >= 0.
+       ones. Affine in the extra: solved once and refined once; each buffer's latency
+       stays >= 0.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`cover`, before any fit, so that every fit sees the same op
