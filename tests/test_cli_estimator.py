@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -51,12 +52,15 @@ def vgg():
 def trained(tmp_path_factory):
     """``disco train-estimator --generate`` on a few samples of tiny vgg, 3 epochs."""
     root = tmp_path_factory.mktemp("gnn")
+    cpus = os.sched_getaffinity(0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DISCO_CACHE_DIR", str(root / "cache"))
         code, out, err = _main("train-estimator", "--generate", "--models", "vgg",
                                "--size", "tiny", "--per-module", "2", "--repeats", "3",
                                "--epochs", "3", "--dataset", str(root / "data"),
                                "--out", str(root / "gnn.msgpack"))
+    # measured pinned to one CPU, and the process gets its CPUs back afterwards
+    assert os.sched_getaffinity(0) == cpus
     return root, code, out, err
 
 

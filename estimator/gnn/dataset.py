@@ -78,8 +78,10 @@ __all__ = [
 ]
 
 #: Version of how samples are drawn, built and timed (part of the file name). 2: samples
-#: carry their ``kind``; XLA's own fusions are a source.
-DATASET_VERSION = 2
+#: carry their ``kind``; XLA's own fusions are a source. 3: ``disco train-estimator
+#: --generate`` times in a process pinned to one CPU (v2's unpinned timings of the same
+#: op swung by up to 10x from one batch of runs to the next).
+DATASET_VERSION = 3
 #: Kinds of samples: groups of random plans, XLA's own fusions.
 KINDS = ("plan", "xla")
 #: Opcodes whose operands past the first are indices (drawn as 0: in bounds).
