@@ -130,6 +130,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
 
     import hlo_tools
     from disco_jax.enact import (
+        choice_tiers,
         choose,
         in_context_costs,
         job_sync,
@@ -205,8 +206,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         if cand.buckets in seen_buckets:
             continue
         seen_buckets.add(cand.buckets)
-        label = "bucketed_one" if cand.threshold_bytes is None else \
-            f"bucketed_{cand.threshold_bytes >> 20}MiB"
+        label = bl.bucketed_name(cand.threshold_bytes)
         bucketed[label] = cand.run
         thresholds[label] = cand.threshold_bytes
         bucket_counts[label] = len(cand.buckets)
@@ -226,7 +226,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     say(f"final choice among {len(candidates)} programs")
     choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
                     tag="choice", min_sample_s=float(spec["min_sample_s"]),
-                    tiers=(["xla_default"], list(bucketed), [*plans, *staged]))
+                    tiers=choice_tiers(candidates))
     best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
     finals = {name: runs[name] for name in bl.BASELINES}
     finals["bucketed"] = runs[best_bucketed]

@@ -14,11 +14,11 @@ final choice by measurement (the product path shared by ``disco bench`` and, lat
    the profile lacks, the analytic model last. :func:`cover` adds standalone times for
    the ops of other modules (XLA's compiled plans) before they are priced.
 3. :func:`measure` runs programs interleaved (rounds in a shared seeded order, every
-   sample ``K`` calls, each waited for) and :func:`choose` keeps the fastest: the search's
-   best few plans, hand bucketing and XLA's default run side by side, so a plan is never
-   chosen when a baseline measured faster. The choice climbs tiers (:func:`decide`):
-   XLA's default, then hand bucketing, then DisCo's programs, each replacing the choice
-   so far only when it wins most rounds against it, not when a lucky median says so.
+   sample ``K`` calls, each waited for) and :func:`choose` decides: the search's best few
+   plans, hand bucketing and XLA's default run side by side, and the choice climbs tiers
+   (:func:`decide`, :func:`choice_tiers`): XLA's default, then hand bucketing, then
+   DisCo's programs, each replacing the choice so far only when it wins most rounds
+   against it, not when a lucky median says so.
 
 Multi-process jobs synchronize through a :class:`Sync` (:func:`job_sync` wraps
 ``jax.distributed``'s coordination service): a barrier before every sample, ``K`` and the
@@ -32,7 +32,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import hlo_tools
@@ -50,6 +50,7 @@ __all__ = [
     "Choice",
     "InContext",
     "Sync",
+    "choice_tiers",
     "choose",
     "cover",
     "decide",
@@ -648,6 +649,14 @@ def decide(samples: Mapping[str, Sequence[float]],
         if eligible:
             name = min(eligible, key=medians.__getitem__)
     return Choice(name, medians, copied, incumbent, wins, against)
+
+
+def choice_tiers(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The product's tiers for :func:`decide` among the named programs: XLA's default
+    (the incumbent), then hand bucketing (``bucketed_*``,
+    :func:`hlo_tools.plan.bucketed_name`); every other program -- DisCo's plans and staged
+    programs -- is in no tier, so forms the last one."""
+    return ["xla_default"], sorted(n for n in names if n.startswith("bucketed_"))
 
 
 def choose(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *, rounds: int = 5,

@@ -13,8 +13,8 @@ The steps are those of ``disco bench``'s jobs (:func:`disco_jax.bench.bench_row`
    XLA's default, and optional staged programs (:func:`disco_jax.staged.staged_step`);
 4. the final choice by measurement (:func:`disco_jax.enact.choose`), in tiers: XLA's
    default stays unless hand bucketing beats it in most paired rounds, and that choice
-   stays unless a plan or staged program beats it so: a plan is never chosen when a
-   baseline measured faster.
+   stays unless a plan or staged program beats it so: a plan is chosen only when it beat
+   the baseline chosen before it, round by round.
 
 Typical use::
 
@@ -66,10 +66,6 @@ def default_hardware(num_processes: int) -> str:
     """The shipped hardware file for a setup: ``inproc4`` for one process, else
     ``gloo2`` (the in-context fit adapts its all-reduce latency and compute scale)."""
     return "inproc4" if num_processes <= 1 else "gloo2"
-
-
-def _bucketed_label(threshold_bytes: int | None) -> str:
-    return "bucketed_one" if threshold_bytes is None else f"bucketed_{threshold_bytes >> 20}MiB"
 
 
 def _predict(module: Any, costs: Any) -> float:
@@ -143,7 +139,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     import jax
 
     import hlo_tools
-    from disco_jax.enact import choose, in_context_costs, profile_in_context
+    from disco_jax.enact import choice_tiers, choose, in_context_costs, profile_in_context
     from disco_jax.enactment import Enactment
     from disco_jax.search import MemoryBudgetError, search
     from disco_jax.staged import CHUNK_BYTES
@@ -208,7 +204,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     runs: dict[str, Any] = {}
     thresholds = bl.BUCKET_THRESHOLDS if bucket_thresholds is None else tuple(bucket_thresholds)
     for cand in bl.bucketed_candidates(step, args, thresholds):
-        label = _bucketed_label(cand.threshold_bytes)
+        label = bl.bucketed_name(cand.threshold_bytes)
         if any(e.text == cand.run.hlo_text for e in enactments.values()):
             continue  # the same buckets as a smaller threshold
         enactments[label] = Enactment.single(label, cand.run.hlo_text, exact=False,
@@ -234,7 +230,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     say(f"final choice among {len(runs)} programs")
     choice = choose(runs, args, rounds=choice_rounds, sync=sync, tag="optimize_choice",
                     min_sample_s=min_sample_s, seed=seed,
-                    tiers=(["xla_default"], [n for n in runs if n.startswith("bucketed")]))
+                    tiers=choice_tiers(runs))
     lap("choice")
     for name, run in runs.items():
         if name != choice.name and hasattr(run, "close"):

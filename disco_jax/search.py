@@ -77,8 +77,9 @@ __all__ = [
 
 #: Name of the no-fusion start plan (every node its own group), always in the queue.
 NO_FUSION = "no_fusion"
-#: Bucket thresholds of the ``bucketed`` start plans, bytes (None: one bucket).
-BUCKET_THRESHOLDS: tuple[int | None, ...] = (1 << 20, 4 << 20, 16 << 20, 64 << 20, None)
+#: Bucket thresholds of the ``bucketed`` start plans, bytes (None: one bucket): the
+#: hand-bucketing sweep's (:data:`hlo_tools.plan.BUCKET_THRESHOLDS`).
+BUCKET_THRESHOLDS = P.BUCKET_THRESHOLDS
 
 #: Stop reason: ``patience`` candidates in a row did not improve the best.
 STOP_PATIENCE = "patience"
@@ -259,10 +260,6 @@ class SearchResult(NamedTuple):
 # --------------------------------------------------------------------------- start plans
 
 
-def _threshold_name(threshold: int | None) -> str:
-    return "bucketed_one" if threshold is None else f"bucketed_{threshold >> 20}MiB"
-
-
 def baseline_plans(space: P.FusionSpace) -> dict[str, P.Plan]:
     """The baselines expressible as plans, by name: no fusion, and -- when
     ``hlo_tools.plan.bucket_plan`` exists -- flat gradient buckets in order of production,
@@ -272,7 +269,7 @@ def baseline_plans(space: P.FusionSpace) -> dict[str, P.Plan]:
     bucket_plan = getattr(P, "bucket_plan", None)
     if bucket_plan is not None:
         for threshold in BUCKET_THRESHOLDS:
-            plans[_threshold_name(threshold)] = bucket_plan(space, threshold)
+            plans[P.bucketed_name(threshold)] = bucket_plan(space, threshold)
     return plans
 
 

@@ -53,10 +53,12 @@ from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
 from hlo_tools.parser import parse
 from hlo_tools.plan import (
+    BUCKET_THRESHOLDS,
     FusionSpace,
     Plan,
     bucket_members,
     bucket_plan,
+    bucketed_name,
     can_combine,
     combine,
     initial_plan,
@@ -76,6 +78,7 @@ __all__ = [
     "apply_buckets",
     "baseline_options",
     "bucketed_candidates",
+    "bucketed_name",
     "bucketed_plan",
     "combined_plan_options",
     "combiner_buckets",
@@ -91,9 +94,6 @@ BASELINES: tuple[str, ...] = ("no_fusion", "op_fusion", "allreduce_fusion", "xla
 BUCKETED = "bucketed"
 #: The paper's baselines and hand bucketing.
 ALL_BASELINES: tuple[str, ...] = (*BASELINES, BUCKETED)
-#: Bucket thresholds of the ``bucketed`` sweep, in bytes (None: one bucket). NVIDIA's advice
-#: to JAX users is a sweep in 2x steps; these span Horovod's and DDP's defaults in 4x steps.
-BUCKET_THRESHOLDS: tuple[int | None, ...] = (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, None)
 
 #: Byte threshold of XLA:CPU's CpuAllReduceCombiner on 0.10.2 (``INT64_MAX``: unlimited).
 CPU_COMBINE_THRESHOLD_BYTES = 2**63 - 1

@@ -22,6 +22,7 @@ from disco_jax.cost_model import CostModel
 from disco_jax.enact import (
     FUSED_SCALE_BOUNDS,
     calibrate_in_context,
+    choice_tiers,
     choose,
     decide,
     in_context_costs,
@@ -128,6 +129,17 @@ def test_decide_makes_a_plan_beat_the_bucketing_that_beat_xla():
     # a plan that beats the bucketing in every round takes it
     samples["plan_0"] = [0.9, 0.9, 0.95, 0.99]
     assert decide(samples, tiers).name == "plan_0"
+
+
+def test_choice_tiers_name_the_incumbent_and_the_bucketing_and_leave_the_rest_last():
+    names = ["plan_0", "bucketed_4MiB", "xla_default", "staged_k2_r1", "bucketed_one"]
+    assert choice_tiers(names) == (["xla_default"], ["bucketed_4MiB", "bucketed_one"])
+    assert [P.bucketed_name(t) for t in P.BUCKET_THRESHOLDS] == [
+        "bucketed_1MiB", "bucketed_4MiB", "bucketed_16MiB", "bucketed_64MiB", "bucketed_one"]
+    samples = {"xla_default": [3.0] * 4, "bucketed_1MiB": [1.0] * 4, "plan_0": [1.1] * 4,
+               "staged_k2_r1": [0.5] * 4}
+    assert decide(samples, choice_tiers(samples)) == decide(
+        samples, [["xla_default"], ["bucketed_1MiB"], ["plan_0", "staged_k2_r1"]])
 
 
 def test_in_context_calibration_matches_both_programs(vgg):

@@ -64,7 +64,13 @@ iteration order of a set.
 """
 
 from hlo_tools.opcodes import UNFUSIBLE_OPCODES
-from hlo_tools.plan.buckets import bucket_members, bucket_plan, production_order
+from hlo_tools.plan.buckets import (
+    BUCKET_THRESHOLDS,
+    bucket_members,
+    bucket_plan,
+    bucketed_name,
+    production_order,
+)
 from hlo_tools.plan.groups import dead_groups, group_operands, group_users
 from hlo_tools.plan.kernel import c_kernel_available
 from hlo_tools.plan.legality import LEGAL, Decision, Try, can_combine, can_duplicate, can_fuse
@@ -82,6 +88,7 @@ from hlo_tools.plan.space import FusionSpace, fusible_nodes
 from hlo_tools.plan.value import Plan, copy_readers, group_outputs, initial_plan, members
 
 __all__ = [
+    "BUCKET_THRESHOLDS",
     "Decision",
     "FusionSpace",
     "LEGAL",
@@ -93,6 +100,7 @@ __all__ = [
     "allreduce_neighbours",
     "bucket_members",
     "bucket_plan",
+    "bucketed_name",
     "c_kernel_available",
     "can_combine",
     "can_duplicate",

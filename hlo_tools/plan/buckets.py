@@ -25,7 +25,19 @@ from hlo_tools.plan.merge import combine
 from hlo_tools.plan.space import FusionSpace
 from hlo_tools.plan.value import Plan, initial_plan
 
-__all__ = ["bucket_members", "bucket_plan", "production_order"]
+__all__ = ["BUCKET_THRESHOLDS", "bucket_members", "bucket_plan", "bucketed_name",
+           "production_order"]
+
+#: Bucket thresholds of the hand-bucketing sweep, in bytes (None: one bucket). NVIDIA's
+#: advice to JAX users is a sweep in 2x steps; these span Horovod's and DDP's defaults in
+#: 4x steps.
+BUCKET_THRESHOLDS: tuple[int | None, ...] = (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, None)
+
+
+def bucketed_name(threshold_bytes: int | None) -> str:
+    """The name of the hand-bucketing program of a threshold: ``bucketed_16MiB``, or
+    ``bucketed_one`` for one bucket (None)."""
+    return "bucketed_one" if threshold_bytes is None else f"bucketed_{threshold_bytes >> 20}MiB"
 
 
 def production_order(space: FusionSpace, plan: Plan) -> list[int]:
