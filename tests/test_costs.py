@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 from pathlib import Path
 
@@ -590,6 +591,29 @@ def test_op_bench_times_and_caches(tmp_path, monkeypatch) -> None:
     cache.update({"k": failed})
     cache.save()
     assert ob.OpTimeCache.for_backend(1).get("k") == ob.OpTiming.from_json(failed.to_json())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity")
+def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
+    assert ob.pinned_timing(replicas=4) is False  # devices sharing the cores: in place
+    assert ob.pinned_timing() is (len(os.sched_getaffinity(0)) > 1)
+    module = hlo_tools.parse(GRADS)
+    view = ob.module_view(module)
+    op = ob.standalone_op(module, view.instr["g1"], view)
+    job = ob.TimingJob(op.module_name, op.hlo_text, op.inputs, seed=3)
+    bad = ob.TimingJob("bad", "HloModule bad\nENTRY e { ROOT x = f32[] nonsense() }", ())
+    with ob.PinnedTimer(repeats=4, warmup=1) as clock:
+        samples, errors = clock.run([job, bad])
+        assert len(clock.child_cpus) == 1
+        assert set(clock.child_cpus) <= os.sched_getaffinity(0)
+        assert len(samples[op.module_name]) == 4 and min(samples[op.module_name]) > 0
+        assert set(errors) == {"bad"} and errors["bad"].startswith("HloCompileError")
+        clock.timeout_s = 0.0  # a batch that overruns: the child is killed, all fail
+        samples, errors = clock.run([job])
+        assert not samples and "exceeded" in errors[op.module_name]
+        clock.timeout_s = 300.0  # the next batch starts a new child
+        samples, errors = clock.run([job])
+        assert not errors and len(samples[op.module_name]) == 4
 
 
 def test_cost_model_for_module_uses_measured_times(tmp_path, monkeypatch) -> None:

@@ -487,13 +487,14 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
 
 def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[int]]], *,
                    names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-                   repeats: int = 15, warmup: int = 3, replicas: int = 1
-                   ) -> list[dict[str, Any]]:
+                   repeats: int = 15, warmup: int = 3, replicas: int = 1,
+                   pinned: bool | None = None) -> list[dict[str, Any]]:
     """Times fusion groups as standalone fused ops, the way the dataset's samples are.
 
     Each group is built by :func:`fused_module`, compiled with XLA's fusion passes off,
-    fed :func:`estimator.op_bench.random_inputs` and timed by
-    :func:`estimator.op_bench.time_standalone` (median of ``repeats`` traced runs).
+    fed :func:`estimator.op_bench.random_inputs` and timed (median of ``repeats`` traced
+    runs) by :func:`estimator.op_bench.timer`: on the CPU backend in a process pinned to
+    one CPU.
 
     Args:
         groups: ``(graph, members, copies)`` per fused op.
@@ -502,36 +503,36 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
         repeats: traced runs per fused op.
         warmup: untraced runs first.
         replicas: devices running each at once.
+        pinned: time in a child pinned to one CPU (default:
+            :func:`estimator.op_bench.pinned_timing`).
 
     Returns:
         Per group ``{"time_s", "p25_s", "p75_s", "samples"}`` (seconds), or
         ``{"error": why}`` when it cannot be built, compiled or timed (e.g. a
         multi-output group).
     """
-    from hlo_tools import jax_bridge
-
     names = list(names) if names is not None else [f"disco_fused_{k}"
                                                    for k in range(len(groups))]
     seeds = list(seeds) if seeds is not None else list(range(len(groups)))
     out: list[dict[str, Any]] = [{} for _ in groups]
-    items = []
+    jobs: dict[int, op_bench.TimingJob] = {}
     for k, ((graph, ms, cs), name, in_seed) in enumerate(zip(groups, names, seeds)):
         try:
             text, specs = fused_module(graph, ms, cs, name=name)
-            exe = jax_bridge.compile_standalone(text, exact=True, replicas=replicas)
-            placed = exe.put(*op_bench.random_inputs(specs, seed=in_seed))
-        except Exception as err:  # XLA rejects the group standalone: no time
+        except Exception as err:  # the group cannot be built as one fusion: no time
             out[k] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
             continue
-        items.append((k, exe, placed))
-    runs = op_bench.time_standalone([(e, p) for _, e, p in items], repeats=repeats,
-                                    warmup=warmup)
-    for k, exe, _ in items:
-        got = runs.get(exe.module_name, [])
-        if not got:
+        jobs[k] = op_bench.TimingJob(name, text, tuple(specs), in_seed)
+    with op_bench.timer(replicas, repeats, warmup, pinned=pinned if jobs else False) as clock:
+        runs, errors = clock.run(list(jobs.values()))
+    for k, job in jobs.items():
+        got = runs.get(job.module_name, [])
+        if job.module_name in errors:
+            out[k] = {"error": errors[job.module_name]}
+        elif not got:
             out[k] = {"error": "no timed run (the fused op ran no kernel)"}
-            continue
-        q25, q50, q75 = np.percentile(got, [25, 50, 75])
-        out[k] = {"time_s": float(q50), "p25_s": float(q25), "p75_s": float(q75),
-                  "samples": len(got)}
+        else:
+            q25, q50, q75 = np.percentile(got, [25, 50, 75])
+            out[k] = {"time_s": float(q50), "p25_s": float(q25), "p75_s": float(q75),
+                      "samples": len(got)}
     return out
