@@ -18,9 +18,11 @@ scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_standalo
   run is the sum of its module's events (host dispatch is not included). After
   ``warmup`` untraced runs, ``repeats`` runs are traced; the median is kept. All ops of
   a batch share one trace session.
-* On the CPU backend the timing runs in a child process pinned to one CPU
-  (:class:`PinnedTimer`; :func:`pinned_timing` says when): unpinned, XLA:CPU's thread
-  hand-offs dominate a standalone op's time on a shared multi-core host.
+* By default an op is timed in this process, in the regime the program itself runs in
+  (its CPUs, its thread pool): the cost model prices the program's ops with these times.
+  ``pinned=True`` times in a child process pinned to one CPU (:class:`PinnedTimer`), as
+  the fused-op GNN's dataset is timed (repeatable, but not the program's regime; the
+  two are cached apart).
 * ``replicas > 1`` runs the op on that many local devices at once, like a
   data-parallel program does (``inproc4``: 4 devices share the host's cores); the
   time is the median over replicas and runs. It is part of the cache fingerprint.
@@ -114,9 +116,8 @@ __all__ = [
 
 OP_CACHE_SCHEMA = 1
 #: Version of how standalone ops are built and timed; part of the cache fingerprint, so
-#: bumping it re-times everything (failed ops included). 2: timed in a process pinned to
-#: one CPU (:class:`PinnedTimer`).
-OP_BENCH_VERSION = 2
+#: bumping it re-times everything (failed ops included).
+OP_BENCH_VERSION = 1
 
 #: Attributes left out of a standalone op (they do not change what it computes).
 _DROP_ATTRS = frozenset({"metadata", "sharding", "frontend_attributes", "backend_config",
@@ -776,11 +777,12 @@ def timer(replicas: int = 1, repeats: int = 15, warmup: int = 3, *,
 
 
 def pinned_timing(replicas: int = 1, platform: str | None = None) -> bool:
-    """Whether standalone timings go to a child pinned to one CPU: on the CPU backend,
-    for one replica, wherever the OS has CPU affinity -- also from a process that is
-    itself pinned (a gloo worker keeps ``NPROC`` threads in its pool; the child gets the
-    one thread a pin gives). ``replicas > 1`` stays in this process on purpose: it
-    measures devices that share the host's cores."""
+    """Whether timings that leave it open (``pinned=None``: the GNN's dataset, ``disco
+    estimate --measure``) go to a child pinned to one CPU: on the CPU backend, for one
+    replica, wherever the OS has CPU affinity -- also from a process that is itself pinned
+    (a gloo worker keeps ``NPROC`` threads in its pool; the child gets the one thread a pin
+    gives). ``replicas > 1`` stays in this process: it measures devices that share the
+    host's cores."""
     if replicas != 1 or not hasattr(os, "sched_getaffinity"):
         return False
     from hlo_tools import jax_bridge
@@ -796,15 +798,20 @@ def cache_dir() -> Path:
     return dirs.cache_dir("ops")
 
 
-def backend_fingerprint(replicas: int = 1, platform: str | None = None) -> dict[str, Any]:
-    """What measured op times depend on (part of the cache file name and content)."""
+def backend_fingerprint(replicas: int = 1, platform: str | None = None,
+                        pinned: bool = False) -> dict[str, Any]:
+    """What measured op times depend on (part of the cache file name and content);
+    ``pinned`` (times from :class:`PinnedTimer`) adds ``"pinned": True``."""
     from hlo_tools import jax_bridge
 
     info = jax_bridge.backend_info(platform)
-    return {"schema": OP_CACHE_SCHEMA, "version": OP_BENCH_VERSION,
-            "jax": info["jax"], "jaxlib": info["jaxlib"],
-            "platform": info["platform"], "device_kind": info["device_kind"],
-            "cpu_count": info["cpu_count"], "replicas": int(replicas)}
+    out = {"schema": OP_CACHE_SCHEMA, "version": OP_BENCH_VERSION,
+           "jax": info["jax"], "jaxlib": info["jaxlib"],
+           "platform": info["platform"], "device_kind": info["device_kind"],
+           "cpu_count": info["cpu_count"], "replicas": int(replicas)}
+    if pinned:
+        out["pinned"] = True
+    return out
 
 
 class OpTimeCache:
@@ -822,10 +829,10 @@ class OpTimeCache:
         self.entries: dict[str, OpTiming] = self._read()
 
     @classmethod
-    def for_backend(cls, replicas: int = 1, directory: str | os.PathLike | None = None
-                    ) -> OpTimeCache:
-        """The cache of the current jax backend."""
-        return cls(backend_fingerprint(replicas), directory)
+    def for_backend(cls, replicas: int = 1, directory: str | os.PathLike | None = None,
+                    pinned: bool = False) -> OpTimeCache:
+        """The cache of the current jax backend (of pinned timings with ``pinned``)."""
+        return cls(backend_fingerprint(replicas, pinned=pinned), directory)
 
     def _read(self) -> dict[str, OpTiming]:
         """Entries on disk; a missing, corrupt or foreign file reads as empty."""
@@ -943,7 +950,7 @@ def bench_ops(
     warmup: int = 3,
     chunk: int = 48,
     progress: bool | None = None,
-    pinned: bool | None = None,
+    pinned: bool | None = False,
 ) -> dict[str, OpTiming]:
     """Times every unique benchable single op of ``module`` (cached ops are not re-run).
 
@@ -958,8 +965,9 @@ def bench_ops(
         warmup: untraced runs per op first.
         chunk: ops per trace session.
         progress: print a counter on stderr (default: when stderr is a terminal).
-        pinned: time in a child process pinned to one CPU (default: :func:`pinned_timing`;
-            see :class:`PinnedTimer`).
+        pinned: time in a child process pinned to one CPU (:class:`PinnedTimer`; None:
+            where :func:`pinned_timing` says so). Default False: in this process, the
+            regime the program runs in. The default cache is the one of that regime.
 
     Returns:
         ``OpKey.encode()`` -> :class:`OpTiming` for every benchable op (failed ones carry
@@ -967,15 +975,16 @@ def bench_ops(
     """
     view = module_view(module)
     wanted = benchable_ops(module, instructions, view)
+    pinned = pinned_timing(replicas) if pinned is None else pinned
     if use_cache and cache is None:
-        cache = OpTimeCache.for_backend(replicas)
+        cache = OpTimeCache.for_backend(replicas, pinned=pinned)
     known = {k: cache.get(k) for k in wanted if cache is not None and k in cache} \
         if use_cache else {}
     todo, measured = _standalone_ops(module, wanted, known, view)
     shown = sys.stderr.isatty() if progress is None else progress
     counter = _Progress(len(todo), "timing single ops", shown)
     try:
-        with timer(replicas, repeats, warmup, pinned=pinned if todo else False) as clock:
+        with timer(replicas, repeats, warmup, pinned=pinned and bool(todo)) as clock:
             for start in range(0, len(todo), chunk):
                 measured.update(_measure_chunk(todo[start:start + chunk], clock, counter))
                 if use_cache and cache is not None:

@@ -616,6 +616,17 @@ def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
         assert not errors and len(samples[op.module_name]) == 4
 
 
+def test_pinned_and_in_place_timings_are_cached_apart(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
+    module = hlo_tools.parse(GRADS)
+    pinned = ob.bench_ops(module, repeats=3, warmup=1, progress=False, pinned=True)
+    assert pinned and all(t.ok and t.time_s > 0 for t in pinned.values())
+    assert set(ob.OpTimeCache.for_backend(1, pinned=True).entries) == set(pinned)
+    assert len(ob.OpTimeCache.for_backend(1)) == 0  # the program's regime: not timed yet
+    fingerprint = ob.backend_fingerprint(1, pinned=True)
+    assert fingerprint.pop("pinned") is True and fingerprint == ob.backend_fingerprint(1)
+
+
 def test_cost_model_for_module_uses_measured_times(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
     module = hlo_tools.parse(CHAIN)

@@ -86,8 +86,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--repeats", type=int, default=15, metavar="N",
                    help="timed runs per fused op for --generate (default: 15)")
     p.add_argument("--no-pin", action="store_true",
-                   help="--generate: time on every CPU of the process instead of one "
-                        "(by default the process is pinned to one CPU while it measures)")
+                   help="--generate: time in this process, on all its CPUs (by default "
+                        "ops are timed in a child process pinned to one CPU)")
     p.add_argument("--epochs", type=int, default=100,
                    help="passes over the training samples (default: 100)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
@@ -207,26 +207,6 @@ def zoo_modules(models: list[str], size: str, kinds: list[str], devices: int = _
     return out
 
 
-def _pin_to_one_cpu() -> set[int] | None:
-    """Pins this process to its first CPU for the measurements; returns the CPUs it had.
-
-    Fused ops are timed on one CPU because on a shared machine XLA:CPU's thread hand-offs
-    dominate unpinned standalone timings: on this project's 2-vCPU VM (jax 0.10.2) the
-    median of 200 runs of a 256 KiB elementwise fusion was 11-46 us in six batches
-    unpinned and 4.0 us pinned (to either CPU); of a 2.25 MiB one, 32-423 us unpinned and
-    45.5-45.8 us pinned. Threads XLA starts afterwards inherit the pin; a process whose jax has
-    already started (e.g. a test calling :func:`run`) pins only its calling thread.
-    Returns None where the platform has no CPU affinity (the times are then unpinned).
-    """
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    from estimator.gloo import pin_to_own_cpu
-
-    before = set(os.sched_getaffinity(0))
-    pin_to_own_cpu(0)
-    return before
-
-
 def _generate(args: argparse.Namespace, models: list[str]) -> None:
     """Adds samples of the zoo ``models`` to the ``--dataset`` directory."""
     from estimator.gnn.dataset import generate
@@ -235,7 +215,7 @@ def _generate(args: argparse.Namespace, models: list[str]) -> None:
     for kind, modules in zoo_modules(models, args.size, kinds).items():
         path, added = generate(modules, kind=kind, per_module=args.per_module,
                                seed=args.seed, repeats=args.repeats, directory=args.dataset,
-                               progress=True)
+                               progress=True, pinned=False if args.no_pin else None)
         print(f"{path}: {added} samples of kind {kind} added", file=sys.stderr)
 
 
@@ -315,11 +295,8 @@ def _print_report(r: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco train-estimator``; returns the exit code."""
     models = _check_arguments(args)
-    affinity = None
     if args.generate:  # the zoo models are built on 4 host devices (before jax starts)
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
-        if not args.no_pin:  # before jax starts, so that XLA:CPU's threads are pinned too
-            affinity = _pin_to_one_cpu()
     from estimator.gnn import checkpoint as ckpt_io
     from estimator.gnn.estimator import GnnFusedEstimator
     from estimator.gnn.train import train
@@ -328,11 +305,7 @@ def run(args: argparse.Namespace) -> int:
     constants = _constants(args.hardware)
     fingerprint = backend_fingerprint()
     if args.generate:
-        try:
-            _generate(args, models)
-        finally:
-            if affinity is not None:
-                os.sched_setaffinity(0, affinity)
+        _generate(args, models)
     path = resolve_dataset(args.dataset, fingerprint)
     if args.generate_only:
         print(f"{path}: {len(_load(path))} samples", file=sys.stdout)

@@ -24,8 +24,9 @@ Generation (:func:`generate`), for one HLO module at a time:
    (:func:`hlo_tools.jax_bridge.compile_standalone`, ``exact=True``), fed random inputs
    (:func:`estimator.op_bench.random_inputs`: floats in [0.5, 2), small integers; index
    operands of gather/scatter/dynamic-(update-)slice are 0, always in bounds) and timed
-   by :func:`estimator.op_bench.time_standalone` (``warmup`` untraced runs, ``repeats``
-   traced runs, the median kept).
+   by :func:`estimator.op_bench.timer` (``warmup`` untraced runs, ``repeats`` traced
+   runs, the median kept; on the CPU backend in a child process pinned to one CPU, as
+   the members' single-op times are).
 
 Samples are JSON lines in ``<cache_dir("gnn")>/dataset-v<DATASET_VERSION>-<hash of the
 backend fingerprint>.jsonl`` (:func:`dataset_path`): one :class:`Sample` per line, keyed
@@ -364,12 +365,14 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
 
 
 def _member_times(module: HloModule, graphs: Sequence[tuple[DeviceGraph, Iterable[int]]],
-                  replicas: int, progress: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+                  replicas: int, progress: bool, pinned: bool | None = None
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per ``(graph, nodes)``: ``[N]`` single-op seconds (NaN where unknown, or not among
     ``nodes``) and ``[N]`` free flags; every op is timed in one :func:`bench_ops` call."""
     wanted = [(graph, sorted(set(nodes))) for graph, nodes in graphs]
     instrs = [graph.computation.instructions[i] for graph, nodes in wanted for i in nodes]
-    timings = op_bench.bench_ops(module, instrs, replicas=replicas, progress=progress)
+    timings = op_bench.bench_ops(module, instrs, replicas=replicas, progress=progress,
+                                 pinned=pinned)
     view = op_bench.module_view(module)
     out = []
     for graph, nodes in wanted:
@@ -389,14 +392,16 @@ def _member_times(module: HloModule, graphs: Sequence[tuple[DeviceGraph, Iterabl
     return out
 
 
-def _candidates(module: HloModule, kind: str, seed: int, replicas: int, progress: bool
+def _candidates(module: HloModule, kind: str, seed: int, replicas: int, progress: bool,
+                pinned: bool | None = None
                 ) -> list[tuple[DeviceGraph, NodeCosts, tuple[int, ...], tuple[int, ...]]]:
     """The measurable groups of one module: ``(graph, node arrays, members, copies)``."""
     if kind == "plan":
         graph = device_graph(module)
         groups = plan_groups(graph, seed)
         ((times, free),) = _member_times(
-            module, [(graph, (i for m, c in groups for i in (*m, *c)))], replicas, progress)
+            module, [(graph, (i for m, c in groups for i in (*m, *c)))], replicas, progress,
+            pinned)
         nodes = node_arrays(graph, np.nan_to_num(times), free)
         return [(graph, nodes, ms, cs) for ms, cs in groups
                 if not np.isnan(times[list(ms) + list(cs)]).any()
@@ -404,7 +409,7 @@ def _candidates(module: HloModule, kind: str, seed: int, replicas: int, progress
     if kind == "xla":
         fusions = xla_groups(module)
         timed = _member_times(module, [(body, ms) for _, body, ms in fusions], replicas,
-                              progress)
+                              progress, pinned)
         return [(body, node_arrays(body, np.nan_to_num(times), free), tuple(ms), ())
                 for (_, body, ms), (times, free) in zip(fusions, timed)
                 if not np.isnan(times[ms]).any()]
@@ -413,8 +418,8 @@ def _candidates(module: HloModule, kind: str, seed: int, replicas: int, progress
 
 def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_module: int = 50,
              seed: int = 0, repeats: int = 15, warmup: int = 3, replicas: int = 1,
-             directory: str | os.PathLike | None = None, progress: bool | None = None
-             ) -> tuple[Path, int]:
+             directory: str | os.PathLike | None = None, progress: bool | None = None,
+             pinned: bool | None = None) -> tuple[Path, int]:
     """Draws, builds, times and stores fused-op samples (resumable).
 
     Args:
@@ -430,6 +435,8 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
         replicas: devices running each op at once (part of the fingerprint).
         directory: dataset directory (default: ``cache_dir("gnn")``).
         progress: print progress on stderr (default: when it is a terminal).
+        pinned: time members and fused ops in a child pinned to one CPU (default:
+            :func:`estimator.op_bench.pinned_timing`: on the CPU backend, yes).
 
     Returns:
         ``(dataset file, samples added)``.
@@ -450,7 +457,7 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
     t0 = time.perf_counter()
     for source, text in modules:
         module = parse(text)
-        candidates = _candidates(module, kind, seed, replicas, shown)
+        candidates = _candidates(module, kind, seed, replicas, shown, pinned)
         if kind == "xla":  # a fixed, seeded order, so per_module draws a fair subset
             random.Random(seed).shuffle(candidates)
         todo = []
@@ -465,7 +472,8 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
         measured = measure_groups([(g, ms, cs) for g, ms, cs, _, _ in todo],
                                   names=[f"disco_fused_{key[:16]}" for *_, key in todo],
                                   seeds=[int(key[:8], 16) for *_, key in todo],
-                                  repeats=repeats, warmup=warmup, replicas=replicas)
+                                  repeats=repeats, warmup=warmup, replicas=replicas,
+                                  pinned=pinned)
         skipped = 0
         with open(path, "a", encoding="utf-8") as f:
             for (_, _, _, sub, key), m in zip(todo, measured):
