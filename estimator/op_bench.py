@@ -984,7 +984,7 @@ def bench_ops(
     shown = sys.stderr.isatty() if progress is None else progress
     counter = _Progress(len(todo), "timing single ops", shown)
     try:
-        with timer(replicas, repeats, warmup, pinned=pinned and bool(todo)) as clock:
+        with timer(replicas, repeats, warmup, pinned=pinned) as clock:
             for start in range(0, len(todo), chunk):
                 measured.update(_measure_chunk(todo[start:start + chunk], clock, counter))
                 if use_cache and cache is not None:

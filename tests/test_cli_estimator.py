@@ -59,7 +59,7 @@ def trained(tmp_path_factory):
                                "--size", "tiny", "--per-module", "2", "--repeats", "3",
                                "--epochs", "3", "--dataset", str(root / "data"),
                                "--out", str(root / "gnn.msgpack"))
-    # measured pinned to one CPU, and the process gets its CPUs back afterwards
+    # timed in a pinned child: this process itself keeps all its CPUs
     assert os.sched_getaffinity(0) == cpus
     return root, code, out, err
 

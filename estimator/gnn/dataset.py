@@ -79,9 +79,9 @@ __all__ = [
 ]
 
 #: Version of how samples are drawn, built and timed (part of the file name). 2: samples
-#: carry their ``kind``; XLA's own fusions are a source. 3: ``disco train-estimator
-#: --generate`` times in a process pinned to one CPU (v2's unpinned timings of the same
-#: op swung by up to 10x from one batch of runs to the next).
+#: carry their ``kind``; XLA's own fusions are a source. 3: timed in a process pinned to
+#: one CPU (:class:`~estimator.op_bench.PinnedTimer`; v2's unpinned timings of the same op
+#: swung by up to 10x from one batch of runs to the next).
 DATASET_VERSION = 3
 #: Kinds of samples: groups of random plans, XLA's own fusions.
 KINDS = ("plan", "xla")
@@ -531,7 +531,7 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
             out[k] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
             continue
         jobs[k] = op_bench.TimingJob(name, text, tuple(specs), in_seed)
-    with op_bench.timer(replicas, repeats, warmup, pinned=pinned if jobs else False) as clock:
+    with op_bench.timer(replicas, repeats, warmup, pinned=pinned) as clock:
         runs, errors = clock.run(list(jobs.values()))
     for k, job in jobs.items():
         got = runs.get(job.module_name, [])
