@@ -710,7 +710,9 @@ class PinnedTimer(Timer):
         if self._stderr is not None:
             self._stderr.seek(0)
             lines = [ln for ln in self._stderr.read().splitlines() if ln.strip()]
-            tail = f": {lines[-1][:200]}" if lines else ""
+            # the last unindented line: a traceback's exception, not its context lines
+            heads = [ln for ln in lines if not ln[0].isspace()] or lines
+            tail = f": {heads[-1][:200]}" if heads else ""
         return f"pinned timing process {what}{tail}"
 
     def run(self, jobs: Sequence[TimingJob]) -> TimerResult:
@@ -731,10 +733,12 @@ class PinnedTimer(Timer):
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
+            if line is None:  # still busy with the batch: it will not read its input
+                proc.kill()
             why = (f"exceeded {self.timeout_s:.0f} s" if line is None
                    else f"exited with {proc.wait()}")
+            error = self._child_error(why)  # before close() drops its stderr
             self.close()
-            error = self._child_error(why)
             return {}, {job.module_name: error for job in jobs}
         reply = json.loads(line)
         self.child_cpus = tuple(reply["cpus"])

@@ -614,6 +614,13 @@ def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
         clock.timeout_s = 300.0  # the next batch starts a new child
         samples, errors = clock.run([job])
         assert not errors and len(samples[op.module_name]) == 4
+        # a child that dies (here: on a request it cannot read) fails its batch with the
+        # error it wrote on stderr; the next batch starts a new child
+        broken = ob.TimingJob("broken", op.hlo_text, (ob.InputSpec("not a shape"),))
+        samples, errors = clock.run([broken])
+        assert not samples and errors["broken"].startswith("pinned timing process exited")
+        assert "HloParseError" in errors["broken"], errors
+        assert not clock.run([job])[1]
 
 
 def test_pinned_and_in_place_timings_are_cached_apart(tmp_path, monkeypatch) -> None:
