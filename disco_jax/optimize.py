@@ -347,16 +347,23 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
         preds = {n: predict_staged(module, graph, b, fit) for n, b in cands.items()}
         best = sorted(preds, key=preds.__getitem__)[:top]
         pick = [n for n in best if n != ref]
+        # what staging within one step could reach if the two streams did not share the
+        # CPU (overlap 1): the first stage (the forward pass and more) hides nothing
+        free = fit._replace(overlap=1.0)
+        unshared = {n: predict_staged(module, graph, b, free) for n, b in cands.items()}
+        bound = min(unshared, key=unshared.__getitem__)
         info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
                 "parts": parts._asdict(),
                 # the computation alone, XLA-fused in stages: the step with every
                 # all-reduce hidden (the measured full-overlap bound)
                 "compute_s": float(sum(parts.stage_s)),
+                "unshared_bound": {"layout": bound, "predicted_s": unshared[bound]},
                 "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
         say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
             f"{fit.compute_scale:.2f}, {fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
             f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
-            f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms")
+            f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms "
+            f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
     if sync is not None:
         pick = sync.share("staged_pick", pick)
     for name in pick:

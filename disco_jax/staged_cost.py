@@ -35,6 +35,7 @@ from hlo_tools.stages import StageAssignment, assign_stages
 
 __all__ = [
     "StagedCosts",
+    "fit_assignment",
     "fit_staged_costs",
     "layouts",
     "predict_staged",
@@ -153,7 +154,15 @@ def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Se
         ``overlap`` at which the simulated step takes ``total_s`` (bisection; 1 when
         even full overlap is slower, 0 when even none is faster).
     """
-    assign = assign_stages(module, buckets, graph)
+    return fit_assignment(graph, assign_stages(module, buckets, graph), node_s, stage_s,
+                          comm_s, total_s, d_s)
+
+
+def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarray,
+                   stage_s: Sequence[float], comm_s: Sequence[float], total_s: float,
+                   d_s: float | None = None) -> StagedCosts:
+    """:func:`fit_staged_costs` of a bucketing already assigned to stages
+    (:func:`hlo_tools.stages.assign_stages`); the same arguments otherwise."""
     stage = np.asarray(assign.stage)
     model = np.zeros(assign.num_stages)
     mask = stage >= 0

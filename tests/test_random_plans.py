@@ -1,12 +1,12 @@
 """Random plans on every zoo model compile exactly as planned and compute the same numbers.
 
-Each model gets 10 seeded random plans of 200 moves (op fusion, duplicate fusion,
-AllReduce combination). Every plan must pass ``verify``, compile with ``exact=True``
-(in a subprocess: XLA:CPU aborts the whole process on fusions it cannot emit, and such
-a crash must fail the test rather than kill pytest), contain exactly the planned
-multi-op fusions and all-reduces, and produce outputs equal to ``jax.jit`` of the
-original step within rtol 1e-5 / atol 1e-6. ``python benchmarks/random_plans.py
---plans 200`` is the slow version of this test.
+Each model gets 4 seeded random plans of 200 moves (op fusion, duplicate fusion,
+AllReduce combination; 6 more under the ``slow`` mark). Every plan must pass
+``verify``, compile with ``exact=True`` (in a subprocess: XLA:CPU aborts the whole
+process on fusions it cannot emit, and such a crash must fail the test rather than kill
+pytest), contain exactly the planned multi-op fusions and all-reduces, and produce
+outputs equal to ``jax.jit`` of the original step within rtol 1e-5 / atol 1e-6.
+``python benchmarks/random_plans.py --plans 200`` is the slow version of this test.
 
 ResNet may match either ``jax.jit`` or XLA's no-fusion compile of the unchanged
 program: with fusion and the dot library rewriter disabled, XLA:CPU itself computes its
@@ -22,12 +22,11 @@ import pytest
 from disco_jax.plan_check import run_isolated
 from disco_jax.zoo import MODELS
 
-PLANS, MOVES = 10, 200
+FAST_SEEDS, SLOW_SEEDS, MOVES = range(4), range(4, 10), 200
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
-def test_random_plans_compile_exactly_and_match(model):
-    rows = run_isolated(model, list(range(PLANS)), MOVES)
+def _check(model, seeds):
+    rows = run_isolated(model, list(seeds), MOVES)
     bad = [r for r in rows if r["status"] != "ok"]
     assert not bad, "\n".join(f"seed {r['seed']}: {r['status']}: {r.get('error', '')[:400]}"
                               for r in bad)
@@ -38,6 +37,17 @@ def test_random_plans_compile_exactly_and_match(model):
         assert low <= r["compiled_fusions"] <= r["planned_fusions"], r
         assert r["compiled_allreduces"] == r["planned_allreduces"], r
     assert sum(r["planned_fusions"] for r in rows) > 0
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_random_plans_compile_exactly_and_match(model):
+    _check(model, FAST_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_more_random_plans_compile_exactly_and_match(model):
+    _check(model, SLOW_SEEDS)
 
 
 def test_a_plan_past_its_time_is_reported_as_timed_out_and_the_rest_go_on():

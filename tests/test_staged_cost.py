@@ -1,0 +1,98 @@
+"""The staged cost model (disco_jax.staged_cost): hand-computed makespans of a small staged
+step, the fit recovering the costs it was given, and the bucketings it proposes.
+
+The staged step priced here, by hand (node: stage; ``-1`` is no stage)::
+
+    0 param (-1)   1 h (0)   2 grad1 (0)   3 ar1 (-1, bucket 0)
+    4 grad0 (1)    5 ar0 (-1, bucket 1)    6 update1 (2, reads ar1)   7 update0 (3, reads ar0)
+
+Stage 0 and 1 are the pre stages (bucket 0 leaves stage 0, bucket 1 stage 1), stage 2
+and 3 the post stages; the last stage waits for every bucket.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from disco_jax.simulator import simulate
+from disco_jax.staged_cost import StagedCosts, fit_assignment, layouts, staged_graph
+from hlo_tools.stages import CommBucket, StageAssignment
+
+NODE_S = np.array([0.0, 1.0, 1.0, 0.0, 2.0, 0.0, 0.5, 0.5])
+GRAPH = SimpleNamespace(users=[[1], [2, 4], [3], [6], [5], [7], [], []])
+ASSIGN = StageAssignment(
+    stage=(-1, 0, 0, -1, 1, -1, 2, 3), first_post=2, num_stages=4, nodes=((3,), (5,)),
+    comm=(CommBucket(("ar1",), (250,), "f32", "sum", True, 0),  # 1000 bytes
+          CommBucket(("ar0",), (1000,), "f32", "sum", True, 1)))  # 4000 bytes
+
+
+def _makespan(costs: StagedCosts) -> float:
+    return simulate(staged_graph(GRAPH, ASSIGN, costs), costs.overlap).iteration_s
+
+
+def test_staged_graph_orders_stages_and_buckets():
+    sim = staged_graph(GRAPH, ASSIGN, StagedCosts(NODE_S, d_s=3.0))
+    assert sim.names == ("stage0", "bucket0", "stage1", "bucket1", "stage2", "stage3")
+    assert sim.is_comm.tolist() == [False, True, False, True, False, False]
+    preds = [sim.pred_idx[sim.pred_ptr[i]:sim.pred_ptr[i + 1]].tolist()
+             for i in range(len(sim.names))]
+    # a bucket after the stage that outputs it; a post stage after the buckets it reads;
+    # the last stage after every bucket
+    assert preds == [[], [0], [0], [2], [1, 2], [1, 3, 4]]
+    assert sim.duration_s.tolist() == [2.0, 3.0, 2.0, 3.0, 0.5, 0.5]
+
+
+def test_makespan_with_full_overlap_by_hand():
+    # stage0 [0, 2]; bucket0 [2, 5]; stage1 [2, 4] beside it; bucket1 waits for the
+    # channel [5, 8]; stage2 after bucket0 [5, 5.5]; stage3 after bucket1 [8, 8.5]
+    assert _makespan(StagedCosts(NODE_S, d_s=3.0)) == pytest.approx(8.5)
+    # 1 s per stage: stage0 [0, 3]; buckets 1 s + 1 ms per byte (2 s and 5 s): bucket0
+    # [3, 5]; stage1 [3, 6]; bucket1 [6, 11]; stage2 [6, 7.5]; stage3 [11, 12.5]
+    costs = StagedCosts(NODE_S, stage_s=1.0, c_s_per_byte=1e-3, d_s=1.0)
+    assert _makespan(costs) == pytest.approx(12.5)
+
+
+def test_makespan_with_shared_cpu_by_hand():
+    # phi = 0.5: stage1 (2 s of work) runs at half speed under bucket0 [2, 5] (1.5 s
+    # done), the last 0.5 s alone: [2, 5.5]; bucket1 [5.5, 8.5]; stage2 under bucket1
+    # takes 1 s [5.5, 6.5]; stage3 [8.5, 9]
+    assert _makespan(StagedCosts(NODE_S, d_s=3.0, overlap=0.5)) == pytest.approx(9.0)
+    # phi = 0: compute waits while the channel is busy: stage1 [5, 7]; bucket1 [7, 10];
+    # stage2 [10, 10.5]; stage3 [10.5, 11]
+    assert _makespan(StagedCosts(NODE_S, d_s=3.0, overlap=0.0)) == pytest.approx(11.0)
+
+
+def test_fit_recovers_the_costs_it_was_measured_with():
+    true = StagedCosts(NODE_S, compute_scale=2.0, stage_s=0.25, c_s_per_byte=2e-3,
+                       d_s=0.5, overlap=0.4)
+    sim = staged_graph(GRAPH, ASSIGN, true)
+    stage_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if not c]
+    comm_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if c]
+
+    def fit(total_s):
+        return fit_assignment(GRAPH, ASSIGN, NODE_S, stage_s, comm_s, total_s)
+
+    got = fit(_makespan(true))
+    assert [got.compute_scale, got.stage_s, got.c_s_per_byte, got.d_s, got.overlap] == \
+        pytest.approx([2.0, 0.25, 2e-3, 0.5, 0.4], rel=1e-6)
+    # slower than with no overlap at all: phi 0; faster than with full overlap: 1
+    assert fit(100.0).overlap == 0.0 and fit(0.1).overlap == 1.0
+
+
+def test_layouts_split_the_gradients_in_order():
+    order = [10, 11, 12, 13, 14, 15, 16, 17]
+    graph = SimpleNamespace(out_bytes={a: 1000 for a in order})
+    out = layouts(graph, order, counts=(2, 4, 9), ramps=(0.5, 1.0, 2.0))
+    for name, buckets in out.items():
+        assert [a for b in buckets for a in b] == order, name
+        assert all(buckets), name
+    assert out["staged_k2_r1"] == [order[:4], order[4:]]
+    assert out["staged_k4_r1"] == [order[i:i + 2] for i in range(0, 8, 2)]
+    # bytes growing x2 from the first bucket: 1/15, 2/15, 4/15, 8/15 of 8 gradients
+    assert [len(b) for b in out["staged_k4_r2"]] == [1, 1, 2, 4]
+    assert [len(b) for b in out["staged_k4_r0.5"]] == [4, 2, 1, 1]
+    assert not any(name.startswith("staged_k9") for name in out)  # more than gradients
+    assert len({tuple(map(tuple, b)) for b in out.values()}) == len(out)  # distinct
