@@ -297,7 +297,7 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
 
     from disco_jax.enact import measure
     from disco_jax.staged import staged_step
-    from disco_jax.staged_cost import fit_staged_costs, layouts, predict_staged
+    from disco_jax.staged_cost import fit_staged_costs, layouts, predict_layouts
     from hlo_tools import plan as P
     from hlo_tools.plan.buckets import production_order
 
@@ -344,13 +344,13 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     if jax.process_index() == 0:
         fit = fit_staged_costs(module, graph, cands[ref], costs.graph_costs(graph).time_s,
                                parts.stage_s, parts.comm_s, total)
-        preds = {n: predict_staged(module, graph, b, fit) for n, b in cands.items()}
+        both = predict_layouts(module, graph, cands, fit)
+        preds = {n: fitted for n, (fitted, _) in both.items()}
         best = sorted(preds, key=preds.__getitem__)[:top]
         pick = [n for n in best if n != ref]
         # what staging within one step could reach if the two streams did not share the
-        # CPU (overlap 1): the first stage (the forward pass and more) hides nothing
-        free = fit._replace(overlap=1.0)
-        unshared = {n: predict_staged(module, graph, b, free) for n, b in cands.items()}
+        # CPU: the first stage (the forward pass and more) hides nothing
+        unshared = {n: free for n, (_, free) in both.items()}
         bound = min(unshared, key=unshared.__getitem__)
         info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
                 "parts": parts._asdict(),

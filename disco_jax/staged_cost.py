@@ -38,6 +38,7 @@ __all__ = [
     "fit_assignment",
     "fit_staged_costs",
     "layouts",
+    "predict_layouts",
     "predict_staged",
     "staged_graph",
 ]
@@ -131,6 +132,19 @@ def predict_staged(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequ
     """Predicted seconds per iteration of the staged enactment of ``buckets``."""
     assign = assign_stages(module, buckets, graph)
     return simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s
+
+
+def predict_layouts(module: HloModule, graph: DeviceGraph,
+                    bucketings: dict[str, Sequence[Sequence[int]]], costs: StagedCosts
+                    ) -> dict[str, tuple[float, float]]:
+    """Per bucketing, :func:`predict_staged`'s seconds and the same with ``overlap`` 1
+    (the two streams not sharing the CPU: what staging could reach, the first stage
+    hiding nothing); each bucketing is assigned to stages once."""
+    out = {}
+    for name, buckets in bucketings.items():
+        sim = staged_graph(graph, assign_stages(module, buckets, graph), costs)
+        out[name] = (simulate(sim, costs.overlap).iteration_s, simulate(sim, 1.0).iteration_s)
+    return out
 
 
 def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequence[int]],

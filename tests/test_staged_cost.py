@@ -96,3 +96,27 @@ def test_layouts_split_the_gradients_in_order():
     assert [len(b) for b in out["staged_k4_r0.5"]] == [4, 2, 1, 1]
     assert not any(name.startswith("staged_k9") for name in out)  # more than gradients
     assert len({tuple(map(tuple, b)) for b in out.values()}) == len(out)  # distinct
+
+
+def test_predict_layouts_prices_each_layout_as_predict_staged_and_unshared_no_slower():
+    import hlo_tools
+    from disco_jax import zoo
+    from disco_jax.staged_cost import predict_layouts, predict_staged
+    from hlo_tools import plan as P
+    from hlo_tools.jax_bridge import fresh_function
+    from hlo_tools.plan.buckets import production_order
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
+    graph = hlo_tools.device_graph(module)
+    cands = layouts(graph, production_order(P.FusionSpace(graph), P.initial_plan(graph)),
+                    counts=(2, 4))
+    costs = StagedCosts(np.full(graph.num_nodes, 1e-4), c_s_per_byte=1e-8, d_s=1e-3,
+                        overlap=0.3)
+    got = predict_layouts(module, graph, cands, costs)
+    assert set(got) == set(cands) and len(got) >= 2
+    for name, (fitted, unshared) in got.items():
+        assert fitted == predict_staged(module, graph, cands[name], costs), name
+        assert unshared == predict_staged(module, graph, cands[name],
+                                          costs._replace(overlap=1.0)), name
+        assert unshared <= fitted, name
