@@ -219,7 +219,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     staged, staged_info = staged_candidates(
         step, args, module, graph, spec.get("staged", ()), plans=plans,
         costs=costs if pid == 0 else None, sync=sync, say=say,
-        top=int(spec.get("staged_top", 3)))
+        top=int(spec.get("staged_top", 3)),
+        chunk_bytes=spec.get("chunk_bytes", "default"))
     runs.update(staged)
 
     candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans, *staged)}
@@ -348,6 +349,7 @@ def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any
         RuntimeError: the job failed (its processes' stderr went to this one's).
         TimeoutError: it ran past ``timeout_s``.
     """
+    from disco_jax.staged import POOL_THREADS
     from estimator.gloo import child_env, run_bounded
 
     with tempfile.TemporaryDirectory(prefix="disco_bench_") as tmp:
@@ -362,7 +364,9 @@ def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any
             setup = SETUPS[spec["setup"]]
             # a process pinned to one CPU gets one thread in XLA:CPU's pool unless NPROC
             # says otherwise; staged enactments need two (jax/jaxlib 0.10.2)
-            env = child_env(setup.devices, {"NPROC": "4"} if spec.get("pin_cpus") else None)
+            threads = spec.get("pool_threads") or POOL_THREADS
+            env = child_env(setup.devices,
+                            {"NPROC": str(threads)} if spec.get("pin_cpus") else None)
             if setup.processes == 1:
                 cmd = [*me, "run", "--spec", str(spec_path), "--out", str(out)]
             else:

@@ -269,7 +269,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
 def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
                       entries: Sequence[Any], *, plans: Mapping[str, Any] | None = None,
                       costs: Any = None, sync: Any = None,
-                      say: Callable[[str], None] | None = None, top: int = 3
+                      say: Callable[[str], None] | None = None, top: int = 3,
+                      chunk_bytes: int | None | str = "default"
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Staged enactments (:mod:`disco_jax.staged`, XLA's fusion inside each stage) to add
     to a final choice.
@@ -287,6 +288,8 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
             calls this alike.
         say: progress lines.
         top: predicted bucketings kept by ``"auto"``.
+        chunk_bytes: each bucket is reduced in collectives of at most this many bytes
+            (None: one per bucket; ``"default"``: :data:`~disco_jax.staged.CHUNK_BYTES`).
 
     Returns:
         ``(runs, info)``: the compiled staged steps by name, and (process 0) the
@@ -296,12 +299,13 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     import numpy as np
 
     from disco_jax.enact import measure
-    from disco_jax.staged import staged_step
+    from disco_jax.staged import CHUNK_BYTES, staged_step
     from disco_jax.staged_cost import fit_staged_costs, layouts, predict_layouts
     from hlo_tools import plan as P
     from hlo_tools.plan.buckets import production_order
 
     say = say or (lambda text: None)
+    chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
     out: dict[str, Any] = {}
     info: dict[str, Any] = {"predicted_s": {}}
     for count in entries:
@@ -317,7 +321,7 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
         else:
             name, arg = f"staged_{count}", int(count)
         try:
-            out[name] = staged_step(step, args, buckets=arg)
+            out[name] = staged_step(step, args, buckets=arg, chunk_bytes=chunk)
         except ValueError as err:
             say(f"{name}: not staged ({err})")
     if "auto" not in entries:
@@ -326,7 +330,7 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     cands = layouts(graph, production_order(space, P.initial_plan(graph)))
     ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
     try:
-        out[ref] = staged_step(step, args, buckets=cands[ref])
+        out[ref] = staged_step(step, args, buckets=cands[ref], chunk_bytes=chunk)
     except ValueError as err:
         say(f"staged: not staged ({err})")
         return out, info
@@ -367,5 +371,5 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     if sync is not None:
         pick = sync.share("staged_pick", pick)
     for name in pick:
-        out[name] = staged_step(step, args, buckets=cands[name])
+        out[name] = staged_step(step, args, buckets=cands[name], chunk_bytes=chunk)
     return out, info

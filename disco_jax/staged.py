@@ -63,6 +63,7 @@ __all__ = [
     "COMPUTE",
     "Launch",
     "OverlapCheck",
+    "POOL_THREADS",
     "StagedParts",
     "StagedPlan",
     "StagedStep",
@@ -83,6 +84,10 @@ _AXIS = "stages"
 #: 1 Gbit/s link, gloo reduced 1 MiB buckets faster than larger ones (disco bench,
 #: transformer-medium: 477 ms per step with 1 MiB buckets, 549 ms with one bucket).
 CHUNK_BYTES = 1 << 20
+#: ``NPROC`` of a gloo worker pinned to one CPU: XLA:CPU's pool then has this many
+#: threads instead of one, enough for the compute stream and the communication thread
+#: (jax/jaxlib 0.10.2).
+POOL_THREADS = 4
 #: How long the compute stream waits for one all-reduce (seconds).
 _COMM_TIMEOUT_S = 600.0
 

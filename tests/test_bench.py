@@ -239,6 +239,8 @@ def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
     (["bench", "--models", "nope"], "unknown model"),
     (["bench", "--setups", "mars"], "unknown setup"),
     (["bench", "--predict-only"], "--hardware"),
+    (["bench", "--pool-threads", "0"], "--pool-threads"),
+    (["bench", "--chunk-bytes", "-1"], "--chunk-bytes"),
 ])
 def test_disco_bench_rejects_bad_arguments(argv, message, capsys, tmp_path):
     from disco_jax.cli import main

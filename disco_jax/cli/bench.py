@@ -58,6 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="staged enactments to add to the final choice, comma-separated: "
                              "'auto' (the staged cost model's best bucketings), 'plan' (the "
                              "search's buckets), bucket counts; e.g. auto or plan,2,4")
+    parser.add_argument("--chunk-bytes", type=int, default=None,
+                        help="staged enactments reduce each bucket in collectives of at most "
+                             "this many bytes; 0: one per bucket (default: "
+                             "disco_jax.staged.CHUNK_BYTES)")
+    parser.add_argument("--pool-threads", type=int, default=None,
+                        help="NPROC of each pinned gloo process: XLA:CPU's pool threads "
+                             "(default: disco_jax.staged.POOL_THREADS)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin gloo processes to a CPU each")
     parser.add_argument("--out", default="bench.json", help="rows as JSON (default: %(default)s)")
@@ -105,6 +112,10 @@ def run_bench(args: argparse.Namespace) -> int:
         for s in setups:
             if s not in SETUPS:
                 raise UserError(f"unknown setup {s!r}; valid: {', '.join(SETUPS)}")
+    if args.pool_threads is not None and args.pool_threads < 1:
+        raise UserError(f"--pool-threads must be >= 1, got {args.pool_threads}")
+    if args.chunk_bytes is not None and args.chunk_bytes < 0:
+        raise UserError(f"--chunk-bytes must be >= 0, got {args.chunk_bytes}")
     out = Path(args.out)
     rows: list[dict[str, Any]] = []
     if args.resume and out.exists():
@@ -122,7 +133,8 @@ def run_bench(args: argparse.Namespace) -> int:
                     "time_budget_s": budget, "top_k": args.top_k, "rounds": args.rounds,
                     "choice_rounds": args.choice_rounds, "min_sample_s": args.min_sample_s,
                     "pin_cpus": not args.no_pin,
-                    "staged": [c for c in args.staged.split(",") if c]}
+                    "staged": [c for c in args.staged.split(",") if c],
+                    **_staged_settings(args)}
             if args.predict_only:
                 spec.update(predict_only=True, hardware=args.hardware,
                             num_devices=hw.num_devices)
@@ -161,8 +173,18 @@ def _document(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace,
                      else "disco bench", "size": args.size, "time_budget_s": budget,
                      "rounds": args.rounds, "choice_rounds": args.choice_rounds,
                      "top_k": args.top_k, "pin_cpus": not args.no_pin,
-                     "jax_version": jax.__version__, "machine": platform.platform(),
+                     **_staged_settings(args), "jax_version": jax.__version__,
+                     "machine": platform.platform(),
                      "written": time.strftime("%Y-%m-%dT%H:%M:%S")}}
+
+
+def _staged_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The staged enactments' pool threads and chunk bytes of a run (None: one
+    collective per bucket)."""
+    from disco_jax.staged import CHUNK_BYTES, POOL_THREADS
+
+    chunk = CHUNK_BYTES if args.chunk_bytes is None else (args.chunk_bytes or None)
+    return {"pool_threads": args.pool_threads or POOL_THREADS, "chunk_bytes": chunk}
 
 
 def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
