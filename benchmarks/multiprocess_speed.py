@@ -1,6 +1,7 @@
 """What a user of the product sees in a multi-process job: ``disco_jax.jit`` end to end.
 
-Per zoo model, one job of 2 gloo processes, each pinned to its own CPU (``NPROC=4``),
+Per zoo model, one job of 2 gloo processes, each pinned to its own CPU
+(``NPROC`` = ``disco_jax.staged.POOL_THREADS``),
 over an emulated 1 Gbit/s link (``unshare -n`` + ``tc``, as ``disco bench``'s
 ``gloo2-1gbit``; needs root). In the job every process:
 
@@ -109,11 +110,12 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace) -> None:
     """Inside ``unshare -n``: limits the loopback, starts the two workers."""
+    from disco_jax.staged import POOL_THREADS
     from estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
 
     print(set_loopback_rate("1gbit", args.parent_netns, "128kb"), file=sys.stderr)
     port = free_port()
-    env = child_env(1, {"NPROC": "4"})
+    env = child_env(1, {"NPROC": str(POOL_THREADS)})
     procs = [subprocess.Popen([sys.executable, __file__, "worker", "--model", args.model,
                                "--size", args.size, "--time-budget", str(args.time_budget),
                                "--rounds", str(args.rounds), "--tmp", args.tmp,
@@ -204,6 +206,7 @@ def main() -> None:
         return _worker(args)
     if args.mode == "launch":
         return _launch(args)
+    from disco_jax.staged import POOL_THREADS
     from estimator.gloo import child_env, run_bounded
     from hlo_tools.dirs import write_atomic
 
@@ -221,8 +224,8 @@ def main() -> None:
             rows.append(json.loads(out.read_text()))
         write_atomic(args.out, json.dumps({"rows": rows, "meta": {
             "size": args.size, "time_budget_s": args.time_budget, "rounds": args.rounds,
-            "setup": "2 gloo processes, each pinned to a CPU, NPROC=4, tc tbf 1gbit "
-                     "burst 128kb"}}, indent=1))
+            "setup": f"2 gloo processes, each pinned to a CPU, NPROC={POOL_THREADS}, tc tbf "
+                     "1gbit burst 128kb"}}, indent=1))
         print(_table(rows), flush=True)
 
 

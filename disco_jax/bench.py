@@ -223,7 +223,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         chunk_bytes=spec.get("chunk_bytes", "default"))
     runs.update(staged)
 
-    candidates = {n: runs[n] for n in (*bucketed, "xla_default", *plans, *staged)}
+    candidates = {n: runs[n] for n in (*bucketed, "op_fusion", "xla_default", *plans,
+                                       *staged)}
     say(f"final choice among {len(candidates)} programs")
     choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
                     tag="choice", min_sample_s=float(spec["min_sample_s"]),
@@ -257,8 +258,9 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     pred_plans = dict(zip(plans, row["search"]["top_predicted_s"]))
     predicted["bucketed"] = pred_bucketed[best_bucketed]
     pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
-    predicted["disco"] = {**pred_bucketed, **pred_plans, **pred_staged,
-                          "xla_default": predicted["xla_default"]}[choice.name]
+    pred_choice = {**pred_bucketed, **pred_plans, **pred_staged,
+                   "op_fusion": predicted["op_fusion"], "xla_default": predicted["xla_default"]}
+    predicted["disco"] = pred_choice[choice.name]
     # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
     if choice.name in staged:
         predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], costs))
@@ -278,8 +280,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "medians_s": choice.medians_s,
                    # rounds each challenger beat the choice before its tier in
                    "wins": choice.wins, "against": choice.against,
-                   "predicted_s": {**pred_bucketed, **pred_plans, **pred_staged,
-                                   "xla_default": predicted["xla_default"]}},
+                   "predicted_s": pred_choice},
         "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,

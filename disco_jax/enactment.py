@@ -78,7 +78,7 @@ class Enactment(NamedTuple):
     library: bool = False
     compiler_options: Mapping[str, Any] = {}
     staged: StagedPlan | None = None
-    chunk_bytes: int = CHUNK_BYTES
+    chunk_bytes: int = CHUNK_BYTES or 0
 
     @classmethod
     def single(cls, name: str, text: str, *, exact: bool = True, library: bool = False,
@@ -88,9 +88,10 @@ class Enactment(NamedTuple):
 
     @classmethod
     def of_stages(cls, name: str, plan: StagedPlan, *, exact: bool = False,
-                  chunk_bytes: int = CHUNK_BYTES) -> Enactment:
-        """A staged enactment of ``plan``."""
-        return cls(name, STAGED, exact=exact, staged=plan, chunk_bytes=chunk_bytes)
+                  chunk_bytes: int | None = CHUNK_BYTES) -> Enactment:
+        """A staged enactment of ``plan`` (``chunk_bytes`` None or 0: one collective per
+        bucket)."""
+        return cls(name, STAGED, exact=exact, staged=plan, chunk_bytes=chunk_bytes or 0)
 
     @property
     def texts(self) -> tuple[str, ...]:

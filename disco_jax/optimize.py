@@ -212,6 +212,11 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         runs[label] = cand.run
     enactments["xla_default"] = Enactment.single("xla_default", source_text, exact=False)
     runs["xla_default"] = compile_hlo(step, args, source_text, exact=False)
+    options = bl.baseline_options("op_fusion", jax.default_backend())
+    enactments["op_fusion"] = Enactment.single("op_fusion", source_text, exact=False,
+                                               compiler_options=options)
+    runs["op_fusion"] = compile_hlo(step, args, source_text, exact=False,
+                                    compiler_options=options)
     plans: dict[str, Plan] = {}
     for i, pj in enumerate(plans_json):
         name = f"plan_{i}"
@@ -244,7 +249,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             predicted.update(zip(plans, (c for _, c in outcome.top)))
         if predict_baselines:
             for name in runs:
-                if name.startswith("bucketed") or name == "xla_default":
+                if name.startswith("bucketed") or name in ("xla_default", "op_fusion"):
                     predicted[name] = _predict(bl.module_from_compiled(runs[name]), costs)
         lap("predict")
     report = {

@@ -132,8 +132,10 @@ def test_decide_makes_a_plan_beat_the_bucketing_that_beat_xla():
 
 
 def test_choice_tiers_name_the_incumbent_and_the_bucketing_and_leave_the_rest_last():
-    names = ["plan_0", "bucketed_4MiB", "xla_default", "staged_k2_r1", "bucketed_one"]
-    assert choice_tiers(names) == (["xla_default"], ["bucketed_4MiB", "bucketed_one"])
+    names = ["plan_0", "bucketed_4MiB", "xla_default", "staged_k2_r1", "bucketed_one",
+             "op_fusion"]
+    assert choice_tiers(names) == (["xla_default"],
+                                   ["bucketed_4MiB", "bucketed_one", "op_fusion"])
     assert [P.bucketed_name(t) for t in P.BUCKET_THRESHOLDS] == [
         "bucketed_1MiB", "bucketed_4MiB", "bucketed_16MiB", "bucketed_64MiB", "bucketed_one"]
     samples = {"xla_default": [3.0] * 4, "bucketed_1MiB": [1.0] * 4, "plan_0": [1.1] * 4,
@@ -186,6 +188,9 @@ def _check_rows(path, setup):
     # before it in most choice rounds with a lower median
     choice = row["choice"]
     medians, name = choice["medians_s"], choice["disco"]
+    # every program a user could set by hand is a candidate
+    assert {"xla_default", "op_fusion"} <= set(medians) and any(
+        n.startswith("bucketed_") for n in medians), sorted(medians)
     if name != "xla_default":
         rival = choice["against"][name]
         assert medians[name] < medians[rival], choice

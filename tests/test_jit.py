@@ -87,7 +87,7 @@ def test_search_phase(searched, model):
     assert lookup.entry.enactment.fingerprint == info["hlo_fingerprint"]
     record = lookup.entry.record
     assert record["choice"] == info["choice"] and record["measured_s"][info["choice"]] > 0
-    assert {"xla_default", "bucketed_1MiB", "plan_0"} <= set(record["measured_s"])
+    assert {"xla_default", "op_fusion", "bucketed_1MiB", "plan_0"} <= set(record["measured_s"])
     assert record["predicted_s"]["plan_0"] > 0
     assert record["search"]["settings"]["time_budget_s"] == 1.0
     assert record["hardware"]["name"] == "inproc4" and len(record["hardware"]["sha256"]) == 64

@@ -103,12 +103,9 @@ def test_chunked_reduction_matches_one_collective_per_bucket():
     for chunk in (None, 256):
         staged = st.staged_step(step, args, 2, chunk_bytes=chunk)
         try:
-            text = staged.comm_programs[0].as_text()
             # buffers reduced: XLA combines the pieces into one tuple all-reduce, whose
             # buffers XLA:CPU still reduces one by one
-            operands = sum(len(re.findall(r"%[\w.\-]+", line.split(" all-reduce(", 1)[1]
-                                          .split(")", 1)[0]))
-                           for line in text.splitlines() if " all-reduce(" in line)
+            operands = _allreduce_operands(staged.comm_programs[0].as_text())
             results.append((operands, _run_steps(staged, args)))
         finally:
             staged.close()
@@ -134,6 +131,55 @@ def test_even_buckets_cover_the_gradients():
         assert [a for b in buckets for a in b] == order
     with pytest.raises(ValueError):
         even_buckets(graph, len(order) + 1)
+
+
+def _allreduce_operands(text: str) -> int:
+    """Buffers the all-reduces of a compiled program's text reduce."""
+    return sum(len(re.findall(r"%[\w.\-]+", line.split(" all-reduce(", 1)[1].split(")", 1)[0]))
+               for line in text.splitlines() if " all-reduce(" in line)
+
+
+def test_staged_candidates_auto_fits_a_reference_and_adds_the_best_predicted_layouts():
+    """``"auto"``: one reference layout is measured, the staged cost model fitted on it,
+    and the ``top`` best predicted layouts join it; every one computes what jax.jit does
+    and reduces each bucket as ``chunk_bytes`` says."""
+    import jax
+    import numpy as np
+
+    import hlo_tools
+    from disco_jax.cost_model import CostModel
+    from disco_jax.optimize import staged_candidates
+
+    step, args = _zoo_step("vgg")
+    module = hlo_tools.parse(hlo_tools.extract(step, *args))
+    graph = hlo_tools.device_graph(module)
+    lines: list[str] = []
+    runs, info = staged_candidates(step, args, module, graph, ["auto"],
+                                   costs=CostModel("inproc4"), say=lines.append, top=2,
+                                   chunk_bytes=None)
+    try:
+        preds, ref = info["predicted_s"], info["reference"]
+        best = sorted(preds, key=preds.__getitem__)[:2]
+        assert set(runs) == {ref, *best} and ref in preds, (sorted(runs), preds)
+        assert all(t > 0 for t in preds.values())
+        assert set(info["self_test"]) >= {"overlaps", "reason"}
+        fit = info["fit"]
+        assert 0.0 <= fit["overlap"] <= 1.0 and fit["compute_scale"] > 0
+        assert info["unshared_bound"]["predicted_s"] <= min(preds.values()) + 1e-12
+        assert info["compute_s"] == pytest.approx(sum(info["parts"]["stage_s"]))
+        assert any(line.startswith(f"staged fit on {ref}") for line in lines), lines
+        want = _run_steps(jax.jit(step), args)
+        for name, run in runs.items():
+            # one collective per bucket: each communication program reduces one buffer
+            assert [_allreduce_operands(p.as_text()) for p in run.comm_programs] == \
+                [1] * len(run.plan.comms), name
+            got = _run_steps(run, args)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_allclose(local(g), local(w), rtol=1e-5, atol=1e-6,
+                                           err_msg=name)
+    finally:
+        for run in runs.values():
+            run.close()
 
 
 # ------------------------------------------------------------------ 2-process gloo job
