@@ -658,7 +658,6 @@ def choice_tiers(names: Iterable[str]) -> tuple[list[str], list[str]]:
     (``op_fusion``: each gradient's all-reduce on its own, which a program with spare
     pool threads can run beside the backward pass); every other program -- DisCo's plans
     and staged programs -- is in no tier, so forms the last one."""
-    names = list(names)
     return ["xla_default"], sorted(n for n in names
                                    if n.startswith("bucketed_") or n == "op_fusion")
 
