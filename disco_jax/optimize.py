@@ -286,7 +286,10 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
         entries: bucket counts, ``"plan"`` (the buckets of ``plans["plan_0"]``) and
             ``"auto"``: the staged cost model (:mod:`disco_jax.staged_cost`) fitted on one
             staged step measured here (after its self-test), then the ``top`` best
-            predicted bucketings of :func:`~disco_jax.staged_cost.layouts`.
+            predicted bucketings of :func:`~disco_jax.staged_cost.layouts`, and the best
+            one predicted with the streams not sharing the CPU (overlap 1) when it is not
+            among them: the fitted overlap also absorbs what is not overlap (the step's
+            fixed tail), so the fully overlapped ranking is measured too.
         plans: the search's plans by name.
         costs: the cost model (process 0; None elsewhere).
         sync: the job's :class:`~disco_jax.enact.Sync` (None: one process); every process
@@ -307,7 +310,7 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     from disco_jax.staged import CHUNK_BYTES, staged_step
     from disco_jax.staged_cost import fit_staged_costs, layouts, predict_layouts
     from hlo_tools import plan as P
-    from hlo_tools.plan.buckets import production_order
+    from hlo_tools.plan.buckets import ready_order
 
     say = say or (lambda text: None)
     chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
@@ -332,7 +335,8 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     if "auto" not in entries:
         return out, info
     space = P.FusionSpace(graph)
-    cands = layouts(graph, production_order(space, P.initial_plan(graph)))
+    node_s = costs.graph_costs(graph).time_s
+    cands = layouts(graph, ready_order(space, node_s))
     ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
     try:
         out[ref] = staged_step(step, args, buckets=cands[ref], chunk_bytes=chunk)
@@ -351,7 +355,7 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
                                     tag="staged_ref", min_sample_s=0.3)[ref]))
     pick = None
     if jax.process_index() == 0:
-        fit = fit_staged_costs(module, graph, cands[ref], costs.graph_costs(graph).time_s,
+        fit = fit_staged_costs(module, graph, cands[ref], node_s,
                                parts.stage_s, parts.comm_s, total)
         both = predict_layouts(module, graph, cands, fit)
         preds = {n: fitted for n, (fitted, _) in both.items()}
@@ -361,6 +365,8 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
         # CPU: the first stage (the forward pass and more) hides nothing
         unshared = {n: free for n, (_, free) in both.items()}
         bound = min(unshared, key=unshared.__getitem__)
+        if bound != ref and bound not in pick:
+            pick.append(bound)
         info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
                 "parts": parts._asdict(),
                 # the computation alone, XLA-fused in stages: the step with every

@@ -44,8 +44,8 @@ import hlo_tools
 from hlo_tools import jax_bridge
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import NUMPY_DTYPES, HloModule
-from hlo_tools.plan import FusionSpace, initial_plan
-from hlo_tools.plan.buckets import production_order
+from hlo_tools.plan import FusionSpace
+from hlo_tools.plan.buckets import ready_order
 from hlo_tools.stages import (
     ARG,
     FLAT,
@@ -205,14 +205,14 @@ def _fingerprint(text: str) -> str:
 
 
 def even_buckets(graph: DeviceGraph, count: int) -> list[list[int]]:
-    """``count`` gradient buckets of about equal bytes, contiguous in order of production
-    (:func:`hlo_tools.plan.production_order` under the graph's own schedule).
+    """``count`` gradient buckets of about equal bytes, contiguous in the order the
+    gradients can be ready (:func:`hlo_tools.plan.ready_order`).
 
     Raises:
         ValueError: ``count`` is not between 1 and the number of gradient all-reduces.
     """
     space = FusionSpace(graph)
-    order = production_order(space, initial_plan(graph))
+    order = ready_order(space)
     if not 1 <= count <= len(order):
         raise ValueError(f"count={count}: the step has {len(order)} gradient all-reduces")
     sizes = np.cumsum([graph.out_bytes[a] for a in order])

@@ -212,16 +212,16 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
 
 def layouts(graph: DeviceGraph, order: Sequence[int], counts: Sequence[int] = (2, 3, 4, 6, 8),
             ramps: Sequence[float] = (0.5, 1.0, 2.0)) -> dict[str, list[list[int]]]:
-    """Bucketings to weigh: the gradient all-reduces in order of production split into
-    ``k`` contiguous buckets whose bytes grow geometrically by ``ramp`` from the first.
+    """Bucketings to weigh: the gradient all-reduces, in the order they can be ready, split
+    into ``k`` contiguous buckets whose bytes grow geometrically by ``ramp`` from the first.
     1.0 gives equal bytes; 2.0 a small first bucket (communication starts early: what a
     communication-bound step needs); 0.5 a small last bucket (little is left to reduce
     after the backward pass ends: what a compute-bound step needs).
 
     Args:
         graph: the per-device graph.
-        order: its gradient all-reduces in order of production
-            (:func:`hlo_tools.plan.buckets.production_order`).
+        order: its gradient all-reduces in the order they can be ready
+            (:func:`hlo_tools.plan.buckets.ready_order`).
         counts: bucket counts ``k`` (those above ``len(order)`` are skipped).
         ramps: growth factors.
 

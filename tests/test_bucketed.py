@@ -26,7 +26,9 @@ from hlo_tools.plan import (
     initial_plan,
     production_order,
     random_moves,
+    ready_order,
 )
+from hlo_tools.printer import to_text
 
 RTOL, ATOL = 1e-5, 1e-6
 needs_devices = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 host devices")
@@ -128,3 +130,67 @@ def test_auto_sharded_has_nothing_to_bucket():
     step, args = zoo.get("auto_sharded")(4, "tiny")
     with pytest.raises(ValueError, match="no gradient all-reduce"):
         bl.compile_bucketed(step, args, None)
+
+
+# A two-layer backward pass written the way jax lowers it: the weight gradients follow
+# the parameters' order, so the first layer's (which needs the whole backward) is placed
+# before the second layer's (which needs only the second layer's backward).
+_TWO_LAYERS = """
+HloModule two_layers
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY step {
+  x = f32[8] parameter(0)
+  h1 = f32[8] tanh(x)
+  h2 = f32[8] tanh(h1)
+  d2 = f32[8] exponential(h2)
+  d1 = f32[8] exponential(d2)
+  g1 = f32[8] multiply(d1, x)
+  g2 = f32[8] multiply(d2, h1)
+  ar1 = f32[8] all-reduce(g1), replica_groups={}, to_apply=add
+  ar2 = f32[8] all-reduce(g2), replica_groups={}, to_apply=add
+  ROOT out = (f32[8], f32[8]) tuple(ar1, ar2)
+}
+"""
+
+
+def test_ready_order_puts_the_gradient_that_needs_less_of_the_backward_first():
+    module = parse(_TWO_LAYERS)
+    space = FusionSpace(device_graph(module))
+    names = space.graph.names
+    by_position = [names[a] for a in production_order(space, initial_plan(space.graph))]
+    assert by_position == ["ar1", "ar2"], to_text(module)
+    assert [names[a] for a in ready_order(space)] == ["ar2", "ar1"], to_text(module)
+    # weights decide between gradients whose ancestors are not nested
+    w = np.zeros(space.graph.num_nodes)
+    assert [names[a] for a in ready_order(space, w)] == ["ar1", "ar2"]  # all free: ties
+    with pytest.raises(ValueError, match="weights"):
+        ready_order(space, [1.0])
+
+
+@pytest.mark.parametrize("model", ["vgg", "bert"])
+def test_ready_order_is_reverse_layer_order_on_zoo_steps(model):
+    """Each gradient's ancestors never include a gradient that comes later, and the
+    first gradient needs fewer convolutions and dots than the schedule's first."""
+    space = _space(model)
+    g = space.graph
+    order = ready_order(space)
+    assert sorted(order) == sorted(space.allreduces)
+
+    def heavy_ancestors(a: int) -> set[int]:
+        seen, todo = set(), [space.grad_producer.get(a, a)]
+        while todo:
+            for o in g.operands[todo.pop()]:
+                if o not in seen:
+                    seen.add(o)
+                    todo.append(o)
+        return {x for x in seen if g.opcodes[x] in ("dot", "convolution")}
+
+    first, scheduled_first = order[0], production_order(space, initial_plan(g))[0]
+    assert len(heavy_ancestors(first)) < len(heavy_ancestors(scheduled_first)), (
+        g.names[first], g.names[scheduled_first])

@@ -104,13 +104,11 @@ def test_predict_layouts_prices_each_layout_as_predict_staged_and_unshared_no_sl
     from disco_jax.staged_cost import predict_layouts, predict_staged
     from hlo_tools import plan as P
     from hlo_tools.jax_bridge import fresh_function
-    from hlo_tools.plan.buckets import production_order
 
     step, args = zoo.get("vgg")(4, "tiny")
     module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
     graph = hlo_tools.device_graph(module)
-    cands = layouts(graph, production_order(P.FusionSpace(graph), P.initial_plan(graph)),
-                    counts=(2, 4))
+    cands = layouts(graph, P.ready_order(P.FusionSpace(graph)), counts=(2, 4))
     costs = StagedCosts(np.full(graph.num_nodes, 1e-4), c_s_per_byte=1e-8, d_s=1e-3,
                         overlap=0.3)
     got = predict_layouts(module, graph, cands, costs)

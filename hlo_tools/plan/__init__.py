@@ -70,6 +70,7 @@ from hlo_tools.plan.buckets import (
     bucket_plan,
     bucketed_name,
     production_order,
+    ready_order,
 )
 from hlo_tools.plan.groups import dead_groups, group_operands, group_users
 from hlo_tools.plan.kernel import c_kernel_available
@@ -119,6 +120,7 @@ __all__ = [
     "members",
     "op_fusion_move",
     "production_order",
+    "ready_order",
     "random_moves",
     "random_plan",
 ]

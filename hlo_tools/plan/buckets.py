@@ -20,13 +20,18 @@ legal plan, and :func:`bucket_members` reads the buckets back in production orde
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
+from hlo_tools.graph import NodeKind
 from hlo_tools.plan.legality import can_combine
 from hlo_tools.plan.merge import combine
 from hlo_tools.plan.space import FusionSpace
 from hlo_tools.plan.value import Plan, initial_plan
 
 __all__ = ["BUCKET_THRESHOLDS", "bucket_members", "bucket_plan", "bucketed_name",
-           "production_order"]
+           "production_order", "ready_order"]
 
 #: Bucket thresholds of the hand-bucketing sweep, in bytes (None: one bucket). NVIDIA's
 #: advice to JAX users is a sweep in 2x steps; these span Horovod's and DDP's defaults in
@@ -46,6 +51,63 @@ def production_order(space: FusionSpace, plan: Plan) -> list[int]:
     gradient producer (its own position when it has none)."""
     pos, producer = plan.pos, space.grad_producer
     return sorted(space.allreduces, key=lambda a: pos[producer.get(a, a)])
+
+
+def ready_order(space: FusionSpace, weights: Sequence[float] | None = None) -> list[int]:
+    """The combinable all-reduces of ``space`` in the order their gradients can be ready:
+    what a backward pass that produces each next gradient as early as it can would give.
+
+    The schedule position of a gradient's producer (:func:`production_order`) is not
+    that order in the programs jax lowers: the weight-gradient ops follow the
+    parameters' tree order, so a vgg's first convolution's weight gradient (which needs
+    the whole backward pass) is placed before its classifier's (which needs only its
+    last layer). A staged enactment cut in that order puts almost all the backward pass
+    into its first stage.
+
+    Greedy: repeatedly the gradient whose not yet computed ancestors (the producer
+    included) weigh least comes next, ties by :func:`production_order`; once a
+    gradient's ancestors are computed, the gradients that need nothing more follow at
+    no cost. For a backward pass, where each layer's gradients need the layers after
+    it, that is reverse layer order.
+
+    Args:
+        space: the graph's fusion space.
+        weights: ``[N]`` what each node costs (e.g. the cost model's seconds); None:
+            1 for every compute node, 0 for the rest.
+
+    Returns:
+        ``space.allreduces``, reordered.
+    """
+    graph = space.graph
+    n = graph.num_nodes
+    if weights is None:
+        w = np.asarray([k == NodeKind.COMPUTE for k in graph.kinds], np.float64)
+    else:
+        w = np.asarray(weights, np.float64)
+        if w.shape != (n,):
+            raise ValueError(f"weights has shape {w.shape}, the graph {n} nodes")
+    order = production_order(space, initial_plan(graph))
+    if len(order) < 2:
+        return order
+    anc = [0] * n  # ancestor bitsets, the node itself included (nodes are topological)
+    for i in range(n):
+        bits = 1 << i
+        for o in graph.operands[i]:
+            bits |= anc[o]
+        anc[i] = bits
+    nbytes = (n + 7) // 8
+    need = np.stack([np.unpackbits(np.frombuffer(
+        anc[space.grad_producer.get(a, a)].to_bytes(nbytes, "little"), np.uint8),
+        bitorder="little")[:n].astype(bool) for a in order])
+    done = np.zeros(n, bool)
+    left = list(range(len(order)))
+    out = []
+    while left:
+        cost = (need[left] & ~done) @ w
+        j = left.pop(int(np.argmin(cost)))  # argmin: the first of equals, in production order
+        done |= need[j]
+        out.append(order[j])
+    return out
 
 
 def bucket_plan(space: FusionSpace, threshold_bytes: int | None,
