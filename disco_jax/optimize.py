@@ -335,8 +335,13 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
     if "auto" not in entries:
         return out, info
     space = P.FusionSpace(graph)
-    node_s = costs.graph_costs(graph).time_s
-    cands = layouts(graph, ready_order(space, node_s))
+    # the order by process 0's cost model (the others have none), shared: every process
+    # builds the same stages
+    node_s = costs.graph_costs(graph).time_s if costs is not None else None
+    order = [int(a) for a in ready_order(space, node_s)]
+    if sync is not None:
+        order = sync.share("staged_order", order)
+    cands = layouts(graph, order)
     ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
     try:
         out[ref] = staged_step(step, args, buckets=cands[ref], chunk_bytes=chunk)
