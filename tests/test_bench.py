@@ -213,11 +213,15 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     out = tmp_path / "bench.json"
     proc = _disco("bench", "--models", "vgg", "--setups", "gloo2", "--size", "tiny",
                   "--time-budget", "2", "--rounds", "2", "--choice-rounds", "2",
-                  "--min-sample-s", "0.01", "--out", str(out), "--plot",
+                  "--min-sample-s", "0.01", "--staged", "auto", "--out", str(out), "--plot",
                   str(tmp_path / "plot.png"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = _check_rows(out, "gloo2")
     assert row["facts"]["num_processes"] == 2
+    # staged candidates in both processes: the reference and the layouts process 0 picked
+    staged = row["staged"]
+    assert staged["reference"] in row["choice"]["medians_s"], row["choice"]
+    assert staged["unshared_bound"]["layout"] in row["choice"]["medians_s"], row["choice"]
     # two processes: the combined program was measured and the extra fitted to it (it
     # matches unless the extra reached its bound, where every buffer's latency is 0)
     cal = row["calibration"]
