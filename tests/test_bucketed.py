@@ -166,7 +166,7 @@ def test_ready_order_puts_the_gradient_that_needs_less_of_the_backward_first():
     by_position = [names[a] for a in production_order(space, initial_plan(space.graph))]
     assert by_position == ["ar1", "ar2"], to_text(module)
     assert [names[a] for a in ready_order(space)] == ["ar2", "ar1"], to_text(module)
-    # weights decide between gradients whose ancestors are not nested
+    # with every node free the costs tie, and ties keep the schedule's order
     w = np.zeros(space.graph.num_nodes)
     assert [names[a] for a in ready_order(space, w)] == ["ar1", "ar2"]  # all free: ties
     with pytest.raises(ValueError, match="weights"):
@@ -175,8 +175,8 @@ def test_ready_order_puts_the_gradient_that_needs_less_of_the_backward_first():
 
 @pytest.mark.parametrize("model", ["vgg", "bert"])
 def test_ready_order_is_reverse_layer_order_on_zoo_steps(model):
-    """Each gradient's ancestors never include a gradient that comes later, and the
-    first gradient needs fewer convolutions and dots than the schedule's first."""
+    """Every gradient once, and the first needs fewer convolutions and dots than the
+    schedule's first (the first layer's, which needs the whole backward pass)."""
     space = _space(model)
     g = space.graph
     order = ready_order(space)
