@@ -1,8 +1,10 @@
 """``disco_jax.jit`` and ``ENABLE_SEARCH`` (disco_jax/jit.py).
 
-The flag's phases run in fresh processes (tests/jit_worker.py), every zoo model batched
+The flag's phases run in fresh processes (tests/jit_worker.py), the zoo models batched
 into one process per phase: ``ENABLE_SEARCH=1`` searches, stores and runs; then ``=0``
-loads what was stored. Both give jax.jit's outputs over 5 steps (rtol 1e-5) and never
+loads what was stored. The default run takes one zoo model of each kind of step
+(convolutions, attention, a scan); the other four run under ``-m slow`` (about 30 s a
+model here). Both give jax.jit's outputs over 5 steps (rtol 1e-5) and never
 compile again after the first call (jax's backend-compile events, counted for real).
 Unusable stores (empty, truncated, another jax version or device count, HLO that no
 longer parses) fall back to jax.jit with a warning. The rest (static and donated
@@ -33,6 +35,10 @@ from disco_jax.jit import DiscoFallbackWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = list(zoo.MODELS)
+FAST = ("vgg", "bert", "rnnlm")
+SLOW = tuple(m for m in MODELS if m not in FAST)
+MODEL_PARAMS = [pytest.param(m, marks=[pytest.mark.slow] if m in SLOW else [])
+                for m in MODELS]
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
          "profile_rounds": 2, "predict_baselines": False}
 
@@ -51,20 +57,44 @@ def _worker(flag: str | None, models, stores, tmp: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def searched(tmp_path_factory):
-    """ENABLE_SEARCH=1 over every zoo model in one fresh process."""
+def _searched(models, tmp_path_factory):
+    """ENABLE_SEARCH=1 over ``models`` in one fresh process: (store, rows by model)."""
     tmp = tmp_path_factory.mktemp("searched")
     store = tmp / "store"
-    return store, {r["model"]: r for r in _worker("1", MODELS, [store], tmp)}
+    return store, {r["model"]: r for r in _worker("1", models, [store], tmp)}
+
+
+def _enacted(searched, tmp_path_factory):
+    """ENABLE_SEARCH=0 over the same models in another fresh process, same store."""
+    store, rows = searched
+    tmp = tmp_path_factory.mktemp("enacted")
+    return {r["model"]: r for r in _worker("0", list(rows), [store], tmp)}
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    return _searched(FAST, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def enacted(searched, tmp_path_factory):
-    """ENABLE_SEARCH=0 over every zoo model in another fresh process, same store."""
-    store, _ = searched
-    tmp = tmp_path_factory.mktemp("enacted")
-    return {r["model"]: r for r in _worker("0", MODELS, [store], tmp)}
+    return _enacted(searched, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def searched_slow(tmp_path_factory):
+    return _searched(SLOW, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def enacted_slow(searched_slow, tmp_path_factory):
+    return _enacted(searched_slow, tmp_path_factory)
+
+
+def _phases(request, model, *names):
+    """The fixtures ``names`` of the batch that holds ``model``."""
+    tail = "" if model in FAST else "_slow"
+    return [request.getfixturevalue(name + tail) for name in names]
 
 
 def _check_runs_like_jax_jit(row):
@@ -74,9 +104,9 @@ def _check_runs_like_jax_jit(row):
     assert row["lower_ok"]  # .lower() of the wrapper: jax's own program
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_search_phase(searched, model):
-    store, rows = searched
+@pytest.mark.parametrize("model", MODEL_PARAMS)
+def test_search_phase(request, model):
+    ((store, rows),) = _phases(request, model, "searched")
     row = rows[model]
     info = row["first_info"]
     assert info["mode"] == "searched" and info["reason"] == "" and row["warnings"] == []
@@ -93,8 +123,9 @@ def test_search_phase(searched, model):
     assert record["hardware"]["name"] == "inproc4" and len(record["hardware"]["sha256"]) == 64
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_enactment_phase_runs_what_was_stored(searched, enacted, model):
+@pytest.mark.parametrize("model", MODEL_PARAMS)
+def test_enactment_phase_runs_what_was_stored(request, model):
+    searched, enacted = _phases(request, model, "searched", "enacted")
     row, before = enacted[model], searched[1][model]["first_info"]
     info = row["first_info"]
     assert info["mode"] == "stored" and row["warnings"] == [], info["reason"]
