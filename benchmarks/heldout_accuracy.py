@@ -9,9 +9,7 @@ program is ``|predicted - measured| / measured``. The in-context fit matches thr
 programs exactly (no fusion and no fusion with one bucket, both with library dots; XLA's
 fused program with one bucket); the programs scored here are all others, compiled
 differently (XLA's fusion, buckets, plans; hand bucketing with one bucket is left out:
-it is the fitted fused program). Each job also predicts every program again with
-standalone op times unscaled (the ablation of ``OpTimes.fit_standalone_scale``, on the
-same measurements): column ``unscaled``.
+it is the fitted fused program).
 
 Run from the repository root::
 
@@ -68,21 +66,6 @@ def errors(row: dict) -> dict[str, float]:
     return out
 
 
-def unscaled_errors(row: dict) -> dict[str, float] | None:
-    """:func:`errors` of the row's ablation (standalone op times unscaled, same
-    measurements), None when the row has none."""
-    ab = row.get("ablation", {}).get("standalone_scale_1")
-    if ab is None:
-        return None
-    choice = row["choice"]
-    pred = dict(ab["predicted_s"])
-    for name in ("bucketed", "disco"):
-        pred[name] = ab["choice_predicted_s"].get(choice[name], pred.get(choice[name]))
-    like = {"measured_s": row["measured_s"], "predicted_s": pred,
-            "choice": {**choice, "predicted_s": ab["choice_predicted_s"]}}
-    return errors(like)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = {"model": step, "step": f"benchmarks.heldout_steps:{step}",
                     "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
                     "time_budget_s": args.time_budget, "top_k": 3, "rounds": args.rounds,
-                    "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn,
-                    "ablate_standalone_scale": True}
+                    "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn}
             print(f"== {step} in {setup}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
@@ -111,34 +93,26 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"model": step, "setup": setup, "error": str(err)[:300]})
                 continue
             row["errors"] = errors(row)
-            row["errors_unscaled"] = unscaled_errors(row)
             row["wall_s"] = time.perf_counter() - t0
             rows.append(row)
             write_atomic(args.out, json.dumps({"rows": rows}, indent=1))
     summary = {}
-    print(f"{'setup':14} {'step':12} {'programs':>9} {'mean err':>9} {'max err':>8} "
-          f"{'unscaled':>9}")
+    print(f"{'setup':14} {'step':12} {'programs':>9} {'mean err':>9} {'max err':>8}")
     for setup in args.setups.split(","):
-        errs, unscaled = [], []
+        errs = []
         for row in rows:
             if row["setup"] != setup or "errors" not in row:
                 continue
             e = list(row["errors"].values())
-            u = list((row.get("errors_unscaled") or {}).values())
             errs += e
-            unscaled += u
             print(f"{setup:14} {row['model']:12} {len(e):>9} {statistics.mean(e):>8.1%} "
-                  f"{max(e):>7.1%} " + (f"{statistics.mean(u):>8.1%}" if u else ""))
+                  f"{max(e):>7.1%}")
         if errs:
             summary[setup] = {"programs": len(errs), "mean_rel_err": statistics.mean(errs),
                               "median_rel_err": statistics.median(errs),
                               "max_rel_err": max(errs)}
-            if unscaled:
-                summary[setup]["unscaled_mean_rel_err"] = statistics.mean(unscaled)
-                summary[setup]["unscaled_programs"] = len(unscaled)
             print(f"{setup:14} {'ALL':12} {len(errs):>9} {statistics.mean(errs):>8.1%} "
-                  f"{max(errs):>7.1%} "
-                  + (f"{statistics.mean(unscaled):>8.1%}" if unscaled else ""))
+                  f"{max(errs):>7.1%}")
     write_atomic(args.out, json.dumps({"rows": rows, "summary": summary,
                                        "meta": vars(args)}, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)

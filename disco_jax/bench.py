@@ -111,31 +111,6 @@ def _predict(module: Any, costs: Any) -> float:
     return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s
 
 
-def _unscaled_predictions(spec: Mapping[str, Any], module: Any, graph: Any, measured: Any,
-                          baselines: Mapping[str, Any], bucketed: Mapping[str, Any],
-                          plans: Mapping[str, Any], fused: Any = None) -> dict[str, Any]:
-    """The ablation of :meth:`~disco_jax.cost_model.OpTimes.fit_standalone_scale`: the
-    same in-context cost model and fit with standalone op times left as timed, and its
-    prediction of the baselines (``predicted_s``) and of the final choice's candidates
-    but the staged ones (``choice_predicted_s``), on the measurements of the same job."""
-    from disco_jax.enact import calibrate_in_context, in_context_costs
-    from disco_jax.lower import sim_graph
-    from disco_jax.simulator import simulate
-    from hlo_tools import baselines as bl
-
-    costs, _ = in_context_costs(module, spec["hardware"], measured, progress=False,
-                                calibrate=False, fused=fused)
-    costs.op_times.standalone_scale = 1.0
-    costs, cal = calibrate_in_context(costs, module, measured)
-    predicted = {n: _predict(bl.module_from_compiled(r), costs) for n, r in baselines.items()}
-    choice = {n: _predict(bl.module_from_compiled(r), costs) for n, r in bucketed.items()}
-    choice.update({n: simulate(sim_graph(graph, plan, costs), costs.overlap).iteration_s
-                   for n, plan in plans.items()})
-    choice.update({n: predicted[n] for n in ("op_fusion", "xla_default")})
-    return {"calibration": cal._asdict(), "predicted_s": predicted,
-            "choice_predicted_s": choice}
-
-
 def _max_diff(got: Any, want: Any) -> float:
     import jax
     import numpy as np
@@ -295,11 +270,6 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     else:
         predicted["fo"] = full_overlap_bound(sim_graph_from_module(
             bl.module_from_compiled(runs[choice.name]), costs))
-    if spec.get("ablate_standalone_scale") and row.get("calibration"):
-        say("predicting every program again with standalone op times unscaled (ablation)")
-        row["ablation"] = {"standalone_scale_1": _unscaled_predictions(
-            spec, module, graph, measured, {n: runs[n] for n in bl.BASELINES}, bucketed,
-            plans, gnn)}
     spread = {n: summarize_samples(samples[n]) for n in PROGRAMS}
     row.update({
         "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
