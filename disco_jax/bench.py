@@ -172,8 +172,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         if cal is not None:
             row["calibration"] = cal._asdict()
             say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
-                f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, "
-                f"standalone op times x{cal.standalone_scale:.2f}, extra "
+                f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
                 f"latency per buffer of a combined all-reduce "
                 f"{cal.d_tuple_extra_s * 1e3:.3f} ms (no fusion "
                 f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "

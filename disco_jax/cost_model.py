@@ -203,31 +203,17 @@ class BackendConstants:
 # --------------------------------------------------------------------------- op times
 
 
-#: Sources of :class:`OpTimes`: an in-context (or stored) profile, standalone timing.
-PROFILED, STANDALONE = "profile", "op_bench"
-#: Range of :attr:`OpTimes.standalone_scale`.
-STANDALONE_SCALE_BOUNDS = (0.25, 4.0)
-
-
 class OpTimes:
     """Single-op times by :class:`~estimator.profiler.OpKey`, with the analytic fallback.
 
     Sources are added in priority order: the first time stored for a key wins. Times of
     multi-op fusions are never stored (a fusion is always predicted from its members);
     a profiled single-op fusion (XLA:CPU's ``wrapped_<op>``) counts as its op.
-
-    Standalone times (source ``op_bench``) are multiplied by :attr:`standalone_scale`
-    when looked up: 1.0 until :meth:`fit_standalone_scale` compares them with the
-    in-context profile's times of the same ops.
     """
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
         self.sources: dict[str, str] = {}
-        #: standalone seconds of ops whose stored time came from a profile
-        self.standalone_of_profiled: dict[str, float] = {}
-        #: in-context seconds per standalone second (see :meth:`fit_standalone_scale`)
-        self.standalone_scale = 1.0
         self._rows: list[tuple[str, float, float, float]] = []
         self._wrapped: dict[str, float] = {}
         self._fallback: pr.OpCostModel | None = None
@@ -235,11 +221,7 @@ class OpTimes:
     def add(self, key: str, time_s: float, source: str, cls: str = "other",
             nbytes: float = 0.0, flops: float = 0.0) -> bool:
         """Stores a measured time unless the key has one; returns whether it was stored."""
-        if not math.isfinite(time_s) or time_s < 0:
-            return False
-        if key in self.times:
-            if source == STANDALONE and self.sources[key] == PROFILED:
-                self.standalone_of_profiled.setdefault(key, float(time_s))
+        if key in self.times or not math.isfinite(time_s) or time_s < 0:
             return False
         self.times[key] = float(time_s)
         self.sources[key] = source
@@ -249,12 +231,12 @@ class OpTimes:
         return True
 
     def add_timings(self, timings: Mapping[str, op_bench.OpTiming],
-                    source: str = STANDALONE) -> int:
+                    source: str = "op_bench") -> int:
         """Adds standalone timings (failed ones are skipped); returns how many were new."""
         return sum(self.add(k, t.time_s, source, t.cls, t.bytes, t.flops)
                    for k, t in timings.items() if t.ok)
 
-    def add_op_profile(self, profile: pr.OpProfile, source: str = PROFILED) -> int:
+    def add_op_profile(self, profile: pr.OpProfile, source: str = "profile") -> int:
         """Adds the records of a stored profile (``disco profile`` / ``OpProfile.save``).
 
         Plain ops are stored by key; single-op fusions are matched later, when an op is
@@ -273,7 +255,7 @@ class OpTimes:
         return added
 
     def add_program_profile(self, profile: pr.ProgramProfile,
-                            original: HloModule | None = None, source: str = PROFILED) -> int:
+                            original: HloModule | None = None, source: str = "profile") -> int:
         """Adds the per-execution times of a whole-program profile, each keyed by the
         single op it ran (multi-op fusions are skipped).
 
@@ -317,31 +299,6 @@ class OpTimes:
                               info.flops)
         return added
 
-    def fit_standalone_scale(self, min_ops: int = 8) -> float:
-        """Sets :attr:`standalone_scale` to the in-context time per standalone second of
-        the ops both sources timed (sum over sum: the long ops weigh most), clamped to
-        :data:`STANDALONE_SCALE_BOUNDS`; 1.0 with fewer than ``min_ops`` such ops.
-
-        Ops of XLA's compiled programs that the in-context profile never ran (another
-        layout, a dot XLA reshaped, a copy it inserted) have only standalone times, taken
-        on one device alone; in context the same kernels share the cores with the job's
-        other devices (4 host devices on 2 cores run them about twice as slowly), so
-        without this their programs were predicted too fast beside the profiled ones.
-
-        Returns:
-            The scale.
-        """
-        pairs = [(self.times[k], t) for k, t in self.standalone_of_profiled.items()
-                 if t > 0]
-        scale = 1.0
-        if len(pairs) >= min_ops:
-            num, den = (sum(col) for col in zip(*pairs))
-            if num > 0 and den > 0:
-                lo, hi = STANDALONE_SCALE_BOUNDS
-                scale = min(max(num / den, lo), hi)
-        self.standalone_scale = scale
-        return scale
-
     def fallback_model(self) -> pr.OpCostModel:
         """The analytic model fitted on every measured time (cached)."""
         if self._fallback is None:
@@ -360,20 +317,17 @@ class OpTimes:
         if library:
             key = op_bench.library_key(info.key).encode()
             if key in self.times:
-                return pr.OpEstimate(self._scaled(key), False, self.sources[key])
+                return pr.OpEstimate(self.times[key], False, self.sources[key])
         key = info.key.encode()
-        if key in self.times:
-            return pr.OpEstimate(self._scaled(key), False, self.sources[key])
+        t = self.times.get(key)
+        if t is not None:
+            return pr.OpEstimate(t, False, self.sources[key])
         if self._wrapped:
             t = self._wrapped.get(_wrapped_key(view, instr))
             if t is not None:
-                return pr.OpEstimate(t, False, PROFILED)
+                return pr.OpEstimate(t, False, "profile")
         return pr.OpEstimate(self.fallback_model().predict(info.cls, info.bytes, info.flops),
                              True, f"model:{info.cls}")
-
-    def _scaled(self, key: str) -> float:
-        t = self.times[key]
-        return t * self.standalone_scale if self.sources[key] == STANDALONE else t
 
     def __len__(self) -> int:
         return len(self.times)
@@ -691,8 +645,7 @@ class CostModel:
 
         Sources in priority order: ``profile`` (whole-program, in context), then
         standalone timings of the module's single ops (``bench``; cached on disk, ops
-        never seen before are run on this machine; scaled to the profile's times by the
-        ops both timed, :meth:`OpTimes.fit_standalone_scale`), then the analytic model.
+        never seen before are run on this machine), then the analytic model.
 
         Args:
             module: the module whose ops need times.
@@ -714,7 +667,6 @@ class CostModel:
             times.add_op_profile(profile)
         if bench:
             times.add_timings(op_bench.bench_ops(module, replicas=replicas, progress=progress))
-            times.fit_standalone_scale()
         return cls(hardware, op_times=times, **kwargs)
 
     # -- constants

@@ -285,9 +285,7 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
     in-context profile (:func:`profile_in_context`), then standalone timings of the ops
     they lack (``bench``, each op on ``replicas`` devices at once), then the analytic
     model. With ``calibrate``, the hardware file's all-reduce model and compute scale are
-    then fitted to the same measurement (:func:`calibrate_in_context`). Standalone times
-    are scaled to the profile's by the ops both timed
-    (:meth:`~disco_jax.cost_model.OpTimes.fit_standalone_scale`). ``fused``: a
+    then fitted to the same measurement (:func:`calibrate_in_context`). ``fused``: a
     fused-op estimator to use instead of the fallback rule (one with a ``bind`` method,
     e.g. the GNN, is bound to the cost model first), set before the fit.
 
@@ -307,7 +305,6 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         if bench:
             costs.op_times.add_timings(op_bench.bench_ops(module, replicas=replicas,
                                                           progress=progress))
-            costs.op_times.fit_standalone_scale()
     if fused is not None:
         costs.set_fused_estimator(fused.bind(costs) if hasattr(fused, "bind") else fused)
     if not calibrate or measured is None:
@@ -346,8 +343,6 @@ class Calibration(NamedTuple):
         combined_wall_s: XLA's combined no-fusion program, measured seconds per
             iteration (None: not measured).
         combined_predicted_s: the same, predicted after the fit (None: not measured).
-        standalone_scale: in-context seconds per standalone second of the ops both
-            timed (:meth:`~disco_jax.cost_model.OpTimes.fit_standalone_scale`).
     """
 
     d_s: float
@@ -360,7 +355,6 @@ class Calibration(NamedTuple):
     d_tuple_extra_s: float = 0.0
     combined_wall_s: float | None = None
     combined_predicted_s: float | None = None
-    standalone_scale: float = 1.0
 
 
 #: Range of the fitted fused-op scale.
@@ -465,8 +459,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
                            measured.fused_wall_s, fused_got, extra,
-                           measured.combined_wall_s, combined_got,
-                           costs.op_times.standalone_scale)
+                           measured.combined_wall_s, combined_got)
 
 
 def _fit_affine(time_at: Callable[[float], float], want: float, x: float,

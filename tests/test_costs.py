@@ -753,33 +753,6 @@ ENTRY %e (p0: f32[8,512], p1: f32[128,512]) -> (f32[8,128], f32[8,128]) {
 """.replace("YNN", '{"fusion_config":{"kind":"__ynn_fusion"}}')
 
 
-def test_standalone_times_are_scaled_to_the_profile_by_the_ops_both_timed() -> None:
-    """Profiled a and b ran 2x slower in context than alone (4 + 6 us against 2 + 3 us):
-    c, timed only alone, is priced at 2x its standalone time; the profiled ops keep
-    theirs. Fewer shared ops than ``min_ops``: no scale. The scale is clamped."""
-    module = hlo_tools.parse(CHAIN)
-    view = ob.module_view(module)
-    key = {i.name: ob.op_key(view, i).encode() for _, i in module.instructions()}
-
-    def durations(standalone: dict[str, float], min_ops: int) -> dict[str, float]:
-        times = C.OpTimes()
-        times.add(key["a"], 4e-6, C.PROFILED)
-        times.add(key["b"], 6e-6, C.PROFILED)
-        for name, t in standalone.items():
-            times.add(key[name], t, C.STANDALONE)
-        times.fit_standalone_scale(min_ops=min_ops)
-        costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
-        sg = sim_graph_from_module(module, costs)
-        return {n: float(d) for n, d in zip(sg.names, sg.duration_s) if n in "abcd"}
-
-    got = durations({"a": 2e-6, "b": 3e-6, "c": 1e-6, "d": 5e-6}, min_ops=2)
-    assert got == pytest.approx({"a": 4e-6, "b": 6e-6, "c": 2e-6, "d": 10e-6}), got
-    got = durations({"a": 2e-6, "b": 3e-6, "c": 1e-6}, min_ops=3)
-    assert got["c"] == pytest.approx(1e-6), got
-    got = durations({"a": 2e-8, "b": 3e-8, "c": 1e-6}, min_ops=2)
-    assert got["c"] == pytest.approx(C.STANDALONE_SCALE_BOUNDS[1] * 1e-6), got
-
-
 def test_ops_in_library_fusions_cost_their_library_time() -> None:
     module = hlo_tools.parse(LIBRARY)
     view = ob.module_view(module)
