@@ -144,6 +144,18 @@ def test_choice_tiers_name_the_incumbent_and_the_bucketing_and_leave_the_rest_la
         samples, [["xla_default"], ["bucketed_1MiB"], ["plan_0", "staged_k2_r1"]])
 
 
+def test_in_context_timings_with_one_bucket_not_faster_are_inconsistent():
+    """One bucket runs the same kernels with fewer collectives: its median at or above
+    the no-fusion program's is a slow phase, measured again by profile_in_context."""
+    from disco_jax.enact import inconsistent_walls
+
+    assert inconsistent_walls({"no_fusion": [10.1, 10.0, 30.0], "one_bucket": [14.3] * 3,
+                               "fused": [5.0] * 3})
+    assert inconsistent_walls({"no_fusion": [10.0], "one_bucket": [10.0]})
+    assert not inconsistent_walls({"no_fusion": [10.1, 10.0, 9.0],
+                                   "one_bucket": [30.0, 9.5, 9.0]})
+
+
 def test_in_context_calibration_matches_both_programs(vgg):
     step, args, module, _ = vgg
     measured = profile_in_context(step, args, module, rounds=3)
