@@ -57,44 +57,25 @@ def _worker(flag: str | None, models, stores, tmp: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
-def _searched(models, tmp_path_factory):
-    """ENABLE_SEARCH=1 over ``models`` in one fresh process: (store, rows by model)."""
-    tmp = tmp_path_factory.mktemp("searched")
-    store = tmp / "store"
-    return store, {r["model"]: r for r in _worker("1", models, [store], tmp)}
-
-
-def _enacted(searched, tmp_path_factory):
-    """ENABLE_SEARCH=0 over the same models in another fresh process, same store."""
-    store, rows = searched
-    tmp = tmp_path_factory.mktemp("enacted")
-    return {r["model"]: r for r in _worker("0", list(rows), [store], tmp)}
-
-
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory):
-    return _searched(FAST, tmp_path_factory)
+def phases(tmp_path_factory):
+    """``phases(model)``: ``(store, searched rows, enacted rows)`` of the batch that
+    holds ``model`` (FAST or SLOW), rows by model. On first use of a batch,
+    ``ENABLE_SEARCH=1`` runs over it in one fresh process, then ``=0`` in another on the
+    same store."""
+    done = {}
 
+    def get(model):
+        batch = FAST if model in FAST else SLOW
+        if batch not in done:
+            tmp = tmp_path_factory.mktemp("phases")
+            store = tmp / "store"
+            searched = {r["model"]: r for r in _worker("1", batch, [store], tmp)}
+            enacted = {r["model"]: r for r in _worker("0", batch, [store], tmp)}
+            done[batch] = (store, searched, enacted)
+        return done[batch]
 
-@pytest.fixture(scope="module")
-def enacted(searched, tmp_path_factory):
-    return _enacted(searched, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def searched_slow(tmp_path_factory):
-    return _searched(SLOW, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def enacted_slow(searched_slow, tmp_path_factory):
-    return _enacted(searched_slow, tmp_path_factory)
-
-
-def _phases(request, model, *names):
-    """The fixtures ``names`` of the batch that holds ``model``."""
-    tail = "" if model in FAST else "_slow"
-    return [request.getfixturevalue(name + tail) for name in names]
+    return get
 
 
 def _check_runs_like_jax_jit(row):
@@ -105,8 +86,8 @@ def _check_runs_like_jax_jit(row):
 
 
 @pytest.mark.parametrize("model", MODEL_PARAMS)
-def test_search_phase(request, model):
-    ((store, rows),) = _phases(request, model, "searched")
+def test_search_phase(phases, model):
+    store, rows, _ = phases(model)
     row = rows[model]
     info = row["first_info"]
     assert info["mode"] == "searched" and info["reason"] == "" and row["warnings"] == []
@@ -124,9 +105,9 @@ def test_search_phase(request, model):
 
 
 @pytest.mark.parametrize("model", MODEL_PARAMS)
-def test_enactment_phase_runs_what_was_stored(request, model):
-    searched, enacted = _phases(request, model, "searched", "enacted")
-    row, before = enacted[model], searched[1][model]["first_info"]
+def test_enactment_phase_runs_what_was_stored(phases, model):
+    _, searched, enacted = phases(model)
+    row, before = enacted[model], searched[model]["first_info"]
     info = row["first_info"]
     assert info["mode"] == "stored" and row["warnings"] == [], info["reason"]
     assert info["hlo_fingerprint"] == before["hlo_fingerprint"]
@@ -166,11 +147,11 @@ def _break_hlo(entry: Path):
     _edit_record(entry, top={"enactment_sha256": hashlib.sha256(data).hexdigest()})
 
 
-def test_unusable_stores_fall_back_with_a_warning(searched, tmp_path):
-    store, _ = searched
+def test_unusable_stores_fall_back_with_a_warning(phases, tmp_path):
+    store, searched, _ = phases("vgg")
     vgg = tmp_path / "vgg"
     vgg.mkdir()
-    key = searched[1]["vgg"]["first_info"]["source_fingerprint"]
+    key = searched["vgg"]["first_info"]["source_fingerprint"]
     shutil.copytree(store / key, vgg / key)
     variants = {
         "empty": (tmp_path / "empty", "no stored plan for this program"),
