@@ -217,7 +217,8 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     text = module if isinstance(module, str) else hlo_tools.to_text(module)
     run, inputs = compile_text(text, exact=True, library=library, seed=seed)
     parsed = hlo_tools.parse(text) if isinstance(module, str) else module
-    one = _one_bucket(parsed, hlo_tools.device_graph(parsed))
+    graph = hlo_tools.device_graph(parsed)
+    one = _one_bucket(parsed, graph)
     one_text = hlo_tools.to_text(one)
     runs = {"no_fusion": run,
             "one_bucket": compile_text(one_text, exact=True, library=library,
@@ -226,8 +227,7 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
                                   compiler_options=_fused_options()).run}
     return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=None,
-                         buckets_differ=len(hlo_tools.device_graph(parsed)
-                                            .gradient_allreduces) >= 2)
+                         buckets_differ=len(graph.gradient_allreduces) >= 2)
 
 
 def _one_bucket(module: HloModule, graph: hlo_tools.DeviceGraph) -> HloModule:
