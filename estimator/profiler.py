@@ -16,6 +16,13 @@ How a CPU trace maps to instructions (checked on jax/jaxlib 0.10.2):
 * An all-reduce event lasts until every device has arrived at the rendezvous, so its
   duration includes waiting for the slowest device (see :mod:`estimator.allreduce`).
 
+A GPU trace differs (read on jax/jaxlib 0.11.2 with an NVIDIA H200): each *kernel* is one
+``ph == "X"`` event in a trace process named ``/device:GPU:<n>`` (its metadata event
+``process_name``), with ``hlo_op`` and ``hlo_module`` but neither ``run_id`` nor
+``device_ordinal``; the kernels of one execution of a program share ``scope_range_id``.
+:func:`op_events` then keeps the device processes' events only, takes the device from
+the process name and the launch from ``scope_range_id``.
+
 Times are seconds, sizes bytes, work flops throughout.
 """
 
@@ -28,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -153,8 +161,16 @@ def read_trace_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return json.load(f).get("traceEvents", [])
 
 
+#: Trace process name of a GPU's kernels: ``/device:GPU:<ordinal>``.
+_GPU_PROCESS = re.compile(r"/device:GPU:(\d+)")
+
+
 def op_events(events: Iterable[Mapping[str, Any]], module: str | None = None) -> list[OpEvent]:
     """Extracts compiled-instruction events, optionally only those of one module.
+
+    Works on CPU traces (one event per thunk, launch in ``args.run_id``) and GPU traces
+    (one event per kernel in a ``/device:GPU:<n>`` process, launch in
+    ``args.scope_range_id``; see the module docstring).
 
     Args:
         events: raw trace events.
@@ -163,17 +179,29 @@ def op_events(events: Iterable[Mapping[str, Any]], module: str | None = None) ->
     Returns:
         The instruction events sorted by start time.
     """
+    events = list(events)
+    gpus: dict[Any, int] = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            found = _GPU_PROCESS.search(str((e.get("args") or {}).get("name", "")))
+            if found:
+                gpus[e.get("pid")] = int(found.group(1))
     out = []
     for e in events:
         args = e.get("args") or {}
-        if e.get("ph") != "X" or "hlo_op" not in args or "run_id" not in args:
+        if e.get("ph") != "X" or "hlo_op" not in args:
             continue
-        if module is not None and args.get("hlo_module") != module:
+        if gpus:
+            if e.get("pid") not in gpus:
+                continue
+            run, device = args.get("run_id", args.get("scope_range_id")), gpus[e.get("pid")]
+        else:
+            run, device = args.get("run_id"), int(args.get("device_ordinal", 0))
+        if run is None or (module is not None and args.get("hlo_module") != module):
             continue
         out.append(OpEvent(
-            name=args["hlo_op"], module=args.get("hlo_module", ""),
-            device=int(args.get("device_ordinal", 0)), run_id=str(args["run_id"]),
-            pid=int(e.get("pid", 0)), start_s=float(e["ts"]) * 1e-6,
+            name=args["hlo_op"], module=args.get("hlo_module", ""), device=device,
+            run_id=str(run), pid=int(e.get("pid", 0)), start_s=float(e["ts"]) * 1e-6,
             dur_s=float(e.get("dur", 0.0)) * 1e-6,
         ))
     out.sort(key=lambda ev: ev.start_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +121,26 @@ def test_trace_events_by_device_and_iteration() -> None:
     s = pr.per_device_samples(events)
     assert s[0]["a"] == pytest.approx([10e-6, 4e-6])  # same op twice in one run: summed
     assert s[0]["b"] == pytest.approx([2e-6]) and s[1]["a"] == pytest.approx([3e-6])
+
+
+def test_gpu_trace_events_are_the_device_kernels_by_scope() -> None:
+    """A GPU trace as jax 0.11.2 records it on an H200 (tests/fixtures/gpu_trace_h200.json):
+    kernels in a ``/device:GPU:0`` process, no ``run_id``, one ``scope_range_id`` per
+    execution. A host-side event naming an op is not a kernel time and is left out."""
+    path = Path(__file__).parent / "fixtures" / "gpu_trace_h200.json"
+    raw = json.loads(path.read_text())["traceEvents"]
+    events = pr.op_events(raw, "jit__lambda")
+    assert [(e.name, e.device) for e in events] == [("loop_add_fusion", 0)] * 3
+    assert len(pr.iteration_order(events)) == 3  # three calls, three launches
+    assert pr.per_device_samples(events)[0]["loop_add_fusion"] == pytest.approx(
+        [2.623e-6, 2.496e-6, 2.496e-6])
+    kernel = next(e for e in raw if e.get("ph") == "X")
+    host = {**kernel, "pid": 701, "dur": 500.0}  # pid 701 is /host:CPU in the fixture
+    second = {**kernel, "ts": kernel["ts"] + 5.0, "dur": 1.0,  # a 2nd kernel, same launch
+              "args": {**kernel["args"], "hlo_op": "loop_tanh_fusion"}}
+    events = pr.op_events([*raw, host, second], "jit__lambda")
+    assert len(events) == 4 and len(pr.iteration_order(events)) == 3
+    assert pr.per_device_samples(events)[0]["loop_tanh_fusion"] == pytest.approx([1e-6])
 
 
 def test_module_name_and_summarize_are_public(profile: pr.ProgramProfile) -> None:
