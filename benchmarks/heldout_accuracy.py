@@ -11,6 +11,12 @@ fused program with one bucket); the programs scored here are all others, compile
 differently (XLA's fusion, buckets, plans; hand bucketing with one bucket is left out:
 it is the fitted fused program).
 
+The floor under any cost model's error is how well a measurement repeats: XLA's
+default, XLA's fusion alone and the chosen hand bucketing are each measured twice in a
+job (in the final choice's rounds, then in the final interleaved measurement, a minute
+or so apart). ``repeat`` is ``|second - first| / second`` for those programs, averaged
+per setup next to the error.
+
 Run from the repository root::
 
     python benchmarks/heldout_accuracy.py [--steps autoencoder,gru] [--setups gloo2]
@@ -66,6 +72,41 @@ def errors(row: dict) -> dict[str, float]:
     return out
 
 
+def repeats(row: dict) -> list[float]:
+    """``|final - choice| / final`` for the programs a row measured twice: XLA's default,
+    XLA's fusion alone and the chosen hand bucketing (final-choice rounds and final
+    interleaved measurement of the same compiled program)."""
+    choice, final = row["choice"]["medians_s"], row["measured_s"]
+    pairs = [("xla_default", "xla_default"), ("op_fusion", "op_fusion"),
+             (row["choice"]["bucketed"], "bucketed")]
+    return [abs(choice[c] - final[f]) / final[f] for c, f in pairs if c in choice]
+
+
+def summarize(rows: list[dict], setups: list[str]) -> dict[str, dict]:
+    """Prints the per-step table and returns the per-setup summary."""
+    summary = {}
+    print(f"{'setup':14} {'step':12} {'programs':>9} {'mean err':>9} {'max err':>8} "
+          f"{'repeat':>7}")
+    for setup in setups:
+        errs, reps = [], []
+        for row in rows:
+            if row["setup"] != setup or "errors" not in row:
+                continue
+            e = list(row["errors"].values())
+            errs += e
+            reps += row["repeat"]
+            print(f"{setup:14} {row['model']:12} {len(e):>9} {statistics.mean(e):>8.1%} "
+                  f"{max(e):>7.1%} {statistics.mean(row['repeat']):>6.1%}")
+        if errs:
+            summary[setup] = {"programs": len(errs), "mean_rel_err": statistics.mean(errs),
+                              "median_rel_err": statistics.median(errs),
+                              "max_rel_err": max(errs),
+                              "mean_repeat_diff": statistics.mean(reps)}
+            print(f"{setup:14} {'ALL':12} {len(errs):>9} {statistics.mean(errs):>8.1%} "
+                  f"{max(errs):>7.1%} {statistics.mean(reps):>6.1%}")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,7 +118,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gnn", metavar="CHECKPOINT",
                     help="price fused ops with this GNN checkpoint (default: fallback rule)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--reuse", metavar="JSON",
+                    help="measure nothing: score the rows of an earlier run's JSON again "
+                         "and write them with the summary to --out")
     args = ap.parse_args(argv)
+    if args.reuse:
+        old = json.loads(Path(args.reuse).read_text())
+        rows = old["rows"]
+        for row in rows:
+            if "error" not in row:
+                row["errors"], row["repeat"] = errors(row), repeats(row)
+        setups = list(dict.fromkeys(row["setup"] for row in rows))
+        write_atomic(args.out, json.dumps({"rows": rows, "summary": summarize(rows, setups),
+                                           "meta": old.get("meta", vars(args))}, indent=1))
+        print(f"wrote {args.out}", file=sys.stderr)
+        return 0
     rows = []
     for setup in args.setups.split(","):
         for step in args.steps.split(","):
@@ -93,26 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"model": step, "setup": setup, "error": str(err)[:300]})
                 continue
             row["errors"] = errors(row)
+            row["repeat"] = repeats(row)
             row["wall_s"] = time.perf_counter() - t0
             rows.append(row)
             write_atomic(args.out, json.dumps({"rows": rows}, indent=1))
-    summary = {}
-    print(f"{'setup':14} {'step':12} {'programs':>9} {'mean err':>9} {'max err':>8}")
-    for setup in args.setups.split(","):
-        errs = []
-        for row in rows:
-            if row["setup"] != setup or "errors" not in row:
-                continue
-            e = list(row["errors"].values())
-            errs += e
-            print(f"{setup:14} {row['model']:12} {len(e):>9} {statistics.mean(e):>8.1%} "
-                  f"{max(e):>7.1%}")
-        if errs:
-            summary[setup] = {"programs": len(errs), "mean_rel_err": statistics.mean(errs),
-                              "median_rel_err": statistics.median(errs),
-                              "max_rel_err": max(errs)}
-            print(f"{setup:14} {'ALL':12} {len(errs):>9} {statistics.mean(errs):>8.1%} "
-                  f"{max(errs):>7.1%}")
+    summary = summarize(rows, args.setups.split(","))
     write_atomic(args.out, json.dumps({"rows": rows, "summary": summary,
                                        "meta": vars(args)}, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
