@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import time
 import traceback
@@ -40,7 +41,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
+from benchmarks.estimator_accuracy import MODELS
+from benchmarks.estimator_retest import agreement as _agreement
+from benchmarks.estimator_retest import times_of
+
 #: Seed of the random plans per zoo size (any fixed choice; both passes use it).
 SEEDS = {"tiny": 0, "small": 1, "medium": 1, "large": 1}
 
@@ -78,22 +82,17 @@ def fusion_as_call() -> bool:
 
 
 def agreement(first: Path, second: Path) -> dict[str, Any]:
-    """How often two timings of one fused op agree (``|b - a| / a``, ``a`` the first)."""
-    import numpy as np
-
-    from estimator.gnn.dataset import load_samples
-
-    a = {s.key: s for s in load_samples(first)}
-    b = {s.key: s for s in load_samples(second)}
-    keys = sorted(set(a) & set(b))
-    x = np.array([a[k].time_s for k in keys])
-    rel = np.abs(np.array([b[k].time_s for k in keys]) - x) / x
-    big = x >= 10e-6
-    return {"n": len(keys), "within_10pct": float(np.mean(rel <= 0.10)),
-            "within_14pct": float(np.mean(rel <= 0.14)),
-            "median_rel_diff": float(np.median(rel)), "median_time_s": float(np.median(x)),
-            "max_time_s": float(x.max()), "n_over_10us": int(big.sum()),
-            "over_10us_within_10pct": float(np.mean(rel[big] <= 0.10)) if big.any() else None}
+    """How often two timings of one fused op agree (``|b - a| / a``, ``a`` the first):
+    :func:`benchmarks.estimator_retest.agreement` of two dataset files, flattened."""
+    a, b = times_of(first), times_of(second)
+    parts = _agreement(a, b)
+    x = [a[k] for k in set(a) & set(b)]
+    return {"n": parts["all"]["n"], "within_10pct": parts["all"]["within_10pct"],
+            "within_14pct": parts["all"]["within_14pct"],
+            "median_rel_diff": parts["all"]["median_rel_diff"],
+            "median_time_s": statistics.median(x), "max_time_s": max(x),
+            "n_over_10us": parts["over_10us"]["n"],
+            "over_10us_within_10pct": parts["over_10us"]["within_10pct"]}
 
 
 def run(hlo_dir: Path, out: Path, args: argparse.Namespace) -> int:

@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.estimator_accuracy import MODELS
+from estimator.gnn.evaluate import SMALL_OP_S
+
 RESULTS = Path(__file__).parent / "results" / "estimator_retest.json"
-SMALL_OP_S = 10e-6
-MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
 
 
 def agreement(ref: dict[tuple[str, str], float], other: dict[tuple[str, str], float]

@@ -168,18 +168,18 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
     """
     graph = hlo_tools.device_graph(module)
     one = _one_bucket(module, graph)
+    several = len(graph.gradient_allreduces) >= 2  # something to combine, buckets differ
     runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
                                         library=library)
             for name, m in (("no_fusion", module), ("one_bucket", one))}
     runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
                                           compiler_options=_fused_options())
-    if sync is not None and len(graph.gradient_allreduces) >= 2:  # something to combine
+    if sync is not None and several:
         runs["combined"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(module),
                                                  exact=False,
                                                  compiler_options=_combined_options(library))
     return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
-                         rounds=rounds, sync=sync,
-                         buckets_differ=len(graph.gradient_allreduces) >= 2)
+                         rounds=rounds, sync=sync, buckets_differ=several)
 
 
 def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
