@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--gnn", metavar="CHECKPOINT",
                     help="price fused ops with this GNN checkpoint (default: fallback rule)")
+    ap.add_argument("--quiet-gloo", action="store_true",
+                    help="gloo's event loops at SCHED_IDLE in the gloo setups "
+                         "(disco bench --quiet-gloo)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--reuse", metavar="JSON",
                     help="measure nothing: score the rows of an earlier run's JSON again "
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = {"model": step, "step": f"benchmarks.heldout_steps:{step}",
                     "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
                     "time_budget_s": args.time_budget, "top_k": 3, "rounds": args.rounds,
-                    "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn}
+                    "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn,
+                    "quiet_gloo": args.quiet_gloo}
             print(f"== {step} in {setup}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:

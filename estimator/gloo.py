@@ -6,7 +6,7 @@ Used by the AllReduce microbenchmarks (:mod:`estimator.allreduce` and its worker
 * processes: :func:`child_env` (the environment of a CPU-only jax child),
   :func:`run_bounded` (run a command in its own process group, bounded in time),
   :func:`wait_all` (wait for the processes of a job, kill them after a deadline),
-  :func:`pin_to_own_cpu`;
+  :func:`pin_to_own_cpu`, :func:`quiet_gloo_loops` (gloo's event loop at ``SCHED_IDLE``);
 * network: :func:`free_port` on 127.0.0.1, :func:`in_private_netns` and
   :func:`set_loopback_rate` (``tc`` on ``lo``, only ever inside a private network
   namespace made with ``unshare -n``, so the host's network is never touched).
@@ -28,8 +28,10 @@ from pathlib import Path
 __all__ = [
     "child_env",
     "free_port",
+    "gloo_loop_threads",
     "in_private_netns",
     "pin_to_own_cpu",
+    "quiet_gloo_loops",
     "run_bounded",
     "set_loopback_rate",
     "wait_all",
@@ -157,6 +159,72 @@ def pin_to_own_cpu(process_id: int) -> int:
     cpu = cpus[process_id % len(cpus)]
     os.sched_setaffinity(0, {cpu})
     return cpu
+
+
+# Linux x86-64 number of epoll_wait, and the arguments gloo's TCP event loop passes it
+# (gloo/transport/tcp/loop.cc: ``epoll_wait(fd_, events.data(), 64, 10)``).
+_EPOLL_WAIT = {"x86_64": 232}
+_GLOO_LOOP_MAX_EVENTS, _GLOO_LOOP_TIMEOUT_MS = 64, 10
+
+
+def gloo_loop_threads() -> list[int]:
+    """Thread ids of this process's gloo TCP event loops (one per gloo device; jaxlib's
+    CPU client makes its device, and so starts the loop, when the backend starts).
+
+    A loop is found by what it waits in: ``epoll_wait`` for 64 events with a 10 ms
+    timeout (read from ``/proc/self/task/<tid>/syscall``). A loop that is running at
+    the moment of the read is missed; call again. Empty off Linux x86-64.
+    """
+    number = _EPOLL_WAIT.get(os.uname().machine)
+    out = []
+    for tid in os.listdir("/proc/self/task") if number else ():
+        try:
+            fields = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
+        except OSError:
+            continue
+        if (len(fields) > 4 and fields[0] == str(number)
+                and int(fields[3], 16) == _GLOO_LOOP_MAX_EVENTS
+                and int(fields[4], 16) == _GLOO_LOOP_TIMEOUT_MS):
+            out.append(int(tid))
+    return sorted(out)
+
+
+def quiet_gloo_loops(attempts: int = 50) -> list[int]:
+    """Moves this process's gloo event loops to ``SCHED_IDLE``; returns their thread ids.
+
+    Why: while a peer's message waits for this process to post its receive, gloo's TCP
+    loop polls ``epoll`` without sleeping. In a process with fewer cores than busy
+    threads (a process pinned to one CPU, or a host whose cores all compute) that
+    polling takes the CPU from the compute that would post the receive: on this 2-vCPU
+    VM, 2 processes pinned to a CPU each (``benchmarks/gloo_loop_probe.py``), 16
+    dependent all-reduces of 16 KiB took 6.3-6.8 ms (p90 26-31 ms), and the same with 4
+    small matmuls before each all-reduce 26 ms (6.5 ms of it compute); with the loops
+    at ``SCHED_IDLE`` 2.9 ms (p90 3.2-3.4) and 9.3 ms. An idle-class thread runs
+    whenever nothing else of the CPU wants to, which is when this process waits in a
+    collective, so messages are still read at once then.
+
+    The cost: while another thread of the process computes, an idle-class loop barely
+    runs, so a collective in flight beside compute stalls. A staged enactment (and a
+    program whose pool threads compute beside a slow all-reduce) loses its overlap: at
+    1 Gbit/s, rnnlm and bert large went from 1.28x and 1.36x over hand bucketing to
+    1.00x and 0.99x (``benchmarks/results/bench_large_1gbit_quiet_gloo.json``). Use it
+    where all-reduces are short next to compute and nothing overlaps them.
+
+    Call it after the backend has started (e.g. after ``jax.devices()``) in a process
+    of a gloo job. Returns an empty list where no loop was found (no gloo backend, or
+    not Linux x86-64); the process is then unchanged.
+    """
+    for _ in range(attempts):
+        tids = gloo_loop_threads()
+        if tids:
+            break
+        time.sleep(0.002)
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
+    return tids
 
 
 # --------------------------------------------------------------------------- network

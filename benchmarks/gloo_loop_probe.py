@@ -1,0 +1,131 @@
+"""gloo's event loop, as jaxlib leaves it and at ``SCHED_IDLE``, in a 2-process gloo job.
+
+Both processes pinned to a CPU each (as the bench's gloo setups run). Three programs,
+timed for 8 s each (median and p90 per call), alternately with the loop as it is and
+moved to ``SCHED_IDLE`` (:func:`estimator.gloo.quiet_gloo_loops`), twice:
+
+* ``chain``: 16 dependent all-reduces of 16 KiB (nothing else);
+* ``mixed``: 16 times four 192x192 matmuls (tanh) and then one small all-reduce;
+* ``compute``: the 64 matmuls alone, no collective (one device).
+
+Run from the repository root (about 2 minutes)::
+
+    python benchmarks/gloo_loop_probe.py
+
+Prints a table and writes ``benchmarks/results/gloo_loop_probe.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "benchmarks" / "results" / "gloo_loop_probe.json"
+K, SECONDS, PASSES = 16, 8.0, 2
+
+
+def worker(process_id: int, port: int, out: str) -> None:
+    from estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
+
+    pin_to_own_cpu(process_id)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    loops = quiet_gloo_loops()  # found once; set back and forth below
+    assert loops == sorted(loops) and loops, "no gloo event loop found"
+
+    def chain(x):
+        for _ in range(K):
+            x = jax.lax.pmean(x, "d") * 1.0001 + 1.0
+        return x
+
+    def mixed(x, w):
+        for _ in range(K):
+            for _ in range(4):
+                w = jnp.tanh(w @ w * 0.01)
+            x = jax.lax.pmean(x + w[0, :16].sum(), "d")
+        return x, w
+
+    def compute(w):
+        for _ in range(4 * K):
+            w = jnp.tanh(w @ w * 0.01)
+        return w
+
+    f_chain = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    f_mixed = jax.jit(jax.shard_map(mixed, mesh=mesh, in_specs=(P("d"), P()),
+                                    out_specs=(P("d"), P())))
+    f_compute = jax.jit(compute)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                               np.ones((4096,), np.float32))
+    w_host = np.random.RandomState(0).rand(192, 192).astype(np.float32)
+    w = jax.make_array_from_process_local_data(NamedSharding(mesh, P()), w_host)
+    w_local = jax.device_put(w_host, jax.local_devices()[0])
+    programs = {"chain": lambda: f_chain(x).block_until_ready(),
+                "mixed": lambda: f_mixed(x, w)[0].block_until_ready(),
+                "compute": lambda: f_compute(w_local).block_until_ready()}
+    for fn in programs.values():
+        fn()
+    rows = []
+    for rep in range(PASSES):
+        for loop in ("as is", "SCHED_IDLE"):
+            policy = os.SCHED_OTHER if loop == "as is" else os.SCHED_IDLE
+            for tid in loops:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+            for name, fn in programs.items():
+                multihost_utils.sync_global_devices(f"{rep}{loop}{name}")
+                times = []
+                end = time.perf_counter() + SECONDS
+                while time.perf_counter() < end:
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+                rows.append({"pass": rep, "loop": loop, "program": name, "calls": len(times),
+                             "median_s": float(np.median(times)),
+                             "p90_s": float(np.percentile(times, 90))})
+    if process_id == 0:
+        Path(out).write_text(json.dumps({"rows": rows, "loops_found": len(loops),
+                                         "loop_found_again": gloo_loop_threads() == loops}))
+    jax.distributed.shutdown()
+
+
+def main() -> int:
+    from estimator.gloo import child_env, free_port, wait_all
+    from hlo_tools.dirs import write_atomic
+
+    port, tmp = free_port(), OUT.with_suffix(".part.json")
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), str(port),
+                               str(tmp)], env=child_env(1)) for i in range(2)]
+    rcs = wait_all(procs, time.monotonic() + 600,
+                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    if any(rcs):
+        print(f"workers exited with {rcs}", file=sys.stderr)
+        return 1
+    result = json.loads(tmp.read_text())
+    tmp.unlink()
+    print(f"{'pass':>4} {'loop':11} {'program':8} {'median ms':>10} {'p90 ms':>8}")
+    for r in result["rows"]:
+        print(f"{r['pass']:>4} {r['loop']:11} {r['program']:8} {r['median_s'] * 1e3:>10.2f} "
+              f"{r['p90_s'] * 1e3:>8.2f}")
+    write_atomic(OUT, json.dumps(result, indent=1))
+    print(f"wrote {OUT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        raise SystemExit(0)
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""gloo's TCP event loop moved to ``SCHED_IDLE`` (:func:`estimator.gloo.quiet_gloo_loops`)
+in a real 2-process gloo job (worker: tests/gloo_loop_worker.py): the loop is found
+(one per process, none before the backend starts), only it changes class, and the
+job's all-reduces still compute the right values."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("gloo_loop_worker.py")
+
+
+def test_no_gloo_loop_in_a_process_without_gloo():
+    import jax
+
+    from estimator.gloo import gloo_loop_threads, quiet_gloo_loops
+
+    jax.devices()  # this process's backend (CPU, no gloo) is running
+    assert gloo_loop_threads() == []
+    assert quiet_gloo_loops(attempts=2) == []
+
+
+def test_quiet_gloo_loop_in_a_two_process_job(tmp_path):
+    from estimator.gloo import child_env, free_port, wait_all
+
+    port = free_port()
+    outs = [tmp_path / f"p{i}.json" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "--coordinator",
+                               f"127.0.0.1:{port}", "--process-id", str(i), "--out",
+                               str(outs[i])], env=child_env(1), cwd=str(ROOT),
+                              start_new_session=True)
+             for i in range(2)]
+    rcs = wait_all(procs, time.monotonic() + 180,
+                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    assert rcs == [0, 0], f"workers exited with {rcs}"
+    for out in outs:
+        row = json.loads(out.read_text())
+        assert row["before_backend"] == [], row
+        assert len(row["quieted"]) == 1, row
+        assert row["idle"] == [True], row
+        assert row["other_policies"] == [os.SCHED_OTHER], row
+        assert row["max_abs_diff"] == 0.0, row
