@@ -153,7 +153,8 @@ def pin_to_own_cpu(process_id: int) -> int:
     depends less on where the scheduler happened to place the two processes. Unpinned,
     on this 2-vCPU VM the latency of one small all-reduce flips between about 0.3 ms and
     about 3.5 ms (one scheduler tick, waiting behind a spinning thread) from run to run;
-    pinned, it was about 3.8 ms in six runs in a row, 0.7 ms in a later one.
+    pinned, it was about 3.8 ms in six runs in a row, 0.7 ms in a later one. The
+    spinning thread is gloo's own event loop (:func:`quiet_gloo_loops`).
     """
     cpus = sorted(os.sched_getaffinity(0))
     cpu = cpus[process_id % len(cpus)]
