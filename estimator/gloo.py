@@ -212,20 +212,24 @@ def quiet_gloo_loops(attempts: int = 50) -> list[int]:
     where all-reduces are short next to compute and nothing overlaps them.
 
     Call it after the backend has started (e.g. after ``jax.devices()``) in a process
-    of a gloo job. Returns an empty list where no loop was found (no gloo backend, or
-    not Linux x86-64); the process is then unchanged.
+    of a gloo job. Returns the loops it moved: an empty list where no loop was found
+    (no gloo backend, or not Linux x86-64) or none could be moved; the process is then
+    unchanged.
     """
+    tids: list[int] = []
     for _ in range(attempts):
         tids = gloo_loop_threads()
         if tids:
             break
         time.sleep(0.002)
+    moved = []
     for tid in tids:
         try:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
-            pass
-    return tids
+        except OSError:  # the thread ended meanwhile
+            continue
+        moved.append(tid)
+    return moved
 
 
 # --------------------------------------------------------------------------- network
