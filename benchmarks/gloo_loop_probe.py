@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +46,8 @@ def worker(process_id: int, port: int, out: str) -> None:
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
     mesh = Mesh(np.array(jax.devices()), ("d",))
     loops = quiet_gloo_loops()  # found once; set back and forth below
-    assert loops == sorted(loops) and loops, "no gloo event loop found"
+    if not loops:
+        raise SystemExit("no gloo event loop found")
 
     def chain(x):
         for _ in range(K):
@@ -105,16 +107,17 @@ def main() -> int:
     from estimator.gloo import child_env, free_port, wait_all
     from hlo_tools.dirs import write_atomic
 
-    port, tmp = free_port(), OUT.with_suffix(".part.json")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), str(port),
-                               str(tmp)], env=child_env(1)) for i in range(2)]
-    rcs = wait_all(procs, time.monotonic() + 600,
-                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
-    if any(rcs):
-        print(f"workers exited with {rcs}", file=sys.stderr)
-        return 1
-    result = json.loads(tmp.read_text())
-    tmp.unlink()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="gloo_loop_probe_") as tmp:
+        part = Path(tmp) / "p0.json"
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), str(port),
+                                   str(part)], env=child_env(1)) for i in range(2)]
+        rcs = wait_all(procs, time.monotonic() + 600,
+                       lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+        if any(rcs):
+            print(f"workers exited with {rcs}", file=sys.stderr)
+            return 1
+        result = json.loads(part.read_text())
     print(f"{'pass':>4} {'loop':11} {'program':8} {'median ms':>10} {'p90 ms':>8}")
     for r in result["rows"]:
         print(f"{r['pass']:>4} {r['loop']:11} {r['program']:8} {r['median_s'] * 1e3:>10.2f} "

@@ -177,8 +177,10 @@ def gloo_loop_threads() -> list[int]:
     the moment of the read is missed; call again. Empty off Linux x86-64.
     """
     number = _EPOLL_WAIT.get(os.uname().machine)
+    if number is None or not os.path.isdir("/proc/self/task"):
+        return []
     out = []
-    for tid in os.listdir("/proc/self/task") if number else ():
+    for tid in os.listdir("/proc/self/task"):
         try:
             fields = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
         except OSError:
