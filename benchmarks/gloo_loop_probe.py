@@ -1,14 +1,15 @@
-"""gloo's event loop, as jaxlib leaves it and at ``SCHED_IDLE``, in a 2-process gloo job.
+"""gloo's event loop, as jaxlib leaves it, at ``SCHED_BATCH`` and at ``SCHED_IDLE``, in a
+2-process gloo job.
 
 Both processes pinned to a CPU each (as the bench's gloo setups run). Three programs,
-timed for 8 s each (median and p90 per call), alternately with the loop as it is and
-moved to ``SCHED_IDLE`` (:func:`estimator.gloo.quiet_gloo_loops`), twice:
+timed for 8 s each (median and p90 per call), in turn with the loop as it is and moved
+to ``SCHED_BATCH`` and ``SCHED_IDLE`` (:func:`estimator.gloo.quiet_gloo_loops`), twice:
 
 * ``chain``: 16 dependent all-reduces of 16 KiB (nothing else);
 * ``mixed``: 16 times four 192x192 matmuls (tanh) and then one small all-reduce;
 * ``compute``: the 64 matmuls alone, no collective (one device).
 
-Run from the repository root (about 2 minutes)::
+Run from the repository root (about 3 minutes)::
 
     python benchmarks/gloo_loop_probe.py
 
@@ -45,7 +46,7 @@ def worker(process_id: int, port: int, out: str) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
     mesh = Mesh(np.array(jax.devices()), ("d",))
-    loops = quiet_gloo_loops()  # found once; set back and forth below
+    loops = quiet_gloo_loops("idle")  # found once; set back and forth below
     if not loops:
         raise SystemExit("no gloo event loop found")
 
@@ -82,11 +83,13 @@ def worker(process_id: int, port: int, out: str) -> None:
         fn()
     rows = []
     for rep in range(PASSES):
-        for loop in ("as is", "SCHED_IDLE"):
-            policy = os.SCHED_OTHER if loop == "as is" else os.SCHED_IDLE
+        for loop, policy in (("as is", os.SCHED_OTHER), ("SCHED_BATCH", os.SCHED_BATCH),
+                             ("SCHED_IDLE", os.SCHED_IDLE)):
             for tid in loops:
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
             for name, fn in programs.items():
+                if process_id == 0:
+                    print(f"pass {rep}, loop {loop}: {name}", file=sys.stderr, flush=True)
                 multihost_utils.sync_global_devices(f"{rep}{loop}{name}")
                 times = []
                 end = time.perf_counter() + SECONDS

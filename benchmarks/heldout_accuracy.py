@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.heldout_steps import STEPS  # noqa: E402
 from disco_jax.bench import SETUPS, run_job  # noqa: E402
+from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES  # noqa: E402
 from hlo_tools.dirs import write_atomic  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"
@@ -117,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--gnn", metavar="CHECKPOINT",
                     help="price fused ops with this GNN checkpoint (default: fallback rule)")
-    ap.add_argument("--quiet-gloo", action="store_true",
-                    help="gloo's event loops at SCHED_IDLE in the gloo setups "
-                         "(disco bench --quiet-gloo)")
+    ap.add_argument("--gloo-loop", choices=LOOP_CHOICES, default=DEFAULT_LOOP_POLICY,
+                    help="gloo's event loops in the gloo setups (disco bench --gloo-loop; "
+                         "default: %(default)s)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--reuse", metavar="JSON",
                     help="measure nothing: score the rows of an earlier run's JSON again "
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                     "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
                     "time_budget_s": args.time_budget, "top_k": 3, "rounds": args.rounds,
                     "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn,
-                    "quiet_gloo": args.quiet_gloo}
+                    "gloo_loop": args.gloo_loop}
             print(f"== {step} in {setup}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:

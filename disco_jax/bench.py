@@ -404,16 +404,18 @@ def _run(args: argparse.Namespace) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id, initialization_timeout=120)
-    quieted = None
-    if args.coordinator and spec.get("quiet_gloo"):
-        from estimator.gloo import quiet_gloo_loops
+    from estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
 
+    policy = spec.get("gloo_loop", DEFAULT_LOOP_POLICY)
+    quieted = None
+    if args.coordinator and policy != "asis":
         jax.devices()  # starts the backend and gloo's event loop
-        quieted = len(quiet_gloo_loops())
+        quieted = len(quiet_gloo_loops(policy))
         if not quieted:
-            raise SystemExit("--quiet-gloo: no gloo event loop found in this process")
+            raise SystemExit(f"--gloo-loop {policy}: no gloo event loop found in this process")
     row = bench_row(spec)
     if row is not None:
+        row["gloo_loop"] = policy if args.coordinator else None
         row["gloo_loops_quieted"] = quieted
         _write(args.out, row)
     if args.coordinator:

@@ -28,7 +28,12 @@ environment variable ``ENABLE_SEARCH``:
 In a multi-process job (``jax.process_count() > 1``) process 0 alone searches (the
 others take part in its measurements) and stores, or alone reads the store; the activator
 (:mod:`disco_jax.activator`) broadcasts its enactment over the job's collective backend and
-every process runs it, or all fall back together with the same reason.
+every process runs it, or all fall back together with the same reason. On CPU, the first
+call in each process also moves gloo's event loop to ``SCHED_BATCH``
+(:func:`estimator.gloo.quiet_gloo_loops`; ``DISCO_GLOO_LOOP=idle`` or ``asis`` to choose
+otherwise): at the default policy the loop preempts the compute it shares a CPU with
+and costs every small collective a scheduler slice; ``disco bench``'s gloo setups, which
+the cost model is fitted to, run the same way.
 
 Before a stored program is trusted for the first time it is verified: it and
 ``jax.jit``'s program run once on the first call's arguments (nothing donated) and every
@@ -90,6 +95,9 @@ FLAG_ENV = "ENABLE_SEARCH"
 BUDGET_ENV = "DISCO_TIME_BUDGET"
 #: Memory budget of the search per device (a size, e.g. ``8GiB``; default: the device's).
 MEMORY_ENV = "DISCO_MEMORY_BUDGET"
+#: Scheduling of gloo's event loop in each process of a multi-process CPU job: ``batch``
+#: (default), ``idle`` or ``asis`` (:func:`estimator.gloo.quiet_gloo_loops`).
+GLOO_LOOP_ENV = "DISCO_GLOO_LOOP"
 #: Modes of :attr:`RunInfo.mode`.
 SEARCHED, STORED, FALLBACK = "searched", "stored", "fallback"
 #: Tolerances of the verification of a stored plan before it is first trusted.
@@ -141,6 +149,8 @@ class _Compiled(NamedTuple):
 _Tracer: Any = None  # jax.core.Tracer, set when the first wrapper is made (jax imported)
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
+_LOOP_LOCK = threading.Lock()
+_LOOP_DONE = False
 
 
 def _warn(name: str, reason: str) -> None:
@@ -161,6 +171,26 @@ def _flag() -> str | None:
         raise ValueError(f"{FLAG_ENV}={value!r}: use 1 (search and store), 0 (run the stored "
                          "program) or leave it unset (stored program if any)")
     return value
+
+
+def _settle_gloo_loop() -> None:
+    """Once per process of a multi-process CPU job: gloo's event loop at the policy of
+    :data:`GLOO_LOOP_ENV` (the same as every gloo setup of ``disco bench``, whose
+    measurements the cost model is fitted to)."""
+    global _LOOP_DONE
+    from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES, quiet_gloo_loops
+
+    policy = os.environ.get(GLOO_LOOP_ENV, "").strip() or DEFAULT_LOOP_POLICY
+    if policy not in LOOP_CHOICES:
+        raise ValueError(f"{GLOO_LOOP_ENV}={policy!r}: use one of {', '.join(LOOP_CHOICES)}")
+    with _LOOP_LOCK:
+        if _LOOP_DONE:
+            return
+        _LOOP_DONE = True
+        import jax
+
+        if policy != "asis" and jax.default_backend() == "cpu":
+            quiet_gloo_loops(policy)
 
 
 def _budget(time_budget_s: float | None) -> float | None:
@@ -313,6 +343,8 @@ class DiscoJitted:
         from hlo_tools.jax_bridge import lowered_text
 
         flag = _flag()
+        if _process_count() > 1:
+            _settle_gloo_loop()
         text = lowered_text(self._plain.lower(*args, **kwargs))
         source_fp = st.source_fingerprint(text)
         dynamic_kwargs = sorted(k for k in kwargs if k not in self._static_names)

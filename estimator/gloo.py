@@ -6,7 +6,8 @@ Used by the AllReduce microbenchmarks (:mod:`estimator.allreduce` and its worker
 * processes: :func:`child_env` (the environment of a CPU-only jax child),
   :func:`run_bounded` (run a command in its own process group, bounded in time),
   :func:`wait_all` (wait for the processes of a job, kill them after a deadline),
-  :func:`pin_to_own_cpu`, :func:`quiet_gloo_loops` (gloo's event loop at ``SCHED_IDLE``);
+  :func:`pin_to_own_cpu`, :func:`quiet_gloo_loops` (gloo's event loop at ``SCHED_BATCH`` or
+  ``SCHED_IDLE``);
 * network: :func:`free_port` on 127.0.0.1, :func:`in_private_netns` and
   :func:`set_loopback_rate` (``tc`` on ``lo``, only ever inside a private network
   namespace made with ``unshare -n``, so the host's network is never touched).
@@ -26,6 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
+    "DEFAULT_LOOP_POLICY",
+    "LOOP_CHOICES",
+    "LOOP_POLICIES",
     "child_env",
     "free_port",
     "gloo_loop_threads",
@@ -192,32 +196,53 @@ def gloo_loop_threads() -> list[int]:
     return sorted(out)
 
 
-def quiet_gloo_loops(attempts: int = 50) -> list[int]:
-    """Moves this process's gloo event loops to ``SCHED_IDLE``; returns their thread ids.
+#: How :func:`quiet_gloo_loops` may schedule gloo's loop: the Linux policy of each name.
+LOOP_POLICIES = {"batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+#: What every gloo job of this project does with its loops unless told otherwise
+#: (``disco bench --gloo-loop``, ``disco_jax.jit``'s ``DISCO_GLOO_LOOP``); ``"asis"``
+#: leaves them as jaxlib starts them.
+DEFAULT_LOOP_POLICY = "batch"
+#: Every value a caller may choose: leave the loops, or one of :data:`LOOP_POLICIES`.
+LOOP_CHOICES = ("asis", *LOOP_POLICIES)
 
-    Why: while a peer's message waits for this process to post its receive, gloo's TCP
-    loop polls ``epoll`` without sleeping. In a process with fewer cores than busy
-    threads (a process pinned to one CPU, or a host whose cores all compute) that
-    polling takes the CPU from the compute that would post the receive: on this 2-vCPU
-    VM, 2 processes pinned to a CPU each (``benchmarks/gloo_loop_probe.py``), 16
-    dependent all-reduces of 16 KiB took 6.3-6.8 ms (p90 26-31 ms), and the same with 4
-    small matmuls before each all-reduce 26 ms (6.5 ms of it compute); with the loops
-    at ``SCHED_IDLE`` 2.9 ms (p90 3.2-3.4) and 9.3 ms. An idle-class thread runs
-    whenever nothing else of the CPU wants to, which is when this process waits in a
-    collective, so messages are still read at once then.
 
-    The cost: while another thread of the process computes, an idle-class loop barely
-    runs, so a collective in flight beside compute stalls. A staged enactment (and a
-    program whose pool threads compute beside a slow all-reduce) loses its overlap: at
-    1 Gbit/s, rnnlm and bert large went from 1.28x and 1.36x over hand bucketing to
-    1.00x and 0.99x (``benchmarks/results/bench_large_1gbit_quiet_gloo.json``). Use it
-    where all-reduces are short next to compute and nothing overlaps them.
+def quiet_gloo_loops(policy: str = DEFAULT_LOOP_POLICY, attempts: int = 50) -> list[int]:
+    """Moves this process's gloo event loops to ``SCHED_BATCH`` (or ``SCHED_IDLE``);
+    returns their thread ids.
+
+    Why: gloo's TCP loop wakes on every message and, at the default policy, preempts
+    the thread it shares a CPU with; it then polls ``epoll`` without sleeping until the
+    scheduler takes the CPU back, a slice lost to the compute and to the collective
+    that would have consumed the message (likely because the preempted thread holds
+    the connection's lock, which the loop only tries to take). Nice levels do not help
+    (the loop still preempts); ``SCHED_BATCH``, which only stops wakeup preemption,
+    does (``benchmarks/gloo_loop_policies.py``). On this 2-vCPU VM, 2 processes pinned
+    to a CPU each (``benchmarks/gloo_loop_probe.py``): 16 dependent all-reduces of 16
+    KiB take 6.2-7.9 ms (p90 22-32 ms) with the loop as jaxlib leaves it, 2.7-2.8 ms
+    (p90 2.9-3.1 ms) at ``SCHED_BATCH`` and 2.7-2.9 ms at ``SCHED_IDLE``; with 4 small
+    matmuls before each all-reduce 24-27 ms, 9.1-9.2 ms and 9.4-9.5 ms.
+
+    Policies:
+        ``"batch"`` (default): the loop keeps its fair share of the CPU but never
+            preempts on wakeup; it runs when the CPU is free or the running thread's
+            slice ends. Collectives in flight beside compute keep going: at 1 Gbit/s
+            staged rnnlm and bert large keep their 1.27x and 1.32x over hand bucketing
+            (``benchmarks/results/bench_large_1gbit_gloo_loop.json``).
+        ``"idle"``: the loop runs only when nothing else of the CPU wants to. Quietest,
+            but a collective in flight beside compute stalls: at 1 Gbit/s the same
+            models went to 1.00x and 0.99x (``bench_large_1gbit_quiet_gloo.json``), and
+            an exact no-fusion program ran 129 ms against 44 ms.
 
     Call it after the backend has started (e.g. after ``jax.devices()``) in a process
     of a gloo job. Returns the loops it moved: an empty list where no loop was found
     (no gloo backend, or not Linux x86-64) or none could be moved; the process is then
     unchanged.
+
+    Raises:
+        ValueError: ``policy`` is not a key of :data:`LOOP_POLICIES`.
     """
+    if policy not in LOOP_POLICIES:
+        raise ValueError(f"unknown loop policy {policy!r}; valid: {', '.join(LOOP_POLICIES)}")
     tids: list[int] = []
     for _ in range(attempts):
         tids = gloo_loop_threads()
@@ -227,7 +252,7 @@ def quiet_gloo_loops(attempts: int = 50) -> list[int]:
     moved = []
     for tid in tids:
         try:
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(tid, LOOP_POLICIES[policy], os.sched_param(0))
         except OSError:  # the thread ended meanwhile
             continue
         moved.append(tid)

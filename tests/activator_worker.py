@@ -7,7 +7,8 @@ and writes what happened as JSON.
 ``DISCO_STORE`` (this process's store: the caller gives each process its own through
 ``DISCO_STORE_<pid>``) and ``ENABLE_SEARCH`` set by the caller. Writes
 ``DIR/p<pid>.json``: the losses of 5 steps of both, the ``last_run_info``, fallback
-warnings, how many times this process ran the search, what the vote said.
+warnings, how many times this process ran the search, what the vote said, the scheduling
+policies of its gloo event loops after the steps.
 """
 
 from __future__ import annotations
@@ -95,6 +96,18 @@ def _put_tampered(step, args, store: str) -> str:
     return enactment.fingerprint
 
 
+def _loop_policies() -> list[int]:
+    """Scheduling policies of this process's gloo event loops (found once idle)."""
+    from estimator.gloo import gloo_loop_threads
+
+    for _ in range(50):
+        tids = gloo_loop_threads()
+        if tids:
+            return [os.sched_getscheduler(t) for t in tids]
+        time.sleep(0.002)
+    return []
+
+
 def _verdicts(store: str) -> list:
     """The ``verified`` field of every record in a store (None: never verified)."""
     return [json.loads(p.read_text()).get("verified")
@@ -164,6 +177,7 @@ def main() -> None:
     out["warnings"] = [str(w.message) for w in caught
                        if issubclass(w.category, DiscoFallbackWarning)]
     out["searches"] = len(_searches)
+    out["gloo_loop_policies"] = _loop_policies()
     out["verdicts"] = _verdicts(store)
     out["store_entries"] = sorted(p.name for p in Path(store).glob("*") if p.is_dir()
                                   and not p.name.startswith("."))

@@ -19,6 +19,7 @@ def main() -> None:
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--process-id", type=int, required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--policy", default="batch")
     args = ap.parse_args()
     from estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
 
@@ -34,7 +35,7 @@ def main() -> None:
 
     before_backend = gloo_loop_threads()
     mesh = Mesh(np.array(jax.devices()), ("d",))  # starts the backend (and gloo's loop)
-    quieted = quiet_gloo_loops()
+    quieted = quiet_gloo_loops(args.policy)
     policies = {tid: os.sched_getscheduler(tid) for tid in quieted}
     others = [int(t) for t in os.listdir("/proc/self/task") if int(t) not in quieted]
     other_policies = {os.sched_getscheduler(t) for t in others
@@ -54,7 +55,7 @@ def main() -> None:
         want = want * 2.0 + 1.0
     Path(args.out).write_text(json.dumps({
         "before_backend": before_backend, "quieted": quieted,
-        "idle": [p == os.SCHED_IDLE for p in policies.values()],
+        "policies": list(policies.values()),
         "other_policies": sorted(other_policies),
         "max_abs_diff": float(np.max(np.abs(got - want)))}))
     jax.distributed.shutdown()

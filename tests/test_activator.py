@@ -70,6 +70,7 @@ def test_search_only_on_process_0_same_fingerprint(searched):
     assert p0["info"]["choice"] == p1["info"]["choice"]
     for row in rows:
         assert row["loss_disco"] == pytest.approx(row["loss_jax"], rel=1e-5)
+        assert row["gloo_loop_policies"] == [os.SCHED_BATCH]  # DISCO_GLOO_LOOP's default
 
 
 def test_only_process_0_has_the_plan(searched):
@@ -109,14 +110,18 @@ def test_mismatched_plan_all_fall_back(searched):
         assert "jax version" in row["info"]["reason"]
         assert any("jax version" in w for w in row["warnings"])
         assert row["loss_disco"] == row["loss_jax"]
+        assert row["gloo_loop_policies"] == [os.SCHED_BATCH]  # settled in a fallback too
     assert rows[0]["info"]["hlo_fingerprint"] == rows[1]["info"]["hlo_fingerprint"]
 
 
 def test_staged_enactment_runs_in_both(tmp_path):
-    """(d) A staged enactment in process 0's store runs in both, as jax.jit does."""
+    """(d) A staged enactment in process 0's store runs in both, as jax.jit does (here
+    with gloo's event loops left as jaxlib starts them: ``DISCO_GLOO_LOOP=asis``)."""
     stores = _stores(tmp_path, "staged")
-    rows = _job(tmp_path, stores, flag="0", extra=("--put-staged",))
+    rows = _job(tmp_path, stores, flag="0", extra=("--put-staged",),
+                env_extra={"DISCO_GLOO_LOOP": "asis"})
     for row in rows:
+        assert row["gloo_loop_policies"] == [os.SCHED_OTHER]
         assert row["info"]["mode"] == "stored", row["info"]
         assert row["info"]["choice"] == "staged_test"
         assert row["info"]["hlo_fingerprint"] == rows[0]["staged_fingerprint"]

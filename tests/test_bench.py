@@ -230,6 +230,8 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = _check_rows(out, "gloo2")
     assert row["facts"]["num_processes"] == 2
+    # gloo's event loop at SCHED_BATCH by default (process 0's row: its one loop)
+    assert (row["gloo_loop"], row["gloo_loops_quieted"]) == ("batch", 1)
     # staged candidates in both processes: the reference and the layouts process 0 picked
     staged = row["staged"]
     assert staged["reference"] in row["choice"]["medians_s"], row["choice"]
@@ -242,15 +244,15 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
         assert cal["combined_predicted_s"] == pytest.approx(cal["combined_wall_s"], rel=0.1)
 
 
-def test_disco_bench_quiet_gloo_runs_the_gloo_loops_idle(tmp_path):
+def test_disco_bench_gloo_loop_idle_runs_the_gloo_loops_idle(tmp_path):
     out = tmp_path / "bench.json"
     proc = _disco("bench", "--models", "vgg", "--setups", "gloo2", "--size", "tiny",
                   "--time-budget", "2", "--rounds", "2", "--choice-rounds", "2",
-                  "--min-sample-s", "0.01", "--quiet-gloo", "--out", str(out))
+                  "--min-sample-s", "0.01", "--gloo-loop", "idle", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = _check_rows(out, "gloo2")
-    assert row["gloo_loops_quieted"] == 1  # process 0's row: its one gloo device's loop
-    assert json.loads(out.read_text())["meta"]["quiet_gloo"] is True
+    assert (row["gloo_loop"], row["gloo_loops_quieted"]) == ("idle", 1)
+    assert json.loads(out.read_text())["meta"]["gloo_loop"] == "idle"
 
 
 def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
@@ -273,7 +275,7 @@ def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
     (["bench", "--predict-only"], "--hardware"),
     (["bench", "--pool-threads", "0"], "--pool-threads"),
     (["bench", "--chunk-bytes", "-1"], "--chunk-bytes"),
-    (["bench", "--quiet-gloo", "--staged", "auto"], "--quiet-gloo and --staged"),
+    (["bench", "--gloo-loop", "idle", "--staged", "auto"], "--gloo-loop idle and --staged"),
 ])
 def test_disco_bench_rejects_bad_arguments(argv, message, capsys, tmp_path):
     from disco_jax.cli import main

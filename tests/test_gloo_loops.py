@@ -1,4 +1,5 @@
-"""gloo's TCP event loop moved to ``SCHED_IDLE`` (:func:`estimator.gloo.quiet_gloo_loops`)
+"""gloo's TCP event loop moved to ``SCHED_BATCH`` or ``SCHED_IDLE``
+(:func:`estimator.gloo.quiet_gloo_loops`)
 in a real 2-process gloo job (worker: tests/gloo_loop_worker.py): the loop is found
 (one per process, none before the backend starts), only it changes class, and the
 job's all-reduces still compute the right values."""
@@ -12,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("gloo_loop_worker.py")
 
@@ -24,16 +27,20 @@ def test_no_gloo_loop_in_a_process_without_gloo():
     jax.devices()  # this process's backend (CPU, no gloo) is running
     assert gloo_loop_threads() == []
     assert quiet_gloo_loops(attempts=2) == []
+    with pytest.raises(ValueError, match="unknown loop policy 'nice'"):
+        quiet_gloo_loops("nice")
 
 
-def test_quiet_gloo_loop_in_a_two_process_job(tmp_path):
+@pytest.mark.parametrize("policy, want", [("batch", os.SCHED_BATCH), ("idle", os.SCHED_IDLE)])
+def test_quiet_gloo_loop_in_a_two_process_job(tmp_path, policy, want):
     from estimator.gloo import child_env, free_port, wait_all
 
     port = free_port()
     outs = [tmp_path / f"p{i}.json" for i in range(2)]
     procs = [subprocess.Popen([sys.executable, str(WORKER), "--coordinator",
                                f"127.0.0.1:{port}", "--process-id", str(i), "--out",
-                               str(outs[i])], env=child_env(1), cwd=str(ROOT),
+                               str(outs[i]), "--policy", policy], env=child_env(1),
+                              cwd=str(ROOT),
                               start_new_session=True)
              for i in range(2)]
     rcs = wait_all(procs, time.monotonic() + 180,
@@ -43,6 +50,6 @@ def test_quiet_gloo_loop_in_a_two_process_job(tmp_path):
         row = json.loads(out.read_text())
         assert row["before_backend"] == [], row
         assert len(row["quieted"]) == 1, row
-        assert row["idle"] == [True], row
+        assert row["policies"] == [want], row
         assert row["other_policies"] == [os.SCHED_OTHER], row
         assert row["max_abs_diff"] == 0.0, row

@@ -33,6 +33,7 @@ BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "b
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bench`` subcommand."""
     from disco_jax.bench import SETUPS
+    from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES
 
     parser = subparsers.add_parser(
         "bench", help="measure every baseline and DisCo side by side (Table 1)",
@@ -67,11 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: disco_jax.staged.POOL_THREADS)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin gloo processes to a CPU each")
-    parser.add_argument("--quiet-gloo", action="store_true",
-                        help="move gloo's TCP event loop of each gloo process to SCHED_IDLE "
-                             "(estimator.gloo.quiet_gloo_loops): its busy polling then no "
-                             "longer takes the pinned CPU from compute; not with --staged, "
-                             "whose all-reduces it starves")
+    parser.add_argument("--gloo-loop", choices=LOOP_CHOICES, default=DEFAULT_LOOP_POLICY,
+                        help="scheduling of gloo's TCP event loop in each gloo process "
+                             "(estimator.gloo.quiet_gloo_loops): batch never preempts the "
+                             "pinned CPU's compute, idle runs only when the CPU is free (not "
+                             "with --staged, whose all-reduces it starves), asis leaves it "
+                             "as jaxlib starts it (default: %(default)s)")
     parser.add_argument("--out", default="bench.json", help="rows as JSON (default: %(default)s)")
     parser.add_argument("--plot", default=None, help="PNG plot (default: OUT with .png)")
     parser.add_argument("--resume", action="store_true",
@@ -117,8 +119,8 @@ def run_bench(args: argparse.Namespace) -> int:
         for s in setups:
             if s not in SETUPS:
                 raise UserError(f"unknown setup {s!r}; valid: {', '.join(SETUPS)}")
-    if args.quiet_gloo and args.staged:
-        raise UserError("--quiet-gloo and --staged do not go together: a staged "
+    if args.gloo_loop == "idle" and args.staged:
+        raise UserError("--gloo-loop idle and --staged do not go together: a staged "
                         "enactment's all-reduces need gloo's event loop while compute runs")
     if args.pool_threads is not None and args.pool_threads < 1:
         raise UserError(f"--pool-threads must be >= 1, got {args.pool_threads}")
@@ -140,7 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
             spec = {"model": model, "setup": setup, "size": args.size, "seed": args.seed,
                     "time_budget_s": budget, "top_k": args.top_k, "rounds": args.rounds,
                     "choice_rounds": args.choice_rounds, "min_sample_s": args.min_sample_s,
-                    "pin_cpus": not args.no_pin, "quiet_gloo": args.quiet_gloo,
+                    "pin_cpus": not args.no_pin, "gloo_loop": args.gloo_loop,
                     "staged": [c for c in args.staged.split(",") if c],
                     **_staged_settings(args)}
             if args.predict_only:
@@ -181,7 +183,7 @@ def _document(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace,
                      else "disco bench", "size": args.size, "time_budget_s": budget,
                      "rounds": args.rounds, "choice_rounds": args.choice_rounds,
                      "top_k": args.top_k, "pin_cpus": not args.no_pin,
-                     "quiet_gloo": args.quiet_gloo,
+                     "gloo_loop": args.gloo_loop,
                      **_staged_settings(args), "jax_version": jax.__version__,
                      "machine": platform.platform(),
                      "written": time.strftime("%Y-%m-%dT%H:%M:%S")}}
