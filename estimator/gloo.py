@@ -196,8 +196,9 @@ def gloo_loop_threads() -> list[int]:
     return sorted(out)
 
 
-#: How :func:`quiet_gloo_loops` may schedule gloo's loop: the Linux policy of each name.
-LOOP_POLICIES = {"batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+#: How :func:`quiet_gloo_loops` may schedule gloo's loop: the Linux policy of each name
+#: (Linux's numbers where ``os`` lacks the names; no loop is ever found there).
+LOOP_POLICIES = {"batch": getattr(os, "SCHED_BATCH", 3), "idle": getattr(os, "SCHED_IDLE", 5)}
 #: What every gloo job of this project does with its loops unless told otherwise
 #: (``disco bench --gloo-loop``, ``disco_jax.jit``'s ``DISCO_GLOO_LOOP``); ``"asis"``
 #: leaves them as jaxlib starts them.
