@@ -30,15 +30,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
-K, SECONDS, PASSES = 16, 5.0, 2
+SECONDS, PASSES = 5.0, 2
 POLICIES = ("asis", "nice10", "nice19", "batch", "idle")
 
 
@@ -58,57 +56,22 @@ def worker(process_id: int, port: int, out: str, policies: list[str]) -> None:
 
     pin_to_own_cpu(process_id)
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    from jax.experimental import multihost_utils
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import Mesh
+
+    from benchmarks.gloo_loop_probe import make_programs, time_program
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
-    mesh = Mesh(np.array(jax.devices()), ("d",))
-    sharded = NamedSharding(mesh, P("d"))
-    x = jax.make_array_from_process_local_data(sharded, np.ones((4096,), np.float32))
-    big = jax.make_array_from_process_local_data(sharded, np.ones((1 << 20,), np.float32))
-    w_host = np.random.RandomState(0).rand(192, 192).astype(np.float32)
-    w = jax.make_array_from_process_local_data(NamedSharding(mesh, P()), w_host)
-    w_local = jax.device_put(w_host, jax.local_devices()[0])
-
-    def chain(x):
-        for _ in range(K):
-            x = jax.lax.pmean(x, "d") * 1.0001 + 1.0
-        return x
-
-    def mixed(x, w):
-        for _ in range(K):
-            for _ in range(4):
-                w = jnp.tanh(w @ w * 0.01)
-            x = jax.lax.pmean(x + w[0, :16].sum(), "d")
-        return x, w
-
-    def compute(w):
-        for _ in range(4 * K):
-            w = jnp.tanh(w @ w * 0.01)
-        return w
-
-    f_chain = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
-    f_mixed = jax.jit(jax.shard_map(mixed, mesh=mesh, in_specs=(P("d"), P()),
-                                    out_specs=(P("d"), P())))
-    f_big = jax.jit(jax.shard_map(lambda b: jax.lax.pmean(b, "d") * 0.5, mesh=mesh,
-                                  in_specs=P("d"), out_specs=P("d")))
-    f_compute = jax.jit(compute)
+    programs = make_programs(Mesh(np.array(jax.devices()), ("d",)))
 
     def overlap():
-        side = threading.Thread(target=lambda: f_compute(w_local).block_until_ready())
+        side = threading.Thread(target=programs["compute"])
         side.start()
-        f_big(big).block_until_ready()
+        programs["big"]()
         side.join()
 
-    programs = {"chain": lambda: f_chain(x).block_until_ready(),
-                "mixed": lambda: f_mixed(x, w)[0].block_until_ready(),
-                "big": lambda: f_big(big).block_until_ready(),
-                "compute": lambda: f_compute(w_local).block_until_ready(),
-                "overlap": overlap}
+    programs["overlap"] = overlap
     for fn in programs.values():
         fn()
     loops = gloo_loop_threads()
@@ -121,38 +84,22 @@ def worker(process_id: int, port: int, out: str, policies: list[str]) -> None:
             for name, fn in programs.items():
                 if process_id == 0:
                     print(f"pass {rep}, {policy}: {name}", file=sys.stderr, flush=True)
-                multihost_utils.sync_global_devices(f"{rep}{policy}{name}")
-                times = []
-                end = time.perf_counter() + SECONDS
-                while time.perf_counter() < end:
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
                 rows.append({"pass": rep, "policy": policy, "program": name,
-                             "calls": len(times), "median_s": float(np.median(times)),
-                             "p90_s": float(np.percentile(times, 90))})
+                             **time_program(fn, SECONDS, f"{rep}{policy}{name}")})
     if process_id == 0:
         Path(out).write_text(json.dumps({"rows": rows}))
     jax.distributed.shutdown()
 
 
 def run(rate: str, parent_netns: str, policies: str) -> int:
-    from estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
+    from benchmarks.gloo_loop_probe import run_workers
+    from estimator.gloo import child_env, set_loopback_rate
     from hlo_tools.dirs import write_atomic
 
     qdisc = set_loopback_rate(rate, parent_netns, burst="128kb") if rate else ""
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="gloo_loop_policies_") as tmp:
-        part = Path(tmp) / "p0.json"
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), str(port),
-                                   str(part), policies], env=child_env(1, {"NPROC": "2"}))
-                 for i in range(2)]
-        rcs = wait_all(procs, time.monotonic() + 900,
-                       lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
-        if any(rcs):
-            print(f"workers exited with {rcs}", file=sys.stderr)
-            return 1
-        result = json.loads(part.read_text())
+    result = run_workers(__file__, [policies], child_env(1, {"NPROC": "2"}), 900)
+    if result is None:
+        return 1
     result["rate"], result["qdisc"] = rate, qdisc
     print(f"{'pass':>4} {'policy':7} {'program':8} {'median ms':>10} {'p90 ms':>8}")
     for r in result["rows"]:

@@ -32,23 +32,15 @@ OUT = ROOT / "benchmarks" / "results" / "gloo_loop_probe.json"
 K, SECONDS, PASSES = 16, 8.0, 2
 
 
-def worker(process_id: int, port: int, out: str) -> None:
-    from estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
-
-    pin_to_own_cpu(process_id)
+def make_programs(mesh) -> dict:
+    """The probe's programs on ``mesh`` (a 1-axis mesh ``"d"`` over the job's devices),
+    each a callable of no arguments that runs once and blocks: ``chain``, ``mixed``,
+    ``compute`` (see the module's docstring) and ``big`` (one all-reduce of 4 MiB)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental import multihost_utils
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
-    mesh = Mesh(np.array(jax.devices()), ("d",))
-    loops = quiet_gloo_loops("idle")  # found once; set back and forth below
-    if not loops:
-        raise SystemExit("no gloo event loop found")
 
     def chain(x):
         for _ in range(K):
@@ -67,18 +59,56 @@ def worker(process_id: int, port: int, out: str) -> None:
             w = jnp.tanh(w @ w * 0.01)
         return w
 
+    sharded = NamedSharding(mesh, P("d"))
     f_chain = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
     f_mixed = jax.jit(jax.shard_map(mixed, mesh=mesh, in_specs=(P("d"), P()),
                                     out_specs=(P("d"), P())))
+    f_big = jax.jit(jax.shard_map(lambda b: jax.lax.pmean(b, "d") * 0.5, mesh=mesh,
+                                  in_specs=P("d"), out_specs=P("d")))
     f_compute = jax.jit(compute)
-    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
-                                               np.ones((4096,), np.float32))
+    x = jax.make_array_from_process_local_data(sharded, np.ones((4096,), np.float32))
+    big = jax.make_array_from_process_local_data(sharded, np.ones((1 << 20,), np.float32))
     w_host = np.random.RandomState(0).rand(192, 192).astype(np.float32)
     w = jax.make_array_from_process_local_data(NamedSharding(mesh, P()), w_host)
     w_local = jax.device_put(w_host, jax.local_devices()[0])
-    programs = {"chain": lambda: f_chain(x).block_until_ready(),
-                "mixed": lambda: f_mixed(x, w)[0].block_until_ready(),
-                "compute": lambda: f_compute(w_local).block_until_ready()}
+    return {"chain": lambda: f_chain(x).block_until_ready(),
+            "mixed": lambda: f_mixed(x, w)[0].block_until_ready(),
+            "big": lambda: f_big(big).block_until_ready(),
+            "compute": lambda: f_compute(w_local).block_until_ready()}
+
+
+def time_program(fn, seconds: float, tag: str) -> dict:
+    """Calls ``fn`` again and again for ``seconds`` after a barrier of every process
+    (``tag`` names it); returns ``calls``, ``median_s`` and ``p90_s`` per call."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(tag)
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"calls": len(times), "median_s": float(np.median(times)),
+            "p90_s": float(np.percentile(times, 90))}
+
+
+def worker(process_id: int, port: int, out: str) -> None:
+    from estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
+
+    pin_to_own_cpu(process_id)
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    loops = quiet_gloo_loops("idle")  # found once; set back and forth below
+    if not loops:
+        raise SystemExit("no gloo event loop found")
+    programs = {name: fn for name, fn in make_programs(mesh).items() if name != "big"}
     for fn in programs.values():
         fn()
     rows = []
@@ -90,37 +120,39 @@ def worker(process_id: int, port: int, out: str) -> None:
             for name, fn in programs.items():
                 if process_id == 0:
                     print(f"pass {rep}, loop {loop}: {name}", file=sys.stderr, flush=True)
-                multihost_utils.sync_global_devices(f"{rep}{loop}{name}")
-                times = []
-                end = time.perf_counter() + SECONDS
-                while time.perf_counter() < end:
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
-                rows.append({"pass": rep, "loop": loop, "program": name, "calls": len(times),
-                             "median_s": float(np.median(times)),
-                             "p90_s": float(np.percentile(times, 90))})
+                rows.append({"pass": rep, "loop": loop, "program": name,
+                             **time_program(fn, SECONDS, f"{rep}{loop}{name}")})
     if process_id == 0:
         Path(out).write_text(json.dumps({"rows": rows, "loops_found": len(loops),
                                          "loop_found_again": gloo_loop_threads() == loops}))
     jax.distributed.shutdown()
 
 
-def main() -> int:
-    from estimator.gloo import child_env, free_port, wait_all
-    from hlo_tools.dirs import write_atomic
+def run_workers(script: str, extra: list[str], env: dict, timeout_s: float) -> dict | None:
+    """Runs ``script --worker <pid> <port> <out> *extra`` as a 2-process job; returns what
+    process 0 wrote to ``out`` (JSON), or None (said on stderr) when a worker failed."""
+    from estimator.gloo import free_port, wait_all
 
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="gloo_loop_probe_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gloo_loop_") as tmp:
         part = Path(tmp) / "p0.json"
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), str(port),
-                                   str(part)], env=child_env(1)) for i in range(2)]
-        rcs = wait_all(procs, time.monotonic() + 600,
+        procs = [subprocess.Popen([sys.executable, script, "--worker", str(i), str(port),
+                                   str(part), *extra], env=env) for i in range(2)]
+        rcs = wait_all(procs, time.monotonic() + timeout_s,
                        lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
         if any(rcs):
             print(f"workers exited with {rcs}", file=sys.stderr)
-            return 1
-        result = json.loads(part.read_text())
+            return None
+        return json.loads(part.read_text())
+
+
+def main() -> int:
+    from estimator.gloo import child_env
+    from hlo_tools.dirs import write_atomic
+
+    result = run_workers(__file__, [], child_env(1), 600)
+    if result is None:
+        return 1
     print(f"{'pass':>4} {'loop':11} {'program':8} {'median ms':>10} {'p90 ms':>8}")
     for r in result["rows"]:
         print(f"{r['pass']:>4} {r['loop']:11} {r['program']:8} {r['median_s'] * 1e3:>10.2f} "
