@@ -41,11 +41,11 @@ POLICIES = ("asis", "nice10", "nice19", "batch", "idle")
 
 
 def set_policy(tids: list[int], policy: str) -> None:
+    from estimator.gloo import LOOP_POLICIES
+
     for tid in tids:
-        if policy == "idle":
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        elif policy == "batch":
-            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        if policy in LOOP_POLICIES:
+            os.sched_setscheduler(tid, LOOP_POLICIES[policy], os.sched_param(0))
         else:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
             os.setpriority(os.PRIO_PROCESS, tid, 0 if policy == "asis" else int(policy[4:]))
