@@ -78,15 +78,25 @@ def make_programs(mesh) -> dict:
 
 
 def time_program(fn, seconds: float, tag: str) -> dict:
-    """Calls ``fn`` again and again for ``seconds`` after a barrier of every process
-    (``tag`` names it); returns ``calls``, ``median_s`` and ``p90_s`` per call."""
+    """Calls ``fn`` about ``seconds`` long after a barrier of every process (``tag`` names
+    it); returns ``calls``, ``median_s`` and ``p90_s`` per call.
+
+    Every process makes the same number of calls (process 0's count from 5 pilot calls):
+    a deadline read on each process's own clock let one process start a call with a
+    collective that the other never joined, and the job hung (session 20's hangs).
+    """
     import numpy as np
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices(tag)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        fn()
+    per_call = (time.perf_counter() - t0) / 5
+    calls = int(multihost_utils.broadcast_one_to_all(
+        np.int32(max(1, min(1 << 20, round(seconds / max(per_call, 1e-6)))))))
     times = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    for _ in range(calls):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
