@@ -41,6 +41,7 @@ from estimator import op_bench
 from estimator import profiler as pr
 from estimator.hardware import HardwareConfig
 from estimator.interface import FallbackFusedEstimator
+from estimator.probes import tuple_allreduce_programs, tuple_buffer_latency
 from hlo_tools.ir import HloModule
 
 __all__ = [
@@ -122,15 +123,18 @@ class InContext(NamedTuple):
             ``bucketed`` baseline with one bucket), as the module XLA runs (None: not
             measured).
         fused_wall_s: its untraced seconds per iteration (None: not measured).
-        combined: the no-fusion program compiled as plans are but with XLA's all-reduce
-            combiner on (the same kernels, every gradient in XLA's one variadic
-            all-reduce), as the module XLA runs. Measured in multi-process jobs only
-            (None: not measured): there each buffer of the combined collective is a
-            network all-reduce of its own. In one process it is a rendezvous of the
-            device threads, and the extra fitted to it there (-0.02 to 0.15 ms per
-            buffer on 4 held-out steps) was noise that made XLA's default up to 85%
-            too slow in the held-out benchmark.
-        combined_wall_s: its untraced seconds per iteration (None: not measured).
+        tuple_buffers: how many buffers the tuple probe's all-reduce has: the program's
+            gradients, each its own buffer of one all-reduce, as XLA's combiner writes
+            them (None: not measured).
+        tuple_wall_s: seconds of that all-reduce alone in a program
+            (:func:`estimator.probes.tuple_allreduce_programs`; None: not measured).
+            Measured in multi-process jobs only: there each buffer of a combined
+            collective is a network all-reduce of its own. In one process it is a
+            rendezvous of the device threads (the extra fitted there, -0.02 to 0.15 ms
+            per buffer on 4 held-out steps, was noise that made XLA's default up to 85%
+            too slow in the held-out benchmark).
+        flat_wall_s: seconds of one flat all-reduce of the same bytes alone in a program
+            (None: not measured).
 
     The times are medians of interleaved samples (in a job, per sample the minimum over
     processes).
@@ -142,8 +146,9 @@ class InContext(NamedTuple):
     one_bucket_wall_s: float
     fused: HloModule | None = None
     fused_wall_s: float | None = None
-    combined: HloModule | None = None
-    combined_wall_s: float | None = None
+    tuple_buffers: int | None = None
+    tuple_wall_s: float | None = None
+    flat_wall_s: float | None = None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
@@ -152,7 +157,8 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
     and times it beside the same program with one gradient bucket, compiled once with
     nothing fused and once with XLA's op fusion, and in a multi-process job beside the
-    first program with XLA's all-reduce combiner on (see :class:`InContext`).
+    tuple probe: the gradients' combined all-reduce alone, against one flat buffer of
+    the same bytes (see :class:`InContext`).
 
     Args:
         step: the train step (its calling convention).
@@ -174,12 +180,14 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             for name, m in (("no_fusion", module), ("one_bucket", one))}
     runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
                                           compiler_options=_fused_options())
+    buffers = [int(graph.out_bytes[i]) for i in graph.gradient_allreduces]
     if sync is not None and several:
-        runs["combined"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(module),
-                                                 exact=False,
-                                                 compiler_options=_combined_options(library))
+        probe = tuple_allreduce_programs(buffers)
+        runs["tuple"] = lambda *_: probe.run_tuple()
+        runs["flat"] = lambda *_: probe.run_flat()
     return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
-                         rounds=rounds, sync=sync, buckets_differ=several)
+                         rounds=rounds, sync=sync, buckets_differ=several,
+                         tuple_buffers=len(buffers) if "tuple" in runs else None)
 
 
 def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
@@ -248,16 +256,6 @@ def _fused_options() -> dict[str, Any]:
     return bl.baseline_options(bl.BUCKETED, jax.default_backend())
 
 
-def _combined_options(library: bool) -> dict[str, Any]:
-    """XLA's options for the combined program of :class:`InContext`: a plan's, with
-    XLA's all-reduce combiner on."""
-    import jax
-
-    from hlo_tools import baselines as bl
-
-    return bl.combined_plan_options(jax.default_backend(), library=library)
-
-
 #: At most this many more rounds of in-context timings while they are inconsistent
 #: (:func:`inconsistent_walls`).
 REMEASURE_INCONSISTENT = 2
@@ -275,10 +273,12 @@ def inconsistent_walls(walls: Mapping[str, Sequence[float]]) -> bool:
 
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   one: HloModule, *, iterations: int, warmup: int, rounds: int,
-                  sync: Sync | None, buckets_differ: bool) -> InContext:
+                  sync: Sync | None, buckets_differ: bool,
+                  tuple_buffers: int | None = None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
     program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
-    ``runs["combined"]``, all called on ``args``. With ``buckets_differ`` (the program
+    the tuple probe ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers),
+    all called on ``args``. With ``buckets_differ`` (the program
     has two gradient all-reduces or more), timings that are :func:`inconsistent_walls`
     get up to :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled
     (every process of a job sees the same samples, so all decide alike)."""
@@ -292,13 +292,14 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
             break
         more = measure(runs, args, rounds=rounds, sync=sync, tag=f"in_context_{again}")
         walls = {name: [*walls[name], *more[name]] for name in walls}
-    combined = runs.get("combined")
+    probed = "tuple" in runs and tuple_buffers is not None
     return InContext(profile, statistics.median(walls["no_fusion"]), one,
                      statistics.median(walls["one_bucket"]),
                      bl.module_from_compiled(runs["fused"]),
                      statistics.median(walls["fused"]),
-                     None if combined is None else bl.module_from_compiled(combined),
-                     None if combined is None else statistics.median(walls["combined"]))
+                     tuple_buffers if probed else None,
+                     statistics.median(walls["tuple"]) if probed else None,
+                     statistics.median(walls["flat"]) if probed else None)
 
 
 def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
@@ -366,10 +367,10 @@ class Calibration(NamedTuple):
         fused_predicted_s: the same, predicted after the fit (None: not measured).
         d_tuple_extra_s: the extra latency of each buffer of a variadic all-reduce
             (:attr:`estimator.allreduce.AllReduceModel.d_tuple_extra_s`; the hardware
-            file's when XLA's combined program was not measured).
-        combined_wall_s: XLA's combined no-fusion program, measured seconds per
-            iteration (None: not measured).
-        combined_predicted_s: the same, predicted after the fit (None: not measured).
+            file's when the tuple probe was not measured).
+        tuple_latency_s: the latency each buffer of a combined all-reduce paid in the
+            tuple probe (:func:`estimator.probes.tuple_buffer_latency`), seconds (None:
+            not measured).
     """
 
     d_s: float
@@ -380,8 +381,7 @@ class Calibration(NamedTuple):
     fused_wall_s: float | None = None
     fused_predicted_s: float | None = None
     d_tuple_extra_s: float = 0.0
-    combined_wall_s: float | None = None
-    combined_predicted_s: float | None = None
+    tuple_latency_s: float | None = None
 
 
 #: Range of the fitted fused-op scale.
@@ -410,12 +410,15 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        simulated time is affine in the scale: solved once and refined once, clamped to
        :data:`FUSED_SCALE_BOUNDS`.
     3. The extra latency of each buffer of a variadic all-reduce
-       (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the combined
-       program when it was measured: the first program's kernels, every gradient in
-       XLA's one variadic all-reduce, so what its time differs by from the first
-       program is what XLA:CPU's combined collective costs per buffer beyond separate
-       ones. Affine in the extra: solved once and refined once; each buffer's latency
-       stays >= 0.
+       (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
+       probe when it was measured: XLA:CPU reduces the buffers of a combined
+       all-reduce one after the other, each paying gloo's bare latency
+       (:func:`estimator.probes.tuple_buffer_latency`), where a gradient all-reduce
+       between computations pays ``D``; the extra is the difference, so each buffer's
+       latency stays >= 0. (Fitting it instead to the no-fusion program with XLA's
+       combiner on, as before, gave every buffer about ``D``: 0.24 ms on mixer in
+       gloo2 where the probe and XLA's default's traced all-reduce both show
+       0.17 ms, and XLA's default came out 20-40% too slow.)
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`cover`, before any fit, so that every fit sees the same op
@@ -432,11 +435,8 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     from disco_jax.simulator import simulate
 
     has_fused = measured.fused is not None and measured.fused_wall_s is not None
-    has_combined = measured.combined is not None and measured.combined_wall_s is not None
     if has_fused and bench:
         cover(costs, measured.fused)
-    if has_combined and bench:
-        cover(costs, measured.combined)
     modules = (module, measured.one_bucket)
     want = np.array([measured.wall_s, measured.one_bucket_wall_s])
     s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
@@ -475,18 +475,16 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
         fused, fused_got = _fit_affine(
             lambda f: time_of(measured.fused, model(*x, f)), measured.fused_wall_s, fused,
             lambda f: 0.5 * f, *FUSED_SCALE_BOUNDS)
-    extra, combined_got = costs.hardware.allreduce.d_tuple_extra_s, None
-    if has_combined:
-        # below -D every buffer's latency is already 0: nothing more to take off
-        step_s = max(1e-4, 0.25 * float(x[1]))
-        extra, combined_got = _fit_affine(
-            lambda e: time_of(measured.combined, model(*x, fused, e)),
-            measured.combined_wall_s, extra, lambda e: step_s, -float(x[1]), 1.0)
+    extra, per_buffer = costs.hardware.allreduce.d_tuple_extra_s, None
+    if (measured.tuple_buffers or 0) >= 2 and measured.tuple_wall_s is not None \
+            and measured.flat_wall_s is not None:
+        per_buffer = tuple_buffer_latency(measured.tuple_wall_s, measured.flat_wall_s,
+                                          measured.tuple_buffers)
+        extra = per_buffer - float(x[1])
     cm = model(*x, fused, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
-                           measured.fused_wall_s, fused_got, extra,
-                           measured.combined_wall_s, combined_got)
+                           measured.fused_wall_s, fused_got, extra, per_buffer)
 
 
 def _fit_affine(time_at: Callable[[float], float], want: float, x: float,

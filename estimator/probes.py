@@ -9,6 +9,12 @@ the same programs in the same order, so their collectives pair up.
   what a gradient all-reduce costs in a train step. On gloo it is far larger than an
   isolated microbenchmark's latency (one scheduler tick, about 3.8 ms on 2 vCPUs, against
   0.1 ms), which is why the hardware files carry it.
+* **Per-buffer latency of a combined all-reduce**: one all-reduce of a tuple of buffers
+  (as XLA's combiner writes them; XLA:CPU reduces each buffer on its own) against one
+  flat buffer of the same bytes (:func:`tuple_allreduce_programs`,
+  :func:`tuple_buffer_latency`). Back to back, each buffer pays gloo's bare latency;
+  a gradient all-reduce between computations pays more (the wait for the other
+  process, a wakeup), so the two differ and the cost model needs both.
 * **Overlap** ``phi``: a ``pmean`` program, an independent compute program (a chain of
   matmuls sized to take about as long), and one program computing both. In the
   simulator's model compute runs at rate ``phi`` while an all-reduce is in flight, so
@@ -27,7 +33,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ProbeResult", "measure_probes", "overlap_from_times", "latency_from_chains"]
+__all__ = [
+    "ProbeResult",
+    "TupleProbe",
+    "latency_from_chains",
+    "measure_probes",
+    "overlap_from_times",
+    "tuple_allreduce_programs",
+    "tuple_buffer_latency",
+]
 
 
 class ProbeResult(NamedTuple):
@@ -70,6 +84,72 @@ def latency_from_chains(chain_s: dict[int, float]) -> float:
     ts = np.array([chain_s[int(k)] for k in ks], dtype=np.float64)
     slope = np.polyfit(ks, ts, 1)[0] if len(ks) > 1 else ts[0] / ks[0]
     return max(0.0, float(slope))
+
+
+def tuple_buffer_latency(tuple_s: float, flat_s: float, buffers: int) -> float:
+    """Seconds each buffer of a combined all-reduce pays beyond the bytes it moves.
+
+    One all-reduce of ``buffers`` buffers took ``tuple_s``; one flat buffer of the same
+    bytes took ``flat_s``. With ``T_tuple = C * B + n * d`` and ``T_flat = C * B + d``
+    (an all-reduce alone in its program pays the same bare latency as a buffer of a
+    combined one): ``d = (T_tuple - T_flat) / (n - 1)``, at least 0.
+
+    Raises:
+        ValueError: fewer than 2 buffers (nothing to tell the two apart).
+    """
+    if buffers < 2:
+        raise ValueError(f"need at least 2 buffers, got {buffers}")
+    return max(0.0, (tuple_s - flat_s) / (buffers - 1))
+
+
+class TupleProbe(NamedTuple):
+    """The two programs of the tuple probe (:func:`tuple_allreduce_programs`).
+
+    Attributes:
+        run_tuple: dispatches the combined all-reduce once on its inputs (placed once)
+            and returns its outputs.
+        run_flat: the same for the flat all-reduce.
+        tuple_text: the compiled (post-optimization) HLO text of the first program.
+        flat_text: the same of the second.
+    """
+
+    run_tuple: Callable[[], Any]
+    run_flat: Callable[[], Any]
+    tuple_text: str
+    flat_text: str
+
+
+def tuple_allreduce_programs(buffer_bytes: Sequence[int]) -> TupleProbe:
+    """Two programs on all of jax's devices (a 1-D mesh), compiled as ``jax.jit``
+    compiles them: one ``pmean`` of ``float32`` buffers of ``buffer_bytes`` bytes per
+    device each, which XLA's all-reduce combiner turns into one all-reduce of a tuple of
+    buffers (as in XLA's default compilation of a train step: the same buffers, the same
+    combiner and threshold), and one ``pmean`` of a single flat buffer of the same bytes.
+
+    Args:
+        buffer_bytes: bytes per device of each buffer (rounded up to whole floats).
+    """
+    import jax
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    sharding = NamedSharding(mesh, P("d"))
+    sizes = [max(1, -(-int(b) // 4)) for b in buffer_bytes]
+
+    def local(n: int) -> Any:
+        return jax.make_array_from_process_local_data(
+            sharding, np.ones((n * jax.local_device_count(),), np.float32))
+
+    bufs = tuple(local(n) for n in sizes)
+    flat = local(sum(sizes))
+    tuple_c = jax.jit(jax.shard_map(lambda *xs: lax.pmean(xs, "d"), mesh=mesh,
+                                    in_specs=P("d"), out_specs=P("d"))).lower(*bufs).compile()
+    flat_c = jax.jit(jax.shard_map(lambda x: lax.pmean(x, "d"), mesh=mesh, in_specs=P("d"),
+                                   out_specs=P("d"))).lower(flat).compile()
+    return TupleProbe(lambda: tuple_c(*bufs), lambda: flat_c(flat), tuple_c.as_text(),
+                      flat_c.as_text())
 
 
 def _median_times(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int) -> list[float]:

@@ -219,3 +219,30 @@ def test_child_env_and_network_helpers(monkeypatch) -> None:
     assert gloo.run_bounded([sys.executable, "-c", code], os.environ, 30, check=False) == 5
     with pytest.raises(RuntimeError, match="status 5"):
         gloo.run_bounded([sys.executable, "-c", code], os.environ, 30)
+
+
+def test_tuple_buffer_latency_is_the_slope_per_extra_buffer() -> None:
+    from estimator.probes import tuple_buffer_latency
+
+    # C*B = 1 ms, d = 0.2 ms: 10 buffers take 1 + 10 * 0.2 = 3 ms, one flat 1.2 ms
+    assert tuple_buffer_latency(3.0e-3, 1.2e-3, 10) == pytest.approx(0.2e-3)
+    assert tuple_buffer_latency(1.0e-3, 1.2e-3, 10) == 0.0  # noise below the flat one
+    with pytest.raises(ValueError, match="at least 2"):
+        tuple_buffer_latency(1.0, 1.0, 1)
+
+
+def test_tuple_allreduce_programs_one_variadic_all_reduce_and_one_flat() -> None:
+    import numpy as np
+
+    from estimator.probes import tuple_allreduce_programs
+
+    probe = tuple_allreduce_programs([16, 4096, 6])  # 6 B: 2 floats
+    got = probe.run_tuple()
+    assert [x.shape for x in got] == [(4 * 4,), (4 * 1024,), (4 * 2,)]
+    assert all(np.all(np.asarray(x) == 1.0) for x in got)
+    assert probe.run_flat().shape == (4 * (4 + 1024 + 2),)
+    # what runs: one all-reduce of the three buffers (XLA's combiner), one of one buffer
+    for text, buffers in ((probe.tuple_text, 3), (probe.flat_text, 1)):
+        ops = [line for line in text.splitlines() if " all-reduce(" in line]
+        assert len(ops) == 1, text
+        assert ops[0].split("=")[1].split("all-reduce(")[0].count("f32[") == buffers, text

@@ -171,8 +171,8 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert costs.constants.fused_scale == cal.fused_scale
     if lo < cal.fused_scale < hi:
         assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
-    # one process: no combined program, the hardware file's extra (0) stays
-    assert measured.combined is None and cal.combined_wall_s is None
+    # one process: no tuple probe, the hardware file's extra (0) stays
+    assert measured.tuple_wall_s is None and cal.tuple_latency_s is None
     assert cal.d_tuple_extra_s == costs.hardware.allreduce.d_tuple_extra_s == 0.0
     again, _ = calibrate_in_context(costs, module, measured)
     assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
@@ -236,12 +236,11 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     staged = row["staged"]
     assert staged["reference"] in row["choice"]["medians_s"], row["choice"]
     assert staged["unshared_bound"]["layout"] in row["choice"]["medians_s"], row["choice"]
-    # two processes: the combined program was measured and the extra fitted to it (it
-    # matches unless the extra reached its bound, where every buffer's latency is 0)
+    # two processes: the tuple probe was measured; each buffer of a combined all-reduce
+    # pays its per-buffer latency, D plus the extra
     cal = row["calibration"]
-    assert cal["combined_wall_s"] > 0 and cal["combined_predicted_s"] > 0
-    if cal["d_tuple_extra_s"] > -cal["d_s"]:
-        assert cal["combined_predicted_s"] == pytest.approx(cal["combined_wall_s"], rel=0.1)
+    assert cal["tuple_latency_s"] >= 0
+    assert cal["d_s"] + cal["d_tuple_extra_s"] == pytest.approx(cal["tuple_latency_s"])
 
 
 def test_disco_bench_gloo_loop_idle_runs_the_gloo_loops_idle(tmp_path):

@@ -343,9 +343,6 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     if cal.fused_wall_s is not None:
         wall["xla_fused_one_bucket"] = cal.fused_wall_s
         predicted["xla_fused_one_bucket"] = cal.fused_predicted_s
-    if cal.combined_wall_s is not None:
-        wall["xla_combined"] = cal.combined_wall_s
-        predicted["xla_combined"] = cal.combined_predicted_s
     return costs, {"profiled": True, "devices": len(measured.profile.per_device_s) or 1,
                    "platform": platform, "wall_s": wall, "predicted_s": predicted,
                    "d_s": cal.d_s, "compute_scale": cal.compute_scale,
