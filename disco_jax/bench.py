@@ -14,10 +14,14 @@ touched). Every process of a job:
    sweep) and the plans (``exact=True`` with library dots);
 5. **final choice**: the plans, the bucketed sweep and ``xla_default`` run interleaved for
    a few rounds; the fastest is DisCo's choice (a plan is never chosen when a baseline
-   measured faster), the fastest bucketed program is the ``bucketed`` baseline;
+   measured faster), the fastest bucketed program is the ``bucketed`` baseline. The
+   in-context fit's programs run in the same rounds (they are not candidates);
 6. **bench**: the six programs (four baselines, ``bucketed``, DisCo's choice) run
    interleaved in fresh rounds (so the choice's selection does not bias the figures);
-7. process 0 predicts every program with the same cost model and writes the row.
+7. process 0 fits the cost model again on the fit's programs with their samples of
+   step 5 pooled in (:func:`disco_jax.enact.pooled`), predicts every program with it
+   (``predicted_s``; the search's model's predictions are kept as
+   ``predicted_at_start_s``) and writes the row.
 
 ``--predict-only`` jobs (:func:`predict_row`) do steps 1, 3 and 7 in one process for any
 hardware file (e.g. ``gpu_cluster_example``): no profile (standalone op times of this
@@ -84,6 +88,11 @@ SETUPS: dict[str, Setup] = {
 }
 
 
+#: Names of the in-context fit's programs when they run again in the final choice's
+#: rounds (``fit:no_fusion``, ...).
+FIT_PREFIX = "fit:"
+
+
 def _log(spec: Mapping[str, Any], text: str) -> None:
     print(f"[{spec['model']} {spec['setup']}] {text}", file=sys.stderr, flush=True)
 
@@ -130,15 +139,17 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
 
     import hlo_tools
     from disco_jax.enact import (
+        calibrate_in_context,
         choice_tiers,
-        choose,
+        decide,
         in_context_costs,
         job_sync,
         measure,
+        pooled,
         profile_in_context,
         summarize_samples,
     )
-    from disco_jax.lower import sim_graph, sim_graph_from_module
+    from disco_jax.lower import sim_graph, sim_graph_from_module, simulate_plan
     from disco_jax.optimize import staged_candidates
     from disco_jax.search import search
     from disco_jax.simulator import full_overlap_bound
@@ -225,10 +236,13 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
 
     candidates = {n: runs[n] for n in (*bucketed, "op_fusion", "xla_default", *plans,
                                        *staged)}
-    say(f"final choice among {len(candidates)} programs")
-    choice = choose(candidates, args, rounds=int(spec["choice_rounds"]), sync=sync,
-                    tag="choice", min_sample_s=float(spec["min_sample_s"]),
-                    tiers=choice_tiers(candidates))
+    # the in-context fit's programs again, in the same rounds (not candidates)
+    fit_runs = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()}
+    say(f"final choice among {len(candidates)} programs (and the fit's {len(fit_runs)})")
+    choice_samples = measure({**candidates, **fit_runs}, args,
+                             rounds=int(spec["choice_rounds"]), sync=sync, tag="choice",
+                             min_sample_s=float(spec["min_sample_s"]))
+    choice = decide({n: choice_samples[n] for n in candidates}, choice_tiers(candidates))
     best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
     finals = {name: runs[name] for name in bl.BASELINES}
     finals["bucketed"] = runs[best_bucketed]
@@ -250,37 +264,59 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     if pid != 0:
         return None
 
+    at_start = costs
+    if cal is not None and fit_runs:
+        more = {n[len(FIT_PREFIX):]: s for n, s in choice_samples.items()
+                if n.startswith(FIT_PREFIX)}
+        costs, refit = calibrate_in_context(costs, module, pooled(measured, more))
+        row["calibration_refit"] = refit._asdict()
+        say(f"fit again with the choice rounds' samples: all-reduce D {refit.d_s * 1e3:.3f} "
+            f"ms, compute scale {refit.compute_scale:.2f}, fused-op scale "
+            f"{refit.fused_scale:.2f}")
     say("predicting every program")
-    predicted: dict[str, float] = {}
-    for name in bl.BASELINES:
-        predicted[name] = _predict(bl.module_from_compiled(runs[name]), costs)
-    pred_bucketed = {n: _predict(bl.module_from_compiled(r), costs) for n, r in bucketed.items()}
-    pred_plans = dict(zip(plans, row["search"]["top_predicted_s"]))
-    predicted["bucketed"] = pred_bucketed[best_bucketed]
-    pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
-    pred_choice = {**pred_bucketed, **pred_plans, **pred_staged,
-                   "op_fusion": predicted["op_fusion"], "xla_default": predicted["xla_default"]}
-    predicted["disco"] = pred_choice[choice.name]
-    # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
-    if choice.name in staged:
-        predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], costs))
-    elif choice.name in plans:
-        predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[choice.name], costs))
-    else:
-        predicted["fo"] = full_overlap_bound(sim_graph_from_module(
-            bl.module_from_compiled(runs[choice.name]), costs))
+
+    def predictions(cm: Any) -> tuple[dict[str, float], dict[str, float]]:
+        """The six programs' and the final choice's candidates' predicted seconds."""
+        predicted: dict[str, float] = {}
+        for name in bl.BASELINES:
+            predicted[name] = _predict(bl.module_from_compiled(runs[name]), cm)
+        pred_bucketed = {n: _predict(bl.module_from_compiled(r), cm)
+                         for n, r in bucketed.items()}
+        pred_plans = {n: simulate_plan(graph, plan, cm).iteration_s
+                      for n, plan in plans.items()}
+        predicted["bucketed"] = pred_bucketed[best_bucketed]
+        # staged programs: the search's model priced them (staged_candidates)
+        pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
+        pred_choice = {**pred_bucketed, **pred_plans, **pred_staged,
+                       "op_fusion": predicted["op_fusion"],
+                       "xla_default": predicted["xla_default"]}
+        predicted["disco"] = pred_choice[choice.name]
+        # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
+        if choice.name in staged:
+            predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], cm))
+        elif choice.name in plans:
+            predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[choice.name], cm))
+        else:
+            predicted["fo"] = full_overlap_bound(sim_graph_from_module(
+                bl.module_from_compiled(runs[choice.name]), cm))
+        return predicted, pred_choice
+
+    predicted, pred_choice = predictions(costs)
+    start_predicted, start_choice = (predicted, pred_choice) if costs is at_start \
+        else predictions(at_start)
     spread = {n: summarize_samples(samples[n]) for n in PROGRAMS}
     row.update({
         "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
         "spread_s": spread,
         "predicted_s": predicted,
+        "predicted_at_start_s": start_predicted,
         "choice": {"disco": choice.name, "bucketed": best_bucketed, "disco_is": same,
                    "bucketed_threshold_bytes": thresholds[best_bucketed],
                    "bucket_counts": bucket_counts,
                    "medians_s": choice.medians_s,
                    # rounds each challenger beat the choice before its tier in
                    "wins": choice.wins, "against": choice.against,
-                   "predicted_s": pred_choice},
+                   "predicted_s": pred_choice, "predicted_at_start_s": start_choice},
         "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,

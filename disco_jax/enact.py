@@ -60,6 +60,7 @@ __all__ = [
     "inconsistent_walls",
     "job_sync",
     "measure",
+    "pooled",
     "profile_in_context",
     "profile_module_in_context",
     "summarize_samples",
@@ -135,6 +136,10 @@ class InContext(NamedTuple):
             too slow in the held-out benchmark).
         flat_wall_s: seconds of one flat all-reduce of the same bytes alone in a program
             (None: not measured).
+        runs: the measured programs by name (``no_fusion``, ``one_bucket``, ``fused``
+            and, when measured, ``tuple`` and ``flat``), each called as ``run(*args)``
+            with the step's arguments, to be measured again later (:func:`pooled`).
+        samples_s: the samples behind the medians above, by the same names.
 
     The times are medians of interleaved samples (in a job, per sample the minimum over
     processes).
@@ -149,6 +154,8 @@ class InContext(NamedTuple):
     tuple_buffers: int | None = None
     tuple_wall_s: float | None = None
     flat_wall_s: float | None = None
+    runs: Mapping[str, Callable[..., Any]] | None = None
+    samples_s: Mapping[str, Sequence[float]] | None = None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
@@ -299,7 +306,29 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                      statistics.median(walls["fused"]),
                      tuple_buffers if probed else None,
                      statistics.median(walls["tuple"]) if probed else None,
-                     statistics.median(walls["flat"]) if probed else None)
+                     statistics.median(walls["flat"]) if probed else None,
+                     dict(runs), walls)
+
+
+def pooled(measured: InContext, more: Mapping[str, Sequence[float]]) -> InContext:
+    """``measured`` with more samples of its programs (by the names of
+    :attr:`InContext.runs`, e.g. taken again beside other programs later in the job)
+    pooled into its medians: a fit to the result describes the job's later minutes as
+    well as its first (on this shared VM a program measured a minute apart moved by
+    5-17%, and every prediction of the step with it)."""
+    samples = {name: [*got, *more.get(name, ())]
+               for name, got in (measured.samples_s or {}).items()}
+
+    def median(name: str, old: float | None) -> float | None:
+        return statistics.median(samples[name]) if name in samples and old is not None \
+            else old
+
+    return measured._replace(
+        wall_s=median("no_fusion", measured.wall_s),
+        one_bucket_wall_s=median("one_bucket", measured.one_bucket_wall_s),
+        fused_wall_s=median("fused", measured.fused_wall_s),
+        tuple_wall_s=median("tuple", measured.tuple_wall_s),
+        flat_wall_s=median("flat", measured.flat_wall_s), samples_s=samples)
 
 
 def in_context_costs(module: HloModule, hardware: HardwareConfig | str,

@@ -144,6 +144,24 @@ def test_choice_tiers_name_the_incumbent_and_the_bucketing_and_leave_the_rest_la
         samples, [["xla_default"], ["bucketed_1MiB"], ["plan_0", "staged_k2_r1"]])
 
 
+def test_pooled_in_context_medians_take_the_later_samples_in():
+    from disco_jax.enact import InContext, pooled
+
+    first = InContext(None, 3.0, None, 2.0, None, 1.0, 4, 0.5, 0.1, runs={},
+                      samples_s={"no_fusion": [3.0, 3.0, 3.0], "one_bucket": [2.0, 2.0, 2.0],
+                                 "fused": [1.0, 1.0, 1.0], "tuple": [0.5], "flat": [0.1]})
+    later = pooled(first, {"no_fusion": [1.0, 1.0, 1.0, 1.0], "fused": [2.0],
+                           "tuple": [0.7, 0.9]})
+    # medians of the pooled samples; programs without new samples keep theirs
+    assert (later.wall_s, later.one_bucket_wall_s) == (1.0, 2.0)
+    assert (later.fused_wall_s, later.tuple_wall_s, later.flat_wall_s) == (1.0, 0.7, 0.1)
+    assert later.samples_s["no_fusion"] == [3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0]
+    assert first.samples_s["no_fusion"] == [3.0, 3.0, 3.0]  # the input is left alone
+    # what was not measured stays unmeasured
+    none = first._replace(tuple_buffers=None, tuple_wall_s=None, flat_wall_s=None)
+    assert pooled(none, {"tuple": [1.0]}).tuple_wall_s is None
+
+
 def test_in_context_timings_with_one_bucket_not_faster_are_inconsistent():
     """One bucket runs the same kernels with fewer collectives: its median at or above
     the no-fusion program's is a slow phase, measured again by profile_in_context."""
@@ -207,6 +225,14 @@ def _check_rows(path, setup):
         rival = choice["against"][name]
         assert medians[name] < medians[rival], choice
         assert choice["wins"][name] >= 2, choice  # 2 of 2 choice rounds (--choice-rounds 2)
+    # the fit's programs ran in the choice rounds but were never candidates; the model
+    # was fitted again with their samples, and the search's model's predictions are kept
+    assert not any(n.startswith("fit:") for n in medians), sorted(medians)
+    refit, first = row["calibration_refit"], row["calibration"]
+    assert len(refit["wall_s"]) == 2 and all(t > 0 for t in refit["wall_s"])
+    assert (refit["fused_wall_s"] is None) == (first["fused_wall_s"] is None)
+    assert set(row["predicted_at_start_s"]) == set(row["predicted_s"])
+    assert set(choice["predicted_at_start_s"]) == set(choice["predicted_s"])
     return row
 
 
