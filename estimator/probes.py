@@ -122,9 +122,10 @@ class TupleProbe(NamedTuple):
 def tuple_allreduce_programs(buffer_bytes: Sequence[int]) -> TupleProbe:
     """Two programs on all of jax's devices (a 1-D mesh), compiled as ``jax.jit``
     compiles them: one ``pmean`` of ``float32`` buffers of ``buffer_bytes`` bytes per
-    device each, which XLA's all-reduce combiner turns into one all-reduce of a tuple of
-    buffers (as in XLA's default compilation of a train step: the same buffers, the same
-    combiner and threshold), and one ``pmean`` of a single flat buffer of the same bytes.
+    device each, which XLA's all-reduce combiner turns into all-reduces of tuples of
+    buffers (one, below XLA's combine threshold; as in XLA's default compilation of a
+    train step: the same buffers, the same combiner and threshold), and one ``pmean`` of
+    a single flat buffer of the same bytes.
 
     Args:
         buffer_bytes: bytes per device of each buffer (rounded up to whole floats).
