@@ -74,7 +74,7 @@ def worker(process_id: int, port: int, out: str, policies: list[str]) -> None:
     programs["overlap"] = overlap
     for fn in programs.values():
         fn()
-    loops = gloo_loop_threads()
+    loops = gloo_loop_threads(attempts=50)
     if not loops:
         raise SystemExit("no gloo event loop found")
     rows = []

@@ -172,17 +172,29 @@ _EPOLL_WAIT = {"x86_64": 232}
 _GLOO_LOOP_MAX_EVENTS, _GLOO_LOOP_TIMEOUT_MS = 64, 10
 
 
-def gloo_loop_threads() -> list[int]:
+def gloo_loop_threads(attempts: int = 1) -> list[int]:
     """Thread ids of this process's gloo TCP event loops (one per gloo device; jaxlib's
     CPU client makes its device, and so starts the loop, when the backend starts).
 
     A loop is found by what it waits in: ``epoll_wait`` for 64 events with a 10 ms
     timeout (read from ``/proc/self/task/<tid>/syscall``). A loop that is running at
-    the moment of the read is missed; call again. Empty off Linux x86-64.
+    the moment of the read is missed: up to ``attempts`` reads are made, 2 ms apart,
+    until one finds a loop. Empty off Linux x86-64.
     """
     number = _EPOLL_WAIT.get(os.uname().machine)
     if number is None or not os.path.isdir("/proc/self/task"):
         return []
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            time.sleep(0.002)
+        found = _waiting_in_epoll(number)
+        if found:
+            return found
+    return []
+
+
+def _waiting_in_epoll(number: int) -> list[int]:
+    """Threads of this process waiting in syscall ``number`` as gloo's loop does."""
     out = []
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -244,14 +256,8 @@ def quiet_gloo_loops(policy: str = DEFAULT_LOOP_POLICY, attempts: int = 50) -> l
     """
     if policy not in LOOP_POLICIES:
         raise ValueError(f"unknown loop policy {policy!r}; valid: {', '.join(LOOP_POLICIES)}")
-    tids: list[int] = []
-    for _ in range(attempts):
-        tids = gloo_loop_threads()
-        if tids:
-            break
-        time.sleep(0.002)
     moved = []
-    for tid in tids:
+    for tid in gloo_loop_threads(attempts):
         try:
             os.sched_setscheduler(tid, LOOP_POLICIES[policy], os.sched_param(0))
         except OSError:  # the thread ended meanwhile

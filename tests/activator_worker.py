@@ -100,12 +100,7 @@ def _loop_policies() -> list[int]:
     """Scheduling policies of this process's gloo event loops (found once idle)."""
     from estimator.gloo import gloo_loop_threads
 
-    for _ in range(50):
-        tids = gloo_loop_threads()
-        if tids:
-            return [os.sched_getscheduler(t) for t in tids]
-        time.sleep(0.002)
-    return []
+    return [os.sched_getscheduler(t) for t in gloo_loop_threads(attempts=50)]
 
 
 def _verdicts(store: str) -> list:

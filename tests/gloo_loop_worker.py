@@ -1,7 +1,7 @@
 """One process of a 2-process gloo job for tests/test_gloo_loops.py.
 
 Starts jax's gloo backend (pinned to its own CPU, as the bench's gloo setups run), finds
-gloo's TCP event loop, moves it to ``SCHED_IDLE`` with
+gloo's TCP event loop, moves it to ``--policy`` (``batch`` or ``idle``) with
 :func:`estimator.gloo.quiet_gloo_loops`, then runs a chain of 8 dependent ``pmean``s
 and writes what it found and computed as JSON.
 """
