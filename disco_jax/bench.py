@@ -185,7 +185,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
             say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
                 f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
                 f"latency per buffer of a combined all-reduce "
-                f"{cal.d_tuple_extra_s * 1e3:.3f} ms (no fusion "
+                f"{cal.d_tuple_extra_s * 1e3:.3f} ms, bucket copies "
+                f"{_gb_per_s(cal.copy_s_per_byte)} (no fusion "
                 f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
                 f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
                 f"{cal.predicted_s[1] * 1e3:.2f} ms)")
@@ -418,6 +419,11 @@ def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any
 
 
 # --------------------------------------------------------------------------- worker side
+
+
+def _gb_per_s(s_per_byte: float | None) -> str:
+    """A per-byte cost as a rate for the log ("not measured" for None)."""
+    return "not measured" if s_per_byte is None else f"{1e-9 / s_per_byte:.1f} GB/s"
 
 
 def _write(path: str, row: Any) -> None:

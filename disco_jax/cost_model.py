@@ -119,13 +119,15 @@ class BackendConstants:
         mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
         compute_scale = 2.0       # factor on every kernel time in the simulation
         fused_scale = 1.0         # extra factor on the fused-op estimator's times
+        copy_s_per_byte = 5e-11   # seconds per byte of a bucket's copies
 
     Attributes:
         overlap: how fast computation progresses while an AllReduce is in flight (phi).
         kernel_launch_s: fixed cost of one kernel, seconds; a fusion of k kernels saves
             up to ``k - 1`` of them.
-        mem_s_per_byte: seconds per byte of memory traffic; prices the flat-buffer copies
-            of AllReduce buckets and caps the memory part of an op's measured time.
+        mem_s_per_byte: seconds per byte of memory traffic; caps the memory part of an
+            op's measured time (the fused-op estimator's split) and prices the
+            flat-buffer copies of AllReduce buckets unless ``copy_s_per_byte`` does.
         compute_scale: factor applied to every compute node of a simulated graph (>= 1
             slows kernels down). Several host devices of one process share the host's
             cores: with ``devices_per_process`` devices on ``host_cpus`` cores each
@@ -143,6 +145,13 @@ class BackendConstants:
             moves less memory through the caches the job's other devices share), which
             one scale on every kernel cannot say. Fitted in context to XLA's fused
             program (:func:`disco_jax.enact.calibrate_in_context`); 1 by default.
+        copy_s_per_byte: seconds per byte read or written by the copies of an AllReduce
+            bucket (the concatenate into its flat buffer, the slices out of it; None:
+            ``mem_s_per_byte``). Measured in context on the one-bucket program
+            (:func:`disco_jax.enact.calibrate_in_context`): its copies stream through
+            the caches at 19-25 GB/s here where the default per-byte cost says 10 GB/s,
+            and standalone timings of the same 2.5 MB concatenate (a fresh output buffer
+            per call) took 0.3-1.1 ms against 0.2 ms in the program.
     """
 
     overlap: float
@@ -151,6 +160,7 @@ class BackendConstants:
     source: str = "default"
     compute_scale: float = 1.0
     fused_scale: float = 1.0
+    copy_s_per_byte: float | None = None
 
     #: Defaults per platform family: ``(overlap, kernel_launch_s, mem_s_per_byte)``.
     #: CPU: phi ~ 0 (with XLA:CPU's default scheduler an AllReduce of M = 135 ms next to
@@ -193,9 +203,11 @@ class BackendConstants:
                   float(table.get("mem_s_per_byte", base.mem_s_per_byte)),
                   f"{hardware.name}.toml [costs]" if table else base.source,
                   float(table.get("compute_scale", shared)),
-                  float(table.get("fused_scale", 1.0)))
+                  float(table.get("fused_scale", 1.0)),
+                  float(table["copy_s_per_byte"]) if "copy_s_per_byte" in table else None)
         if (not 0.0 <= out.overlap <= 1.0 or out.kernel_launch_s < 0 or out.mem_s_per_byte < 0
-                or out.compute_scale <= 0 or out.fused_scale <= 0):
+                or out.compute_scale <= 0 or out.fused_scale <= 0
+                or (out.copy_s_per_byte is not None and out.copy_s_per_byte < 0)):
             raise ValueError(f"invalid [costs] in hardware {hardware.name!r}: {out}")
         return out
 
@@ -335,8 +347,15 @@ class OpTimes:
 
 def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
                     original: HloModule | None) -> list[tuple[pr.OpInfo, float]]:
-    """``(info of the original op, seconds per execution)`` for every op of ``original``
-    that ran as single-op kernels (times of several kernels of one op are summed).
+    """``(info of the original op, seconds per execution)`` for every instance of an op
+    of ``original`` that ran as single-op kernels.
+
+    An instance is one ``op_name`` path: a computation called from several call sites is
+    inlined once per site, and each copy of its op (``"jit_norm_.168/reduce_sum.5"``,
+    ``"jit_norm_.170/reduce_sum.5"``) is one execution of ``reduce_sum.5``; the kernels of
+    one instance (e.g. the ``reduce-window`` and ``reduce`` of a tree reduction) are
+    summed. (Summing every instance instead priced an optimizer's norm, called once per
+    parameter, at 36 times its cost, and pushed the fitted compute scale down.)
 
     Args:
         profile: the profile.
@@ -353,26 +372,54 @@ def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
     totals: dict[str, float] = {}
     library: set[str] = set()
     for name, total in profile.times_s.items():
-        target = _original_name(compiled, users, name)
-        if target not in view.instr:
+        path = _original_path(compiled, users, name)
+        if path is None or _target(path) not in view.instr:
             continue
+        folded = _folded_producer(view, path, _single_op(compiled.module,
+                                                         compiled.instr[name]))
+        if folded is not None:
+            totals.setdefault(path, 0.0)  # it ran inside its producer's kernel
+            path = folded
         one = total / max(profile.counts.get(name, 1.0), 1.0)
-        totals[target] = totals.get(target, 0.0) + one
+        totals[path] = totals.get(path, 0.0) + one
         if op_bench.is_library_fusion(compiled.instr[name]):
-            library.add(target)
+            library.add(path)
     out = []
-    for target, one in totals.items():
-        instr = view.instr[target]
+    for path, one in totals.items():
+        instr = view.instr[_target(path)]
         if op_bench.op_status(instr)[0] == "bench":
             info = pr.describe_instruction(view, instr)
-            if target in library:
+            if path in library:
                 info = op_bench.library_info(info)
             out.append((info, one))
     return out
 
 
-def _original_name(compiled: Any, users: Mapping[str, list[str]], name: str) -> str | None:
-    """The original instruction a compiled single-op kernel came from (its ``op_name``).
+def _target(path: str) -> str:
+    """The original instruction's name in an ``op_name`` path (its last component)."""
+    return path.rsplit("/", 1)[-1]
+
+
+def _folded_producer(view: Any, path: str, kernel: HloInstruction) -> str | None:
+    """The instance of the producer an op was folded into, when the kernel that carries
+    the op's ``op_name`` runs its operand's opcode instead: XLA's simplifier rewrites
+    ``transpose(dot(a, b))`` as one dot with the transpose's metadata, so that kernel's
+    time is the dot's and the transpose took none. None: the kernel runs the op itself
+    (or something else: a divide run as a multiply by the reciprocal)."""
+    op = view.instr[_target(path)]
+    if kernel.opcode == op.opcode:
+        return None
+    found = [o for o in dict.fromkeys(op.operands)
+             if o in view.instr and view.instr[o].opcode == kernel.opcode]
+    if len(found) != 1:
+        return None
+    prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+    return prefix + found[0]
+
+
+def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str) -> str | None:
+    """The ``op_name`` of the original op instance a compiled single-op kernel came from:
+    the original instruction's name prefixed by the call sites it was inlined through.
 
     A kernel without ``op_name`` that XLA split off an op (e.g. the ``reduce-window``
     of a tree reduction) belongs to the op of its only user chain."""
@@ -382,7 +429,7 @@ def _original_name(compiled: Any, users: Mapping[str, list[str]], name: str) -> 
         if inner is None:
             return None
         if inner.op_name:
-            return inner.op_name.rsplit("/", 1)[-1]
+            return inner.op_name
         if len(users.get(name, ())) != 1:
             return None
         name = users[name][0]
@@ -695,7 +742,8 @@ class CostModel:
     def copy_time(self, nbytes: float) -> float:
         """Seconds of one copy kernel moving ``nbytes`` (read once, written once)."""
         c = self.constants
-        return c.kernel_launch_s + 2.0 * c.mem_s_per_byte * float(nbytes)
+        rate = c.mem_s_per_byte if c.copy_s_per_byte is None else c.copy_s_per_byte
+        return c.kernel_launch_s + 2.0 * rate * float(nbytes)
 
     def set_fused_estimator(self, estimator: FusedOpEstimator) -> None:
         """Swaps in another fused-op estimator (e.g. the GNN) and drops cached costs."""
@@ -810,6 +858,7 @@ class CostModel:
         return {"hardware": self.hardware.name, "overlap": c.overlap,
                 "kernel_launch_s": c.kernel_launch_s, "mem_s_per_byte": c.mem_s_per_byte,
                 "compute_scale": c.compute_scale, "fused_scale": c.fused_scale,
+                "copy_s_per_byte": c.copy_s_per_byte,
                 "constants_source": c.source, "measured_op_keys": len(self.op_times),
                 "fused_estimator": type(self.fused).__name__,
                 "allreduce": {"c_s_per_byte": self.hardware.allreduce.c_s_per_byte,

@@ -42,7 +42,7 @@ from estimator import profiler as pr
 from estimator.hardware import HardwareConfig
 from estimator.interface import FallbackFusedEstimator
 from estimator.probes import tuple_allreduce_programs, tuple_buffer_latency
-from hlo_tools.ir import HloModule
+from hlo_tools.ir import HloInstruction, HloModule
 
 __all__ = [
     "CHALLENGER_WIN_SHARE",
@@ -140,6 +140,9 @@ class InContext(NamedTuple):
             and, when measured, ``tuple`` and ``flat``), each called as ``run(*args)``
             with the step's arguments, to be measured again later (:func:`pooled`).
         samples_s: the samples behind the medians above, by the same names.
+        one_bucket_profile: the traced profile of the one-bucket program (per-op times
+            of its bucket's copies: the concatenate into the flat buffer and the
+            slices out of it; None: not measured).
 
     The times are medians of interleaved samples (in a job, per sample the minimum over
     processes).
@@ -156,6 +159,7 @@ class InContext(NamedTuple):
     flat_wall_s: float | None = None
     runs: Mapping[str, Callable[..., Any]] | None = None
     samples_s: Mapping[str, Sequence[float]] | None = None
+    one_bucket_profile: pr.ProgramProfile | None = None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
@@ -285,14 +289,17 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
     program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
     the tuple probe ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers),
-    all called on ``args``. With ``buckets_differ`` (the program
-    has two gradient all-reduces or more), timings that are :func:`inconsistent_walls`
-    get up to :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled
-    (every process of a job sees the same samples, so all decide alike)."""
+    all called on ``args``. With ``buckets_differ`` (the program has two gradient
+    all-reduces or more, so the bucket has copies), ``runs["one_bucket"]`` is profiled
+    too, and timings that are :func:`inconsistent_walls` get up to
+    :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled (every
+    process of a job sees the same samples, so all decide alike)."""
     from hlo_tools import baselines as bl
 
     profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                  warmup=warmup)
+    one_profile = (pr.profile_program(runs["one_bucket"], *args, iterations=iterations,
+                                      warmup=warmup) if buckets_differ else None)
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
     for again in range(REMEASURE_INCONSISTENT if buckets_differ else 0):
         if not inconsistent_walls(walls):
@@ -307,7 +314,7 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                      tuple_buffers if probed else None,
                      statistics.median(walls["tuple"]) if probed else None,
                      statistics.median(walls["flat"]) if probed else None,
-                     dict(runs), walls)
+                     dict(runs), walls, one_profile)
 
 
 def pooled(measured: InContext, more: Mapping[str, Sequence[float]]) -> InContext:
@@ -340,7 +347,8 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
 
     Op times in priority order: ``op_profile`` (a stored profile, when given), the
     in-context profile (:func:`profile_in_context`), then standalone timings of the ops
-    they lack (``bench``, each op on ``replicas`` devices at once), then the analytic
+    they lack (``bench``, each op on ``replicas`` devices at once), then the one-bucket
+    program's profile for the ops only it runs (its bucket's copies), then the analytic
     model. With ``calibrate``, the hardware file's all-reduce model and compute scale are
     then fitted to the same measurement (:func:`calibrate_in_context`). ``fused``: a
     fused-op estimator to use instead of the fallback rule (one with a ``bind`` method,
@@ -362,6 +370,9 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         if bench:
             costs.op_times.add_timings(op_bench.bench_ops(module, replicas=replicas,
                                                           progress=progress))
+    if measured is not None and measured.one_bucket_profile is not None:
+        costs.op_times.add_program_profile(measured.one_bucket_profile,
+                                           original=measured.one_bucket)
     if fused is not None:
         costs.set_fused_estimator(fused.bind(costs) if hasattr(fused, "bind") else fused)
     if not calibrate or measured is None:
@@ -400,6 +411,8 @@ class Calibration(NamedTuple):
         tuple_latency_s: the latency each buffer of a combined all-reduce paid in the
             tuple probe (:func:`estimator.probes.tuple_buffer_latency`), seconds (None:
             not measured).
+        copy_s_per_byte: the bucket copies' seconds per byte
+            (:func:`bucket_copy_rate`; None: not measured, the hardware file's).
     """
 
     d_s: float
@@ -411,10 +424,55 @@ class Calibration(NamedTuple):
     fused_predicted_s: float | None = None
     d_tuple_extra_s: float = 0.0
     tuple_latency_s: float | None = None
+    copy_s_per_byte: float | None = None
 
 
 #: Range of the fitted fused-op scale.
 FUSED_SCALE_BOUNDS = (0.2, 5.0)
+
+#: Range of the measured seconds per byte of a bucket's copies (0.5-500 GB/s).
+COPY_RATE_BOUNDS = (2e-12, 2e-9)
+
+
+def bucket_copies(module: HloModule) -> list[HloInstruction]:
+    """The copies of ``module``'s AllReduce buckets as :func:`hlo_tools.apply_plan`
+    writes them: the ``concatenate`` into each flat buffer and the ``slice`` ops out of
+    it (in the per-device computation)."""
+    comp = hlo_tools.device_graph(module).computation
+    by_name = {i.name: i for i in comp.instructions}
+    users: dict[str, list[HloInstruction]] = {}
+    for instr in comp.instructions:
+        for o in instr.operands:
+            users.setdefault(o, []).append(instr)
+    out = []
+    for instr in comp.instructions:
+        if instr.opcode != "all-reduce" or len(instr.operands) != 1:
+            continue
+        buffer = by_name.get(instr.operands[0])
+        if buffer is None or buffer.opcode != "concatenate":
+            continue
+        out += [buffer, *(u for u in users.get(instr.name, ()) if u.opcode == "slice")]
+    return out
+
+
+def bucket_copy_rate(costs: CostModel, module: HloModule) -> float | None:
+    """Seconds per byte of the bucket copies of ``module`` (:func:`bucket_copies`) as
+    profiled in context: ``sum(t - L) / sum(2 * bytes)`` over those with a profiled time
+    (each reads and writes its bytes once; ``L`` the per-kernel launch cost, as in
+    :meth:`~disco_jax.cost_model.CostModel.copy_time`), clamped to
+    :data:`COPY_RATE_BOUNDS`. None: no copy was profiled."""
+    view = costs.view(module)
+    launch = costs.constants.kernel_launch_s
+    spent = moved = 0.0
+    for instr in bucket_copies(module):
+        est = costs.op_times.estimate(view, instr)
+        if est.estimated or est.source != "profile":
+            continue
+        spent += max(est.time_s - launch, 0.0)
+        moved += 2.0 * instr.shape.byte_size()
+    if moved <= 0:
+        return None
+    return float(min(max(spent / moved, COPY_RATE_BOUNDS[0]), COPY_RATE_BOUNDS[1]))
 
 
 def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext, *,
@@ -438,6 +496,12 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        fuses, so what its time differs by is how fast fused kernels run here. Its
        simulated time is affine in the scale: solved once and refined once, clamped to
        :data:`FUSED_SCALE_BOUNDS`.
+    0. The bucket copies' seconds per byte
+       (:attr:`~disco_jax.cost_model.BackendConstants.copy_s_per_byte`), first, from
+       the one-bucket program's profile (:func:`bucket_copy_rate`) when it was taken:
+       the default per-byte cost priced autoencoder's 2.5 MB flat buffer at 2.5 times
+       its traced 0.2 ms, which the fit of the compute scale then took out of every
+       kernel.
     3. The extra latency of each buffer of a variadic all-reduce
        (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined
@@ -466,6 +530,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     has_fused = measured.fused is not None and measured.fused_wall_s is not None
     if has_fused and bench:
         cover(costs, measured.fused)
+    copy = bucket_copy_rate(costs, measured.one_bucket)
     modules = (module, measured.one_bucket)
     want = np.array([measured.wall_s, measured.one_bucket_wall_s])
     s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
@@ -476,6 +541,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
               extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
         ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra)
         consts = dataclasses.replace(costs.constants, compute_scale=scale, fused_scale=fused,
+                                     copy_s_per_byte=copy or costs.constants.copy_s_per_byte,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
                          op_times=costs.op_times, constants=consts, fused=estimator)
@@ -513,7 +579,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     cm = model(*x, fused, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
-                           measured.fused_wall_s, fused_got, extra, per_buffer)
+                           measured.fused_wall_s, fused_got, extra, per_buffer, copy)
 
 
 def _fit_affine(time_at: Callable[[float], float], want: float, x: float,

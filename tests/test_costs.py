@@ -442,6 +442,52 @@ def test_fused_scale_from_hardware_and_its_range(tmp_path) -> None:
                 C.BackendConstants.from_hardware(load_hardware(path))
 
 
+def test_bucket_copies_are_priced_at_the_rate_profiled_in_context(tmp_path) -> None:
+    """The one-bucket program's concatenate and slices, at their profiled times, give
+    the copies' seconds per byte (launch taken out; op_bench times do not count); plans'
+    buckets are then priced at it, and a hardware file may set it."""
+    from disco_jax import enact
+
+    module = hlo_tools.parse(GRADS)
+    graph = device_graph(module)
+    space = P.FusionSpace(graph)
+    plan = P.combine(space, P.initial_plan(graph), _node(graph, "r1"), _node(graph, "r2"))
+    one = apply_plan(module, plan, graph)
+    copies = enact.bucket_copies(one)
+    assert [c.opcode for c in copies] == ["concatenate", "slice", "slice"], one
+    bucket = next(i for i in device_graph(one).computation.instructions
+                  if i.opcode == "all-reduce")
+    assert bucket.operands == [copies[0].name], one
+    view = ob.module_view(one)
+    times = C.OpTimes()
+    # 1280 + 1024 bytes, read and written once: 2 * 2304 bytes in 9.216e-8 s of copying
+    for instr, extra in zip(copies[:2], (5.12e-8, 4.096e-8)):
+        assert times.add(ob.op_key(view, instr).encode(), L + extra, "profile")
+    assert times.add(ob.op_key(view, copies[2]).encode(), 1.0, "op_bench")  # not counted
+    costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
+    rate = enact.bucket_copy_rate(costs, one)
+    assert rate == pytest.approx(2e-11)
+    assert enact.bucket_copy_rate(costs, module) is None  # no bucket, nothing measured
+    assert costs.copy_time(1280) == pytest.approx(L + 2 * B * 1280)  # not set: B
+    costs = C.CostModel("inproc4", op_times=times,
+                        constants=dataclasses.replace(EXACT, copy_s_per_byte=rate))
+    sim = sim_graph(graph, plan, costs)
+    buffer = int(np.flatnonzero(sim.is_comm)[0]) - 1
+    assert sim.duration_s[buffer] == pytest.approx(L + 2 * 2e-11 * 1280)
+    text = (Path(C.__file__).parents[1] / "estimator" / "hardware_files" /
+            "inproc4.toml").read_text()
+    for value, ok in (("3e-11", True), ("-1e-11", False)):
+        path = tmp_path / f"h{value}.toml"
+        path.write_text(text + f"\n[costs]\ncopy_s_per_byte = {value}\n")
+        if ok:
+            got = C.BackendConstants.from_hardware(load_hardware(path))
+            assert got.copy_s_per_byte == 3e-11
+        else:
+            with pytest.raises(ValueError, match="invalid"):
+                C.BackendConstants.from_hardware(load_hardware(path))
+    assert C.BackendConstants.from_hardware(load_hardware("gloo2")).copy_s_per_byte is None
+
+
 def test_recosting_a_plan_from_the_caches_gives_the_same_graph() -> None:
     """The second costing of a plan comes from the per-graph caches (no fused-op estimate
     is computed again) and gives the same SimGraph bit for bit; a fresh cost model gives
@@ -795,3 +841,51 @@ def test_op_bench_times_library_ops_as_the_library_runs_them(tmp_path, monkeypat
     assert "kind=kCustom" in exe.as_text() and "kind=kCustom" not in plain_exe.as_text()
     a, b = ob.random_inputs(lib, seed=1)
     np.testing.assert_allclose(exe(a, b)[0], a @ b.T, rtol=1e-4, atol=1e-4)
+
+
+def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_producer():
+    """A computation called from several sites is inlined once per site: each copy of its
+    op is one execution (the op's time is their median, not their sum); a transpose XLA
+    folded into its dot (one dot kernel carrying the transpose's ``op_name``) gives that
+    kernel's time to the dot and none to the transpose."""
+    import jax
+    import jax.numpy as jnp
+
+    from estimator import profiler as pr
+    from hlo_tools import jax_bridge
+
+    @jax.jit
+    def norm(x):
+        return jnp.sqrt(jnp.sum(x * x))
+
+    def f(a, b, c, w):
+        return norm(a) + norm(b) + norm(c), jnp.transpose(a @ w)
+
+    args = (*(np.ones((64, 48), np.float32) for _ in range(3)),
+            np.ones((48, 32), np.float32))
+    text = jax_bridge.extract(jax.jit(f), *args)
+    module = hlo_tools.parse(text)
+    calls = [i for i in module.entry.instructions if i.opcode == "call"]
+    assert len(calls) == 3 and len({i.called_computations[0] for i in calls}) == 1
+    body = module.computation(calls[0].called_computations[0])
+    mul = next(i for i in body.instructions if i.opcode == "multiply")
+    compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True)
+    prof = pr.profile_program(compiled, *args, iterations=3, warmup=1)
+    kernels = hlo_tools.parse(prof.hlo_text)
+    sites = {}
+    for instr in kernels.entry.instructions:
+        if instr.name in prof.times_s and (instr.op_name or "").endswith("/" + mul.name):
+            sites[instr.op_name] = prof.times_s[instr.name]
+    assert len(sites) == 3, (sites, prof.hlo_text)
+    times = C.OpTimes()
+    times.add_program_profile(prof, original=module)
+    view = ob.module_view(module)
+    est = times.estimate(view, mul)
+    assert est.source == "profile" and est.time_s == pytest.approx(
+        float(np.median(list(sites.values())))), (est, sites)
+    dot = next(i for i in module.entry.instructions if i.opcode == "dot")
+    transpose = next(i for i in module.entry.instructions if i.opcode == "transpose")
+    kernel = next(i for i in kernels.entry.instructions if i.opcode == "dot")
+    assert kernel.op_name == transpose.name, prof.hlo_text  # XLA folded it
+    assert times.estimate(view, dot).time_s == pytest.approx(prof.times_s[kernel.name])
+    assert times.estimate(view, transpose) == pr.OpEstimate(0.0, False, "profile")
