@@ -289,8 +289,15 @@ class OpTimes:
         view = op_bench.module_view(compiled)
         by_key: dict[str, list[float]] = {}
         infos: dict[str, pr.OpInfo] = {}
-        mapped = _map_single_ops(profile, view, original)
-        for key_info, one in mapped:
+        # an op the program ran on the kernel library: its time as the library runs it,
+        # and, unless the program also ran it on XLA's emitter, as the op's own time --
+        # a plan compiled like this program (library dots) runs it the same way
+        on_library: dict[str, list[float]] = {}
+        for key_info, one, library in _map_single_ops(profile, view, original):
+            if library:
+                on_library.setdefault(key_info.key.encode(), []).append(one)
+                infos.setdefault(key_info.key.encode(), key_info)
+                key_info = op_bench.library_info(key_info)
             by_key.setdefault(key_info.key.encode(), []).append(one)
             infos.setdefault(key_info.key.encode(), key_info)
         for name, total in profile.times_s.items():
@@ -305,7 +312,7 @@ class OpTimes:
             by_key.setdefault(info.key.encode(), []).append(one)
             infos.setdefault(info.key.encode(), info)
         added = 0
-        for key, times in by_key.items():
+        for key, times in [*by_key.items(), *on_library.items()]:
             info = infos[key]
             added += self.add(key, float(np.median(times)), source, info.cls, info.bytes,
                               info.flops)
@@ -345,10 +352,11 @@ class OpTimes:
         return len(self.times)
 
 
-def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
-                    original: HloModule | None) -> list[tuple[pr.OpInfo, float]]:
-    """``(info of the original op, seconds per execution)`` for every instance of an op
-    of ``original`` that ran as single-op kernels.
+def _map_single_ops(profile: pr.ProgramProfile, compiled: Any, original: HloModule | None
+                    ) -> list[tuple[pr.OpInfo, float, bool]]:
+    """``(info of the original op, seconds per execution, whether it ran on the kernel
+    library)`` for every instance of an op of ``original`` that ran as single-op
+    kernels.
 
     An instance is one ``op_name`` path: a computation called from several call sites is
     inlined once per site, and each copy of its op (``"jit_norm_.168/reduce_sum.5"``,
@@ -388,10 +396,7 @@ def _map_single_ops(profile: pr.ProgramProfile, compiled: Any,
     for path, one in totals.items():
         instr = view.instr[_target(path)]
         if op_bench.op_status(instr)[0] == "bench":
-            info = pr.describe_instruction(view, instr)
-            if path in library:
-                info = op_bench.library_info(info)
-            out.append((info, one))
+            out.append((pr.describe_instruction(view, instr), one, path in library))
     return out
 
 

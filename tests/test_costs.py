@@ -889,3 +889,34 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     assert kernel.op_name == transpose.name, prof.hlo_text  # XLA folded it
     assert times.estimate(view, dot).time_s == pytest.approx(prof.times_s[kernel.name])
     assert times.estimate(view, transpose) == pr.OpEstimate(0.0, False, "profile")
+
+
+def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
+    """A plan compiled like the profiled program (library dots) runs the op on the
+    library as well: the op's own key gets the library time, not a standalone time of
+    XLA's emitter."""
+    import jax
+    import jax.numpy as jnp
+
+    from estimator import profiler as pr
+    from hlo_tools import jax_bridge
+
+    def f(x, w):
+        return jnp.tanh(x @ w)
+
+    args = (np.ones((128, 256), np.float32), np.ones((256, 128), np.float32))
+    text = jax_bridge.extract(jax.jit(f), *args)
+    module = hlo_tools.parse(text)
+    compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True, library=True)
+    prof = pr.profile_program(compiled, *args, iterations=3, warmup=1)
+    kernels = hlo_tools.parse(prof.hlo_text)
+    on_library = [i for i in kernels.entry.instructions if ob.is_library_fusion(i)]
+    assert len(on_library) == 1, prof.hlo_text
+    times = C.OpTimes()
+    times.add_program_profile(prof, original=module)
+    view = ob.module_view(module)
+    dot = next(i for i in module.entry.instructions if i.opcode == "dot")
+    want = prof.times_s[on_library[0].name]
+    for library in (False, True):
+        est = times.estimate(view, dot, library=library)
+        assert est.source == "profile" and est.time_s == pytest.approx(want), est
