@@ -150,8 +150,8 @@ class BackendConstants:
             ``mem_s_per_byte``). Measured in context on the one-bucket program
             (:func:`disco_jax.enact.calibrate_in_context`): its copies stream through
             the caches at 19-25 GB/s here where the default per-byte cost says 10 GB/s,
-            and standalone timings of the same 2.5 MB concatenate (a fresh output buffer
-            per call) took 0.3-1.1 ms against 0.2 ms in the program.
+            and standalone timings of the same 2.5 MB concatenate took 0.3-1.1 ms
+            against 0.2 ms in the program.
     """
 
     overlap: float

@@ -496,12 +496,6 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        fuses, so what its time differs by is how fast fused kernels run here. Its
        simulated time is affine in the scale: solved once and refined once, clamped to
        :data:`FUSED_SCALE_BOUNDS`.
-    0. The bucket copies' seconds per byte
-       (:attr:`~disco_jax.cost_model.BackendConstants.copy_s_per_byte`), first, from
-       the one-bucket program's profile (:func:`bucket_copy_rate`) when it was taken:
-       the default per-byte cost priced autoencoder's 2.5 MB flat buffer at 2.5 times
-       its traced 0.2 ms, which the fit of the compute scale then took out of every
-       kernel.
     3. The extra latency of each buffer of a variadic all-reduce
        (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined
@@ -512,6 +506,12 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        combiner on, as before, gave every buffer about ``D``: 0.24 ms on mixer in
        gloo2 where the probe and XLA's default's traced all-reduce both show
        0.17 ms, and XLA's default came out 20-40% too slow.)
+    4. The bucket copies' seconds per byte
+       (:attr:`~disco_jax.cost_model.BackendConstants.copy_s_per_byte`), from the
+       one-bucket program's profile (:func:`bucket_copy_rate`) when it was taken; set
+       before 1-3, which price that program's copies. The default per-byte cost priced
+       autoencoder's 2.5 MB flat buffer at 2.5 times its traced 0.2 ms, which the fit of
+       the compute scale then took out of every kernel.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`cover`, before any fit, so that every fit sees the same op
