@@ -418,8 +418,7 @@ def _folded_producer(view: Any, path: str, kernel: HloInstruction) -> str | None
              if o in view.instr and view.instr[o].opcode == kernel.opcode]
     if len(found) != 1:
         return None
-    prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
-    return prefix + found[0]
+    return path[:path.rfind("/") + 1] + found[0]  # same call sites, the producer
 
 
 def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str) -> str | None:
