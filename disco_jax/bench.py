@@ -342,7 +342,12 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     step, args = make_step(spec, jax.device_count())
     module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
     graph = hlo_tools.device_graph(module)
-    costs = CostModel.for_module(module, spec["hardware"], progress=False)
+    measured = None
+    if spec.get("op_times"):
+        from estimator.profiler import OpProfile
+
+        measured = OpProfile.load(spec["op_times"])
+    costs = CostModel.for_module(module, spec["hardware"], profile=measured, progress=False)
     _log(spec, f"searching ({spec['time_budget_s']:.0f} s budget)")
     outcome = search(graph, costs, seed=int(spec["seed"]),
                      time_budget_s=float(spec["time_budget_s"]), progress=False)
@@ -366,14 +371,26 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
         "disco": outcome.cost_s,
         "fo": outcome.fo_bound_s,
     }
+    swept = {}
+    if gpu:  # XLA's combiner at the thresholds a user sweeps (2x steps)
+        grad_bytes = sum(int(graph.out_bytes[i]) for i in graph.gradient_allreduces)
+        for t in bl.combine_thresholds("gpu", grad_bytes):
+            swept[bl.combine_threshold_name(t)] = _predict(bl.module_from_compiled(
+                bl.compile_bucketed(step, args, t).run), costs)
+        if swept:
+            predicted["xla_combine_best"] = min(swept.values())
+    op_source = (f"op times: measured on {measured.device_kind} ({measured.backend})"
+                 if measured is not None else
+                 "op times: standalone on this machine's CPU x compute_scale")
     return {"model": spec["model"], "setup": spec["setup"], "size": spec["size"],
             "predicted_s": predicted, "search_s": outcome.stats.seconds,
             "search": {"evaluated": outcome.stats.evaluated,
                        "best_start": outcome.best_start,
-                       "bucketed_predicted_s": bucketed},
-            "stand_ins": ("op times: standalone on this machine's CPU x compute_scale; "
-                          "op_fusion / xla_default: XLA:CPU's fusion decisions"
-                          + ("; xla_default combines up to 30 MiB (XLA:GPU's default)"
+                       "bucketed_predicted_s": bucketed,
+                       "xla_combine_predicted_s": swept},
+            "stand_ins": (op_source + "; op_fusion / xla_default: XLA:CPU's fusion decisions"
+                          + ("; xla_default combines up to 30 MiB (XLA:GPU's default), "
+                             "xla_combine_best: the best of the swept thresholds"
                              if gpu else ""))}
 
 

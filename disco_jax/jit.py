@@ -144,6 +144,14 @@ class _Compiled(NamedTuple):
     dynamic_only: bool  # called with the dynamic positional args (else all args, kwargs)
     info: RunInfo
     donate: tuple[int, ...] = ()  # dynamic args whose buffers are deleted after the call
+    # jax's compiled program of this signature, called with the positional arguments
+    # alone; it raises TypeError or ValueError for arguments of another signature
+    fast: Callable[..., Any] | None = None
+
+
+#: What a compiled program raises for arguments of another signature (shapes, dtypes,
+#: pytree, shardings) or for tracers: the fast path then takes the full lookup.
+_SIGNATURE_ERRORS = (TypeError, ValueError)
 
 
 _Tracer: Any = None  # jax.core.Tracer, set when the first wrapper is made (jax imported)
@@ -253,6 +261,7 @@ class DiscoJitted:
         self._donate_dyn = tuple(sorted(p - sum(s < p for s in self._static_pos)
                                         for p in donate_pos if p not in self._static_pos))
         self._cache: dict[Any, _Compiled] = {}
+        self._hot: _Compiled | None = None  # the last entry called, when it has a fast path
         self._lock = threading.Lock()
         self.last_run_info: RunInfo | None = None
         functools.update_wrapper(self, fun)
@@ -279,6 +288,7 @@ class DiscoJitted:
         ``jax.jit``'s cache of the function."""
         with self._lock:
             self._cache.clear()
+            self._hot = None
         self._plain.clear_cache()
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -298,6 +308,23 @@ class DiscoJitted:
         return dyn, static
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hot = self._hot
+        if hot is not None and not kwargs:
+            # jax's own dispatch of the last signature's program checks the arguments in
+            # C++; another signature (or a tracer) raises before anything runs
+            try:
+                out = hot.fast(*args)
+            except _SIGNATURE_ERRORS:
+                pass
+            else:
+                self.last_run_info = hot.info
+                if hot.donate:
+                    _delete_donated(args, hot.donate)
+                return out
+        return self._lookup_call(args, kwargs)
+
+    def _lookup_call(self, args: tuple, kwargs: dict) -> Any:
+        """A call through the signature cache (the first call of a signature fills it)."""
         import jax
 
         dyn, static = self._split(args)
@@ -320,6 +347,7 @@ class DiscoJitted:
                     entry = self._first_call(args, kwargs, dyn)
                     self._cache[key] = entry
         self.last_run_info = entry.info
+        self._hot = entry if entry.fast is not None else None
         if entry.dynamic_only:
             out = entry.call(*dyn)
             if entry.donate:
@@ -339,13 +367,57 @@ class DiscoJitted:
         return _Compiled(self._plain, False, RunInfo(FALLBACK, plain_fp, source_fp, reason))
 
     def _first_call(self, args: tuple, kwargs: dict, dyn: tuple) -> _Compiled:
+        """The program of a new signature, with its fast path. Whatever fails inside
+        DisCo becomes a fallback with the reason; a function that jax cannot lower gets
+        plain ``jax.jit``, which raises the same error when called."""
+        try:
+            lowered = self._plain.lower(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the user's error, raised by the plain call
+            return _Compiled(self._plain, False, RunInfo(FALLBACK, None, None,
+                                                         "jax.jit cannot lower it"))
+        from disco_jax.activator import ActivatorError
+
+        try:
+            entry = self._first_call_unguarded(args, kwargs, dyn, lowered)
+        except ActivatorError:
+            raise  # the job itself is broken (a process never came): jax.jit would hang
+        except ValueError as err:
+            if str(err).startswith((FLAG_ENV, BUDGET_ENV, MEMORY_ENV, GLOO_LOOP_ENV)):
+                raise  # the user's setting is malformed: say so, do not guess
+            entry = self._fallback(_failure("DisCo failed on the first call", err), None,
+                                   None)
+        except Exception as err:  # noqa: BLE001 - never a traceback out of the user's step
+            entry = self._fallback(_failure("DisCo failed on the first call", err), None,
+                                   None)
+        return self._with_fast_path(entry, lowered, kwargs)
+
+    def _with_fast_path(self, entry: _Compiled, lowered: Any, kwargs: dict) -> _Compiled:
+        """``entry`` with its fast path: jax's compiled program of the signature, when the
+        call takes the positional arguments alone (no static or keyword arguments)."""
+        import jax
+
+        if kwargs or self._static_pos or self._static_names:
+            return entry
+        if entry.info.mode == FALLBACK:
+            try:  # jax.jit's own executable of this signature (cached: no new compile)
+                fast = lowered.compile()
+            except Exception:  # noqa: BLE001 - the plain call reports it as jax.jit does
+                return entry
+        else:
+            fast = entry.call
+        if not isinstance(fast, jax.stages.Compiled):
+            return entry  # e.g. a staged program (two streams, Python threads)
+        return entry._replace(fast=fast)
+
+    def _first_call_unguarded(self, args: tuple, kwargs: dict, dyn: tuple, lowered: Any
+                              ) -> _Compiled:
         from disco_jax import store as st
         from hlo_tools.jax_bridge import lowered_text
 
         flag = _flag()
         if _process_count() > 1:
             _settle_gloo_loop()
-        text = lowered_text(self._plain.lower(*args, **kwargs))
+        text = lowered_text(lowered)
         source_fp = st.source_fingerprint(text)
         dynamic_kwargs = sorted(k for k in kwargs if k not in self._static_names)
         if dynamic_kwargs:
@@ -583,6 +655,9 @@ class DiscoJitted:
                 raise
             return self._fallback(f"DisCo cannot optimize this step: {err}", source_fp,
                                   source_fp)
+        except Exception as err:  # noqa: BLE001 - a compile, profile or run failure
+            return self._fallback(_failure("DisCo's search failed", err), source_fp,
+                                  source_fp)
         enactment, report = opt.enactment, opt.report
         run = getattr(opt.run, "compiled", opt.run)
         choice = report["choice"]
@@ -596,7 +671,7 @@ class DiscoJitted:
                     report["hardware"]),
                 predicted_s=report["predicted_s"], measured_s=report["measured_s"],
                 search=report["search"],
-                extra={"calibration": report["calibration"],
+                extra={"calibration": report["calibration"], "route": report["route"],
                        "pipeline_s": report["seconds"], "function": self._name()})
             try:
                 path = str(st.write_entry(source_fp, record, enactment, root=self._store))
@@ -609,6 +684,14 @@ class DiscoJitted:
             SEARCHED, enactment.fingerprint, source_fp, "", choice,
             report["predicted_s"].get(choice), report["measured_s"].get(choice), path),
             self._donate_dyn)
+
+
+def _failure(what: str, err: BaseException) -> str:
+    """``what`` and the error in one line (its type and first line, at most 300
+    characters)."""
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    return f"{what} ({type(err).__name__}: {first})" if first else \
+        f"{what} ({type(err).__name__})"
 
 
 def _process_count() -> int:
@@ -685,8 +768,9 @@ def jit(fun: Callable[..., Any] | None = None, *, time_budget_s: float | None = 
             ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``).
         store: the strategy store's directory (default: ``$DISCO_STORE``, else the user
             cache directory; :func:`disco_jax.store.store_dir`).
-        hardware: hardware file of the search's cost model (default: ``inproc4`` for one
-            process, ``gloo2`` for several; fitted in context either way).
+        hardware: hardware file of the search's cost model (default: the shipped file of
+            the backend, :func:`disco_jax.optimize.default_hardware`: on CPU ``inproc4``
+            for one process, ``gloo2`` for several; fitted in context either way).
         search_options: more keyword arguments of
             :func:`disco_jax.optimize.optimize_step` (``top_k``, ``choice_rounds``,
             ``staged``, ``bucket_thresholds``, ``profile_rounds`` ...).

@@ -34,7 +34,9 @@ __all__ = [
     "DEFAULT_CHOICE_ROUNDS",
     "Optimized",
     "default_hardware",
+    "enactment_route",
     "optimize_step",
+    "plan_compile_options",
     "staged_candidates",
 ]
 
@@ -62,10 +64,56 @@ class Optimized(NamedTuple):
     report: dict[str, Any]
 
 
-def default_hardware(num_processes: int) -> str:
-    """The shipped hardware file for a setup: ``inproc4`` for one process, else
-    ``gloo2`` (the in-context fit adapts its all-reduce latency and compute scale)."""
-    return "inproc4" if num_processes <= 1 else "gloo2"
+def default_hardware(num_processes: int, platform: str = "cpu") -> str:
+    """The shipped hardware file for a setup on a backend (the in-context fit adapts its
+    all-reduce latency and compute scale): on CPU ``inproc4`` for one process, else
+    ``gloo2``; on GPU ``gpu_nvlink8`` for one process (its devices on one server), else
+    ``gpu_400g``.
+
+    Raises:
+        ValueError: a platform with no shipped hardware file (not CPU or GPU).
+    """
+    from hlo_tools.jax_bridge import platform_family
+
+    family = platform_family(platform)
+    if family == "cpu":
+        return "inproc4" if num_processes <= 1 else "gloo2"
+    if family == "gpu":
+        return "gpu_nvlink8" if num_processes <= 1 else "gpu_400g"
+    raise ValueError(f"no shipped hardware file for platform {platform!r}; pass hardware= "
+                     "(a file from disco calibrate)")
+
+
+def enactment_route(route: str | None, platform: str) -> Any:
+    """The :class:`hlo_tools.jax_bridge.Route` plans take on ``platform``: ``route``
+    when given (``"exact"`` or ``"buckets"``), else the backend's probe
+    (:func:`hlo_tools.jax_bridge.probe_route`).
+
+    Raises:
+        ValueError: an unknown route name.
+    """
+    from hlo_tools.jax_bridge import ROUTES, Route, probe_route
+
+    if route is None:
+        return probe_route(platform)
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)} or None, got {route!r}")
+    return Route(route, platform, "asked for")
+
+
+def plan_compile_options(route: Any) -> dict[str, Any]:
+    """How a plan of the search compiles on a route: exactly (XLA's fusion off, dots and
+    convolutions on the kernel library) where hand-written fusions compile, else as the
+    ``bucketed`` baseline (the plan's buckets written into the module, XLA's op fusion
+    on and its combiner off). Keyword arguments of both
+    :meth:`~disco_jax.enactment.Enactment.single` and :func:`hlo_tools.compile_hlo`."""
+    from hlo_tools import baselines as bl
+    from hlo_tools.jax_bridge import EXACT
+
+    if route.name == EXACT:
+        return {"exact": True, "library": True}
+    return {"exact": False,
+            "compiler_options": bl.baseline_options(bl.BUCKETED, route.platform)}
 
 
 def _predict(module: Any, costs: Any) -> float:
@@ -97,6 +145,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   min_sample_s: float = 0.05, seed: int = 0, predict_baselines: bool = True,
                   bucket_thresholds: Sequence[int | None] | None = None,
                   profile_rounds: int = 5, memory_budget_bytes: int | None = None,
+                  route: str | None = None,
                   progress: Callable[[str], None] | None = None) -> Optimized:
     """Profiles, searches, compiles the candidates and chooses by measurement.
 
@@ -126,6 +175,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             :func:`hlo_tools.jax_bridge.device_memory_bytes`). When no plan fits, the
             final choice runs among the baselines alone (``report["search"]["refused"]``
             says why).
+        route: how plans reach the backend: ``"exact"`` (hand-written fusions compile:
+            the joint search), ``"buckets"`` (AllReduce buckets alone, over XLA's own
+            fusion) or None: the backend's probe (:func:`enactment_route`).
         progress: called with a line per phase (None: silent).
 
     Returns:
@@ -145,13 +197,22 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     from disco_jax.staged import CHUNK_BYTES
     from disco_jax.units import format_bytes
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import compile_hlo, device_memory_bytes, fresh_function, lowered_text
+    from hlo_tools.jax_bridge import (
+        EXACT,
+        compile_hlo,
+        device_memory_bytes,
+        fresh_function,
+        lowered_text,
+    )
     from hlo_tools.plan import Plan
 
     say = progress or (lambda text: None)
     if top_k < 1 or choice_rounds < 1:
         raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
-    hardware = hardware or default_hardware(jax.process_count())
+    platform = jax.default_backend()
+    plan_route = enactment_route(route, platform)
+    buckets_only = plan_route.name != EXACT
+    hardware = hardware or default_hardware(jax.process_count(), platform)
     pid = jax.process_index()
     seconds: dict[str, float] = {}
     t0 = t_phase = time.perf_counter()
@@ -170,7 +231,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         raise ValueError("the step has no gradient all-reduce (write the data-parallel step "
                          "with jax.shard_map and lax.pmean)")
     say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
-        "profiling in context")
+        f"plans {'joint' if not buckets_only else 'of AllReduce buckets'} "
+        f"({plan_route.reason}); hardware {hardware}; profiling in context")
     measured = profile_in_context(step, args, module, sync=sync, iterations=profile_rounds,
                                   rounds=profile_rounds)
     lap("profile")
@@ -185,7 +247,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         budget = memory_budget_bytes or device_memory_bytes()
         try:
             outcome = search(graph, costs, seed=seed, time_budget_s=time_budget_s,
-                             progress=False, top_k=top_k, memory_budget_bytes=budget)
+                             progress=False, top_k=top_k, memory_budget_bytes=budget,
+                             buckets_only=buckets_only)
         except MemoryBudgetError as err:
             refused = str(err)
             say(f"search: {refused}; choosing among the baselines")
@@ -217,13 +280,20 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                                                compiler_options=options)
     runs["op_fusion"] = compile_hlo(step, args, source_text, exact=False,
                                     compiler_options=options)
+    for label, options in bl.combine_threshold_candidates(
+            platform, sum(int(graph.out_bytes[i]) for i in graph.gradient_allreduces)):
+        enactments[label] = Enactment.single(label, source_text, exact=False,
+                                             compiler_options=options)
+        runs[label] = compile_hlo(step, args, source_text, exact=False,
+                                  compiler_options=options)
     plans: dict[str, Plan] = {}
+    how = plan_compile_options(plan_route)
     for i, pj in enumerate(plans_json):
         name = f"plan_{i}"
         plans[name] = Plan.from_json(pj)
         text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[name], graph))
-        enactments[name] = Enactment.single(name, text, exact=True, library=True)
-        runs[name] = compile_hlo(step, args, text, exact=True, library=True)
+        enactments[name] = Enactment.single(name, text, **how)
+        runs[name] = compile_hlo(step, args, text, **how)
     staged_runs, staged_info = staged_candidates(
         step, args, module, graph, staged, plans=plans, costs=costs, sync=sync, say=say)
     for name, run in staged_runs.items():
@@ -261,6 +331,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         "search": (_search_report(outcome, seed, top_k, choice_rounds) if outcome
                    else {"refused": refused} if refused else None),
         "hardware": hardware,
+        "route": plan_route.to_json(),
         "calibration": ({k: v for k, v in calibration._asdict().items()}
                         if calibration is not None else None),
         "seconds": {**seconds, "total": time.perf_counter() - t0},

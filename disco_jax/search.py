@@ -42,6 +42,7 @@ import math
 import random
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -51,11 +52,6 @@ from disco_jax.simulator import full_overlap_bound, simulate
 from disco_jax.units import format_bytes
 from hlo_tools import plan as P
 from hlo_tools.graph import DeviceGraph
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "BUCKET_THRESHOLDS",
@@ -351,7 +347,8 @@ def _random_apply(space: P.FusionSpace, plan: P.Plan, move, rng: random.Random,
 def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
           cost: Callable[[P.Plan], float], config: SearchConfig, rng: random.Random,
           seen: dict, t0: float, show: _Progress, top_k: int = 1,
-          stop_now: Callable[[], bool] | None = None) -> _Loop:
+          stop_now: Callable[[], bool] | None = None,
+          moves: tuple[Callable[..., P.Plan], ...] = P.MOVES) -> _Loop:
     """Algorithm 1 from costed start plans (``seen`` holds their keys already); asks
     ``stop_now`` (when given) before each pop."""
     queue: list[tuple[float, int, P.Plan]] = []
@@ -384,7 +381,7 @@ def _loop(space: P.FusionSpace, starts: Iterable[tuple[P.Plan, float]],
         show.update(now, t0, evaluated, best_cost, first)
         _, _, plan = heapq.heappop(queue)
         pops += 1
-        for move in P.MOVES:
+        for move in moves:
             child = _random_apply(space, plan, move, rng, beta)
             key = child.key()
             if key in seen:
@@ -414,7 +411,8 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
            start_plans: Mapping[str, P.Plan] | None = None, progress: bool | None = None,
            space: P.FusionSpace | None = None, config: SearchConfig | None = None,
            top_k: int = 3, stop: Callable[[], bool] | None = None,
-           memory_budget_bytes: int | None = None) -> SearchOutcome:
+           memory_budget_bytes: int | None = None, buckets_only: bool = False
+           ) -> SearchOutcome:
     """Searches the plan of ``graph`` with the lowest predicted iteration time.
 
     The cost of a plan is :func:`disco_jax.simulator.simulate` of its
@@ -441,6 +439,9 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
             handler that sets a flag it reads stops a search cleanly.
         memory_budget_bytes: refuse plans whose predicted peak memory exceeds this many
             bytes (None: no budget; see the module doc).
+        buckets_only: search AllReduce combination alone (op fusion and duplicate
+            fusion left to XLA): the search space of a backend that compiles no
+            hand-written fusion (:data:`hlo_tools.jax_bridge.BUCKETS`).
 
     Returns:
         The :class:`SearchOutcome`: the best plan is never predicted worse than any start
@@ -495,7 +496,7 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
     show = _Progress(progress is not False and sys.stderr.isatty())
     try:
         loop = _loop(space, queued, cost, config, random.Random(seed), seen, t0, show,
-                     top_k, stop)
+                     top_k, stop, (P.allreduce_move,) if buckets_only else P.MOVES)
     finally:
         show.close()
     best_graph = sim_graph(graph, loop.plan, costs)

@@ -327,7 +327,7 @@ def make_record(key: str, setup: Setup, *, enactment_fingerprint: str, choice: s
         "predicted_s": dict(predicted_s),
         "measured_s": dict(measured_s),
         "search": dict(search) if search is not None else None,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **dict(extra or {}),
     }
 
@@ -571,7 +571,7 @@ def record_verification(key: str, *, enactment_sha256: str, ok: bool,
         if record.get("enactment_sha256") != enactment_sha256:
             return None
         verdict = {"ok": bool(ok), "max_abs_diff": max_abs_diff, "detail": detail,
-                   "when": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                   "when": datetime.datetime.now(datetime.UTC).isoformat(
                        timespec="seconds"),
                    "enactment_sha256": enactment_sha256}
         write_atomic(base / key / RECORD_FILE,

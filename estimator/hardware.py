@@ -25,18 +25,13 @@ import json
 import math
 import os
 import statistics
-import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from estimator.allreduce import AllReduceModel, MeasuredAllReduce
 from hlo_tools.dirs import config_dir, write_atomic
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
 
 if TYPE_CHECKING:
     from estimator.allreduce import SetupResult

@@ -158,7 +158,7 @@ def library_key(key: pr.OpKey) -> pr.OpKey:
 
     XLA's default CPU pipeline hands dots, convolutions and reduces to a library
     (YNNPACK) by wrapping them in a ``kind=kCustom`` fusion; a plan compiled with
-    ``exact=True`` does not (``hlo_tools/xla_passes.toml``). The two can differ several
+    ``exact=True`` does not (``hlo_tools/jax_bridge/xla_passes.toml``). The two can differ several
     fold on the same shapes, so their times are kept under different keys.
     """
     return dataclasses.replace(key, opcode=key.opcode + LIBRARY_SUFFIX)

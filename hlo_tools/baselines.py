@@ -1,7 +1,7 @@
 """The DisCo paper's four XLA baselines (section 6.1), and what XLA compiled for each.
 
 Each baseline is jax's normal compilation with some XLA passes disabled (the lists are
-``[cpu.baselines]`` / ``[gpu.baselines]`` of ``hlo_tools/xla_passes.toml``):
+``[cpu.baselines]`` / ``[gpu.baselines]`` of ``hlo_tools/jax_bridge/xla_passes.toml``):
 
 * ``no_fusion``: fusion and AllReduce-combiner passes off; the same options as
   ``jax_bridge.compile_hlo(..., exact=True)`` (XLA:CPU still wraps single ops in
@@ -80,6 +80,9 @@ __all__ = [
     "bucketed_candidates",
     "bucketed_name",
     "bucketed_plan",
+    "combine_threshold_candidates",
+    "combine_threshold_name",
+    "combine_thresholds",
     "combined_plan_options",
     "combiner_buckets",
     "compile_baseline",
@@ -171,7 +174,7 @@ def baseline_options(
         threshold_bytes: AllReduce combine threshold of the combining baselines. None:
             XLA's default (unlimited on CPU, 30 MiB on GPU); 0: no combining. Ignored by
             the baselines that do not combine.
-        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
+        config: pass config TOML (``hlo_tools/jax_bridge/xla_passes.toml`` when None).
 
     Returns:
         Options for ``Lowered.compile(compiler_options=...)`` /
@@ -204,6 +207,53 @@ def baseline_options(
     return options
 
 
+#: Most thresholds of the swept combine threshold (:func:`combine_thresholds`).
+MAX_SWEPT_THRESHOLDS = 6
+
+
+def combine_thresholds(platform: str, gradient_bytes: int, *,
+                       config: str | Path | None = None) -> tuple[int, ...]:
+    """The combine thresholds a user of XLA sweeps, bytes: powers of two from 1 MiB up to
+    the first at or above the step's gradient bytes, in 2x steps (NVIDIA's advice for
+    JAX on GPUs), the largest :data:`MAX_SWEPT_THRESHOLDS` of them; none where XLA has no
+    threshold option (XLA:CPU combines without a limit) or where every threshold
+    combines what XLA's default threshold combines (the gradients fit under both).
+
+    Args:
+        platform: jax platform name (``cpu``, ``cuda``, ``rocm`` or ``gpu``).
+        gradient_bytes: bytes of the step's gradient all-reduces together, per device.
+        config: pass config TOML (``xla_passes.toml`` of the bridge when None).
+    """
+    if not _config(platform, config).get("threshold_option", ""):
+        return ()
+    out, t = [], 2**20
+    while True:
+        out.append(t)
+        if t >= gradient_bytes:
+            break
+        t *= 2
+    kept = [t for t in out if not (t >= gradient_bytes
+                                   and GPU_DEFAULT_THRESHOLD_BYTES >= gradient_bytes)]
+    return tuple(kept[-MAX_SWEPT_THRESHOLDS:])
+
+
+def combine_threshold_name(threshold_bytes: int) -> str:
+    """The name of XLA's default program with another combine threshold:
+    ``xla_combine_16MiB``."""
+    return f"xla_combine_{threshold_bytes >> 20}MiB"
+
+
+def combine_threshold_candidates(platform: str, gradient_bytes: int, *,
+                                 config: str | Path | None = None
+                                 ) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, options)`` of XLA's default program at each swept combine threshold
+    (:func:`combine_thresholds`): the hand-tuned baseline of a backend whose combiner
+    takes a threshold."""
+    return [(combine_threshold_name(t),
+             baseline_options("xla_default", platform, t, config=config))
+            for t in combine_thresholds(platform, gradient_bytes, config=config)]
+
+
 def combined_plan_options(platform: str = "cpu", *, library: bool = True,
                           config: str | Path | None = None) -> dict[str, Any]:
     """Options that compile a module as a plan is compiled (exact, dots and convolutions
@@ -215,7 +265,7 @@ def combined_plan_options(platform: str = "cpu", *, library: bool = True,
         platform: jax platform name (``cpu``, ``cuda``, ``rocm`` or ``gpu``).
         library: dots and convolutions on the kernel library (False: XLA's own thunks,
             as ``compile_hlo(..., exact=True, library=False)``).
-        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
+        config: pass config TOML (``hlo_tools/jax_bridge/xla_passes.toml`` when None).
 
     Returns:
         Options for ``jax_bridge.compile_hlo(..., exact=False, compiler_options=...)``.
@@ -269,7 +319,7 @@ def compile_baseline(
             bucket).
         platform: jax platform (default ``jax.default_backend()``).
         kwargs: keyword arguments to lower ``fn`` on.
-        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
+        config: pass config TOML (``hlo_tools/jax_bridge/xla_passes.toml`` when None).
 
     Returns:
         The bridge's ``CompiledHlo``: call it like ``fn``; ``.as_text()`` is XLA's
@@ -487,7 +537,7 @@ def compile_bucketed(
         threshold_bytes: T, the most bytes of a bucket (None: one bucket).
         platform: jax platform (default ``jax.default_backend()``).
         kwargs: keyword arguments to lower ``fn`` on.
-        config: pass config TOML (``hlo_tools/xla_passes.toml`` when None).
+        config: pass config TOML (``hlo_tools/jax_bridge/xla_passes.toml`` when None).
 
     Raises:
         ValueError: no gradient all-reduce to bucket, or a negative threshold.

@@ -153,21 +153,27 @@ def main() -> None:
         _absent(a, pid, out, step, (params, opt_state, batch))
     ref = jax.jit(fresh_function(step))
     wrapped = disco_jax.jit(step, time_budget_s=1.0, search_options=QUICK)
-    p_ref, o_ref, p_dj, o_dj = params, opt_state, params, opt_state
-    out["loss_jax"], out["loss_disco"], out["max_abs_diff"] = [], [], 0.0
+    # each step of both programs on the same state (DisCo's): a rewrite must give jax.jit's
+    # values within rtol 1e-5 per step; states fed back through Adam would compound the
+    # rounding of near-zero gradients
+    p_dj, o_dj = params, opt_state
+    out["loss_jax"], out["loss_disco"], out["max_abs_diff"], out["close"] = [], [], 0.0, True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiscoFallbackWarning)
         for i in range(a.steps):
-            p_dj, o_dj, loss_dj = wrapped(p_dj, o_dj, batch)
+            got = wrapped(p_dj, o_dj, batch)
             if i == 0:
                 out["first_info"] = wrapped.last_run_info._asdict()
-            p_ref, o_ref, loss_ref = ref(p_ref, o_ref, batch)
-            out["loss_disco"].append(float(np.asarray(loss_dj.addressable_data(0))))
-            out["loss_jax"].append(float(np.asarray(loss_ref.addressable_data(0))))
-        for got, want in zip(jax.tree.leaves(p_dj), jax.tree.leaves(p_ref), strict=True):
-            got = np.asarray(got.addressable_data(0), np.float64)
-            want = np.asarray(want.addressable_data(0), np.float64)
-            out["max_abs_diff"] = max(out["max_abs_diff"], float(np.max(np.abs(got - want))))
+            want = ref(p_dj, o_dj, batch)
+            out["loss_disco"].append(float(np.asarray(got[2].addressable_data(0))))
+            out["loss_jax"].append(float(np.asarray(want[2].addressable_data(0))))
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                g = np.asarray(g.addressable_data(0), np.float64)
+                w = np.asarray(w.addressable_data(0), np.float64)
+                if g.size:
+                    out["max_abs_diff"] = max(out["max_abs_diff"], float(np.max(np.abs(g - w))))
+                out["close"] = out["close"] and bool(np.allclose(g, w, rtol=1e-5, atol=1e-6))
+            p_dj, o_dj, _ = got
     out["info"] = wrapped.last_run_info._asdict()
     out["warnings"] = [str(w.message) for w in caught
                        if issubclass(w.category, DiscoFallbackWarning)]

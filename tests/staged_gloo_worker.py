@@ -52,7 +52,7 @@ def _zoo(args) -> dict:
     from disco_jax.staged import staged_step
 
     out = {}
-    for name in zoo.MODELS:
+    for name in args.models.split(",") if args.models else zoo.MODELS:
         step, step_args = zoo.get(name)(2, "tiny")
         staged = staged_step(step, step_args, 2)
         try:
@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--process-id", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--pin", action="store_true")
+    ap.add_argument("--models", default="", help="zoo mode: comma-separated (default: all)")
     args = ap.parse_args()
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))

@@ -108,7 +108,8 @@ def test_measured_interpolation_is_monotone() -> None:
     assert all(x <= y for x, y in zip(ts, ts[1:], strict=False))
 
 
-@pytest.mark.parametrize("name", ["gpu_cluster_example", "inproc4", "gloo2", "gloo2-1gbit"])
+@pytest.mark.parametrize("name", ["gpu_cluster_example", "gpu_nvlink8", "gpu_100g", "gpu_400g",
+                                  "inproc4", "gloo2", "gloo2-1gbit"])
 def test_shipped_hardware_files_load(name: str) -> None:
     if not (hwf.shipped_hardware_dir() / f"{name}.toml").exists():
         pytest.skip(f"{name}.toml not generated yet")
@@ -147,7 +148,8 @@ def test_user_hardware_file_wins_over_shipped(user_dir) -> None:
 
 def test_unknown_hardware_lists_valid_names(user_dir, tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"hardware 'nope' not found \(a \.toml "
-                       r"path or one of: .*gloo2, gloo2-1gbit, gpu_cluster_example, inproc4"):
+                       r"path or one of: .*gloo2, gloo2-1gbit, gpu_100g, gpu_400g, "
+                       r"gpu_cluster_example, gpu_nvlink8, inproc4"):
         hwf.load_hardware("nope")
     with pytest.raises(hwf.HardwareNotFoundError):
         hwf.load_hardware(tmp_path / "missing.toml")  # a path is never looked up by name

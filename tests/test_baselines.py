@@ -70,6 +70,21 @@ def test_combined_plan_options_are_a_plans_with_the_combiner_on(library):
     assert _rest(got) == _rest(plan)
 
 
+def test_swept_combine_thresholds():
+    """2x steps from 1 MiB to the gradients' bytes, the largest six, on a backend with a
+    threshold option; none where every threshold would combine what the default does, or
+    on XLA:CPU."""
+    mib = 1 << 20
+    assert bl.combine_thresholds("gpu", 300 * mib) == tuple(m * mib for m in
+                                                             (16, 32, 64, 128, 256, 512))
+    assert bl.combine_thresholds("cuda", 5 * mib) == (1 * mib, 2 * mib, 4 * mib)
+    assert bl.combine_thresholds("gpu", 100 * 1024) == ()
+    assert bl.combine_thresholds("cpu", 300 * mib) == ()
+    (name, options), = bl.combine_threshold_candidates("gpu", 2 * mib)[:1]
+    assert name == "xla_combine_1MiB"
+    assert options == {"xla_gpu_all_reduce_combine_threshold_bytes": mib}
+
+
 def test_threshold_options():
     # Threshold 0: the combiner is switched off even in the combining baselines.
     assert _disabled(bl.baseline_options("xla_default", "cpu", 0)) == _disabled(

@@ -236,6 +236,7 @@ def _check_rows(path, setup):
     return row
 
 
+@pytest.mark.slow  # the demo's test (tests/test_search_demo.py) runs the same job in-process
 def test_disco_bench_in_one_process(tmp_path):
     out = tmp_path / "bench.json"
     proc = _disco("bench", "--models", "vgg", "--setups", "inproc4", "--size", "tiny",
@@ -269,6 +270,7 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     assert cal["d_s"] + cal["d_tuple_extra_s"] == pytest.approx(cal["tuple_latency_s"])
 
 
+@pytest.mark.slow
 def test_disco_bench_gloo_loop_idle_runs_the_gloo_loops_idle(tmp_path):
     out = tmp_path / "bench.json"
     proc = _disco("bench", "--models", "vgg", "--setups", "gloo2", "--size", "tiny",
@@ -281,17 +283,32 @@ def test_disco_bench_gloo_loop_idle_runs_the_gloo_loops_idle(tmp_path):
 
 
 def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
+    """The predicted table of a GPU hardware file, its ops priced at times measured
+    elsewhere (``--op-times``: here a profile of this CPU stands in for a GPU's)."""
+    from estimator.profiler import profile_ops
+    from hlo_tools.jax_bridge import compile_hlo, extract, fresh_function
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    step = fresh_function(step)
+    run = compile_hlo(step, args, extract(step, *args), exact=True, library=True)
+    (tmp_path / "times").mkdir()
+    (tmp_path / "times" / "gpu_op_times_vgg_tiny.json").write_text(
+        json.dumps(profile_ops(run, *args, iterations=2, warmup=1).to_json()))
     out = tmp_path / "gpu.json"
-    proc = _disco("bench", "--predict-only", "--hardware", "gpu_cluster_example",
-                  "--models", "vgg", "--size", "tiny", "--time-budget", "2",
-                  "--out", str(out))
+    proc = _disco("bench", "--predict-only", "--hardware", "gpu_nvlink8", "--op-times",
+                  str(tmp_path / "times"), "--models", "vgg", "--size", "tiny",
+                  "--time-budget", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads(out.read_text())["rows"][0]
-    assert "measured_s" not in row and row["setup"] == "gpu_cluster_example"
+    assert "measured_s" not in row and row["setup"] == "gpu_nvlink8"
+    assert row["stand_ins"].startswith("op times: measured on cpu")
     pred = row["predicted_s"]
-    assert set(pred) == set(PROGRAMS) | {"fo"}
+    assert set(pred) == set(PROGRAMS) | {"fo"}  # vgg's gradients fit under every threshold
     assert pred["fo"] <= pred["disco"] <= min(pred["no_fusion"], pred["bucketed"]) + 1e-12
     assert not (tmp_path / "gpu.png").exists()
+    missing = _disco("bench", "--predict-only", "--hardware", "gpu_nvlink8", "--op-times",
+                     str(tmp_path), "--models", "vgg", "--size", "tiny", "--out", str(out))
+    assert missing.returncode != 0 and "no gpu_op_times_vgg_tiny.json" in missing.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -296,15 +297,18 @@ def test_hlo_text_to_mlir_keeps_fusion():
 # ------------------------------------------------------------------------ configuration
 
 
+def _twice(x, y):
+    return jnp.sin(x) * y, jnp.sin(x) * y  # two copies of each op, which XLA's CSE merges
+
+
 def test_extra_disabled_passes_are_added_to_exact_ones():
     args = (np.linspace(0, 1, 8, dtype=np.float32), np.linspace(1, 2, 8, dtype=np.float32))
-    extra = {"xla_disable_hlo_passes": "fusion-wrapper"}
-    run = jb.compile_hlo(_small, args, _HANDWRITTEN, compiler_options=extra)
-    assert {"fusion", "fusion-wrapper"} <= set(
-        run.compiler_options["xla_disable_hlo_passes"].split(",")
-    )
-    assert "wrapped_" not in run.as_text()  # single ops stay bare without fusion-wrapper
-    _assert_same(run(*args), jax.jit(_small)(*args))
+    text = jb.extract(_twice, *args)
+    merged = jb.compile_hlo(_twice, args, text).as_text()
+    run = jb.compile_hlo(_twice, args, text, compiler_options={"xla_disable_hlo_passes": "cse"})
+    assert {"fusion", "cse"} <= set(run.compiler_options["xla_disable_hlo_passes"].split(","))
+    assert merged.count(" sine(") == 1 and run.as_text().count(" sine(") == 2  # CSE is off
+    _assert_same(run(*args), jax.jit(_twice)(*args))
 
 
 def test_exact_options_per_backend():
@@ -316,11 +320,39 @@ def test_exact_options_per_backend():
         jb.exact_compiler_options("tpu")
 
 
-def test_pinned_versions(monkeypatch):
+def test_verified_versions(monkeypatch):
+    """The installed jax is one of the verified versions; another warns once."""
+    from hlo_tools.jax_bridge import internals
+
     assert jb.check_versions(warn=False)
-    monkeypatch.setattr(jax, "__version__", "0.0.1")
-    with pytest.warns(RuntimeWarning, match="0.10.2"):
+    assert {"0.10.2", "0.12.0.1"} <= jb.VERIFIED_VERSIONS
+    monkeypatch.setattr(internals, "JAX_VERSION", "0.0.1")
+    monkeypatch.setattr(internals, "_WARNED_VERSIONS", False)
+    with pytest.warns(RuntimeWarning, match="0.10.2, 0.11.2, 0.12.0.1"):
         assert not jb.check_versions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not jb.check_versions()  # once per process
+
+
+def test_declared_range_matches_the_verified_versions():
+    """pyproject's jax range starts at the oldest verified version and ends before the
+    minor release after the newest (one home for the range: VERIFIED_VERSIONS)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from hlo_tools.jax_bridge.internals import version_tuple
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
+                            .read_text())["project"]
+    verified = sorted(jb.VERIFIED_VERSIONS, key=version_tuple)
+    newest = version_tuple(verified[-1])
+    want = f">={verified[0]},<{newest[0]}.{newest[1] + 1}"
+    for name in ("jax", "jaxlib"):
+        spec = next(d for d in project["dependencies"] if re.match(rf"{name}\b[<>=]", d))
+        assert spec.replace(" ", "") == f"{name}{want}", spec
+    assert project["requires-python"] == ">=3.11"
 
 
 def test_compile_hlo_does_not_change_what_jax_jit_runs():

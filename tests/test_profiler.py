@@ -185,10 +185,15 @@ def test_fallback_is_positive_flagged_and_monotone() -> None:
 
 
 def test_loop_body_ops_are_counted_per_execution() -> None:
+    """In a program compiled as DisCo profiles it (exact mode: XLA:CPU from jaxlib 0.12
+    would otherwise run a small loop as one call), each op of a loop body counts once per
+    trip."""
     def f(x: jax.Array) -> jax.Array:
         return lax.fori_loop(0, 5, lambda i, c: jnp.tanh(c * 0.5), x)
 
-    prof = pr.profile_program(jax.jit(f), jnp.ones((32, 32)), iterations=2, warmup=1)
+    x = jnp.ones((32, 32))
+    run = hlo_tools.compile_hlo(f, (x,), None, exact=True)
+    prof = pr.profile_program(run, x, iterations=2, warmup=1)
     body = [n for n, c in prof.counts.items() if c == 5]
     assert body, prof.counts  # the loop body ran 5 times per iteration
     op = pr.build_op_profile(prof)

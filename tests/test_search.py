@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import pathlib
 import random
+import tomllib
 
 import pytest
 
@@ -23,11 +24,6 @@ from disco_jax.search import (
 )
 from disco_jax.simulator import full_overlap_bound
 from hlo_tools import plan as P
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "shard_map_mlp.pre.hlo"

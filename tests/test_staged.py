@@ -39,8 +39,10 @@ def _zoo_step(name):
     return _STEPS_CACHE[name]
 
 
-@pytest.mark.parametrize("buckets", [1, 2, 3])
-@pytest.mark.parametrize("name", ["vgg", "transformer"])
+@pytest.mark.parametrize("name, buckets", [
+    ("vgg", 1), ("vgg", 2), ("vgg", 3), ("transformer", 2),
+    pytest.param("transformer", 1, marks=pytest.mark.slow),
+    pytest.param("transformer", 3, marks=pytest.mark.slow)])
 def test_staged_matches_jit(name, buckets, monkeypatch):
     import jax
     import numpy as np

@@ -11,7 +11,10 @@ atomically after every row; ``--resume`` skips the rows it already holds) and a 
 ``--plot``.
 
 ``--predict-only --hardware NAME`` prints the predicted table for any hardware file
-(e.g. ``gpu_cluster_example``) without running anything but the op timings.
+(e.g. ``gpu_cluster_example``) without running anything but the op timings; with
+``--op-times DIR`` the ops are priced at times measured elsewhere (the
+``gpu_op_times_<model>_<size>.json`` profiles ``benchmarks/gpu_check.py --profiles DIR``
+writes on a GPU) instead of this machine's.
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="bound on one job, seconds (default: 1800)")
     parser.add_argument("--predict-only", action="store_true",
                         help="predict only, for --hardware (nothing is measured)")
+    parser.add_argument("--op-times", metavar="DIR",
+                        help="with --predict-only: op times measured elsewhere, one "
+                             "gpu_op_times_<model>_<size>.json per model (written by "
+                             "benchmarks/gpu_check.py --profiles DIR)")
     parser.add_argument("--hardware", default=None,
                         help="hardware file (name or path) of --predict-only")
     parser.set_defaults(func=run_bench)
@@ -89,6 +96,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def _op_times(directory: str | None, model: str, size: str) -> str | None:
+    """The op-times profile of a model in ``--op-times DIR`` (None without the option).
+
+    Raises:
+        UserError: the directory has no profile of the model.
+    """
+    if directory is None:
+        return None
+    from disco_jax.cli import UserError
+
+    path = Path(directory) / f"gpu_op_times_{model}_{size}.json"
+    if not path.is_file():
+        raise UserError(f"--op-times {directory}: no {path.name} (benchmarks/gpu_check.py "
+                        "--profiles DIR writes one per model and size)")
+    return str(path.resolve())
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -147,7 +171,8 @@ def run_bench(args: argparse.Namespace) -> int:
                     **_staged_settings(args)}
             if args.predict_only:
                 spec.update(predict_only=True, hardware=args.hardware,
-                            num_devices=hw.num_devices)
+                            num_devices=hw.num_devices,
+                            op_times=_op_times(args.op_times, model, args.size))
             else:
                 spec["hardware"] = setup
             _say(f"== {model} ({args.size}) in {setup} "
@@ -202,7 +227,9 @@ def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
     """Speed-ups of a row: DisCo (measured) and FO (predicted) over the best baseline,
     and the share of FO's predicted gain DisCo's plan gets in prediction."""
     pred = row["predicted_s"]
-    best_pred = min(pred[k] for k in BASELINE_KEYS if pred.get(k) is not None)
+    # on GPU also XLA's combiner at the best swept threshold (predict-only rows)
+    best_pred = min(pred[k] for k in (*BASELINE_KEYS, "xla_combine_best")
+                    if pred.get(k) is not None)
     out: dict[str, float | None] = {
         "fo_speedup": best_pred / pred["fo"] if pred.get("fo") else None,
         "share_pred": ((best_pred - pred["disco"]) / (best_pred - pred["fo"])

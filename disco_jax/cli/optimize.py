@@ -224,7 +224,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     import hlo_tools
     from disco_jax.search import MemoryBudgetError, baseline_plans, search
     from disco_jax.units import parse_bytes
-    from hlo_tools.jax_bridge import device_memory_bytes
+    from hlo_tools.jax_bridge import EXACT, device_memory_bytes
     from hlo_tools.plan import FusionSpace
 
     check_arguments(args)
@@ -249,7 +249,12 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     except ValueError as err:
         raise UserError(f"{args.file}: {err}") from None
     plan_file = plan_path(out)
+    route = _route(args)
     resumed = _load_resume(plan_file, graph) if args.resume else None
+    if resumed is not None and route.name != EXACT and len(resumed.groups()) > _singletons(
+            graph, resumed):
+        raise UserError(f"{plan_file}: --resume: the plan fuses ops, which "
+                        f"{route.platform} cannot compile ({route.reason})")
     costs, in_context = cost_model_in_context(module, args)
     space = FusionSpace(graph)
     starts = baseline_plans(space)
@@ -261,7 +266,8 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     try:
         outcome = search(graph, costs, seed=args.seed, time_budget_s=args.time_budget,
                          patience=args.patience, start_plans=starts, space=space,
-                         stop=signals.stop, memory_budget_bytes=budget)
+                         stop=signals.stop, memory_budget_bytes=budget,
+                         buckets_only=route.name != EXACT)
     except MemoryBudgetError as err:
         raise UserError(f"{args.file}: {err}") from None
     signals.phase = "after"
@@ -271,7 +277,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
               "fingerprint": graph_fingerprint(graph), "predicted_s": outcome.cost_s,
               "seed": outcome.seed, "stop_reason": outcome.stats.stop_reason,
               "plan": outcome.plan.to_json()}
-    enactment = _enactment(args, module, graph, outcome.plan, text)
+    enactment = _enactment(args, module, graph, outcome.plan, text, route)
     try:
         write_atomic(plan_file, json.dumps(record), mkdir=False)
         write_atomic(out, text, mkdir=False)
@@ -281,6 +287,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
         raise UserError(f"cannot write the output: {err.strerror or err}") from None
     report = _report(args, graph, outcome, costs)
     report["in_context"] = in_context
+    report["route"] = route.to_json()
     report["plan_file"] = str(plan_file)
     report["resumed"] = resumed is not None
     if args.json:
@@ -295,17 +302,40 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     return 0
 
 
+def _route(args: argparse.Namespace) -> Any:
+    """How plans reach the hardware file's backend (:func:`hlo_tools.jax_bridge.known_route`:
+    probed when this process runs that backend); a note on stderr when the plans can hold
+    AllReduce buckets only."""
+    from disco_jax.cli.simulate import load_hardware_file
+    from hlo_tools.jax_bridge import EXACT, known_route
+
+    backend = str(load_hardware_file(args.hardware).hardware.get("backend", "cpu"))
+    route = known_route(backend)
+    if route.name != EXACT:
+        print(f"disco: note: plans for {backend} hold AllReduce buckets only, over XLA's own "
+              f"fusion: {route.reason}", file=sys.stderr)
+    return route
+
+
+def _singletons(graph: Any, plan: Any) -> int:
+    """How many groups of ``plan`` hold one op, or are AllReduce buckets (what a plan
+    of buckets only has)."""
+    return sum(1 for ms in plan.groups().values()
+               if len(ms) == 1 or graph.opcodes[ms[0]] == "all-reduce")
+
+
 def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
-               text: str) -> Any:
+               text: str, route: Any) -> Any:
     """The enactment ``--enactment`` asks for (None without it)."""
     if not args.enactment:
         return None
     from disco_jax.enactment import Enactment
+    from disco_jax.optimize import plan_compile_options
     from disco_jax.staged import even_buckets, staged_plan
     from hlo_tools.plan import FusionSpace, bucket_members
 
-    if not args.staged:  # as disco optimize compiles it: exact, dots on the library
-        return Enactment.single("disco_optimize", text, exact=True, library=True)
+    if not args.staged:  # as the route compiles plans (exact: dots on the library)
+        return Enactment.single("disco_optimize", text, **plan_compile_options(route))
     try:
         if args.staged == "plan":
             buckets = bucket_members(FusionSpace(graph), plan)

@@ -77,9 +77,10 @@ def register(subparsers: Any) -> None:
 def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
     """The options that choose a cost model (``--hardware``, ``--profile``,
     ``--no-bench``, ``--replicas``), shared by the commands that cost plans."""
-    p.add_argument("--hardware", default="inproc4", metavar="NAME|PATH",
+    p.add_argument("--hardware", metavar="NAME|PATH",
                    help="hardware file: a name (the user's hardware directory, then the "
-                        "shipped files) or a .toml path (default: inproc4)")
+                        "shipped files) or a .toml path (default: the shipped file of this "
+                        "machine's backend: inproc4 on CPU, gpu_nvlink8 on GPU)")
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="measured op times (estimator.profiler.OpProfile JSON), used first")
     p.add_argument("--no-bench", action="store_true",
@@ -178,7 +179,7 @@ def load_module(path: str | os.PathLike) -> Any:
     return module
 
 
-def _hardware(spec: str) -> Any:
+def load_hardware_file(spec: str) -> Any:
     """The hardware file ``spec`` names (:func:`estimator.hardware.load_hardware`).
 
     Raises:
@@ -192,6 +193,24 @@ def _hardware(spec: str) -> Any:
         raise UserError(str(err)) from None
     except (KeyError, ValueError, TypeError) as err:
         raise UserError(f"hardware {spec!r}: invalid hardware file: {err}") from None
+
+
+def default_hardware_here() -> str:
+    """The shipped hardware file of this process's backend (one process); on another
+    backend than CPU a note on stderr names it."""
+    import jax
+
+    from disco_jax.optimize import default_hardware
+
+    platform = jax.default_backend()
+    try:
+        name = default_hardware(1, platform)
+    except ValueError as err:
+        raise UserError(f"--hardware is needed here: {err}") from None
+    if platform != "cpu":
+        print(f"disco: note: hardware {name} (the default on {platform}; --hardware chooses "
+              "another)", file=sys.stderr)
+    return name
 
 
 def _profile(spec: str | None) -> Any:
@@ -214,6 +233,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Checks the cost-model options (and ``--overlap``, ``--trace`` where the command
     has them); raises :class:`UserError`."""
     overlap, trace = getattr(args, "overlap", None), getattr(args, "trace", None)
+    if args.hardware is None:
+        args.hardware = default_hardware_here()
     if overlap is not None and not 0.0 <= overlap <= 1.0:
         raise UserError(f"--overlap must be in [0, 1], got {overlap}")
     if args.replicas < 1:
@@ -232,7 +253,7 @@ def cost_model(module: Any, args: argparse.Namespace) -> Any:
     covering ``module``; raises :class:`UserError` for a bad hardware or profile file."""
     from disco_jax.cost_model import CostModel
 
-    hardware = _hardware(args.hardware)
+    hardware = load_hardware_file(args.hardware)
     profile = _profile(args.profile)
     replicas = args.replicas
     if not args.no_bench and replicas > 1:
@@ -310,7 +331,7 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     from disco_jax.enact import calibrate_in_context, in_context_costs, profile_module_in_context
     from hlo_tools.jax_bridge import HloCompileError
 
-    hardware = _hardware(args.hardware)
+    hardware = load_hardware_file(args.hardware)
     op_profile = _profile(args.profile)
     platform = jax.default_backend()
     reason = _setup_mismatch(hardware, platform) if mode is None else None

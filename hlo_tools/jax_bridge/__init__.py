@@ -1,0 +1,111 @@
+"""Bridge between jax and HLO text: extract a program, compile our text exactly as written.
+
+The package is the project's one contact with jax and XLA below jax's public API, in
+modules by job:
+
+* :mod:`~hlo_tools.jax_bridge.internals` -- the only importer of jax/jaxlib internals,
+  with the verified jax versions and what differs between them;
+* :mod:`~hlo_tools.jax_bridge.extract` -- a jax function's pre-optimization HLO text;
+* :mod:`~hlo_tools.jax_bridge.text` -- HLO text as XLA reads it (parse, verify, MLIR);
+* :mod:`~hlo_tools.jax_bridge.passes` -- which XLA passes ``exact`` compiles switch off
+  (``xla_passes.toml``, per backend);
+* :mod:`~hlo_tools.jax_bridge.compile` -- compiling text in place of a function's
+  lowering, from the text alone, standalone or per device;
+* :mod:`~hlo_tools.jax_bridge.route` -- whether a backend compiles hand-written fusions;
+* :mod:`~hlo_tools.jax_bridge.devices` -- devices a module needs, this process's memory;
+* :mod:`~hlo_tools.jax_bridge.sync` -- barriers and exchanges of a multi-process job.
+
+Typical use::
+
+    text = extract(step, params, batch)            # pre-optimization whole-program HLO
+    new_text = rewrite(text)                        # our plan, e.g. hand-written fusions
+    run = compile_hlo(step, (params, batch), new_text, exact=True)
+    new_params, loss = run(params, batch)
+    print(run.as_text())                            # what XLA actually compiled
+
+A module given only as text (an HLO file, no Python function) compiles the same way with
+:func:`compile_text`, which also makes inputs from its entry parameters::
+
+    run, inputs = compile_text(text)                # on this process's first N devices
+    outputs = run(*inputs)
+"""
+
+from __future__ import annotations
+
+from hlo_tools.jax_bridge.compile import (
+    CompiledHlo,
+    CompiledText,
+    PerDeviceHlo,
+    StandaloneHlo,
+    compile_hlo,
+    compile_per_device,
+    compile_standalone,
+    compile_text,
+    compiled_text,
+)
+from hlo_tools.jax_bridge.devices import backend_info, device_memory_bytes, module_devices
+from hlo_tools.jax_bridge.errors import DevicesUnavailableError, HloCompileError
+from hlo_tools.jax_bridge.extract import extract, fresh_function, lowered_text
+from hlo_tools.jax_bridge.internals import VERIFIED_VERSIONS, check_versions
+from hlo_tools.jax_bridge.passes import (
+    exact_compiler_options,
+    load_pass_config,
+    plan_library_options,
+    platform_family,
+)
+from hlo_tools.jax_bridge.route import (
+    BUCKETS,
+    EXACT,
+    ROUTES,
+    Route,
+    known_route,
+    probe_route,
+)
+from hlo_tools.jax_bridge.sync import Coordinator
+from hlo_tools.jax_bridge.text import (
+    count_all_reduces,
+    hlo_text_to_mlir,
+    verify_hlo,
+    xla_canonical_text,
+    xla_parse_ok,
+)
+
+__all__ = [
+    "BUCKETS",
+    "EXACT",
+    "ROUTES",
+    "VERIFIED_VERSIONS",
+    "CompiledHlo",
+    "CompiledText",
+    "Coordinator",
+    "DevicesUnavailableError",
+    "HloCompileError",
+    "PerDeviceHlo",
+    "Route",
+    "StandaloneHlo",
+    "backend_info",
+    "check_versions",
+    "compile_hlo",
+    "compile_per_device",
+    "compile_standalone",
+    "compile_text",
+    "compiled_text",
+    "count_all_reduces",
+    "device_memory_bytes",
+    "exact_compiler_options",
+    "extract",
+    "fresh_function",
+    "hlo_text_to_mlir",
+    "known_route",
+    "load_pass_config",
+    "lowered_text",
+    "module_devices",
+    "plan_library_options",
+    "platform_family",
+    "probe_route",
+    "verify_hlo",
+    "xla_canonical_text",
+    "xla_parse_ok",
+]
+
+check_versions()

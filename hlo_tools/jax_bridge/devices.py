@@ -1,0 +1,116 @@
+"""The devices a program runs on: how many a module needs, what this process has."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+import jax
+
+from hlo_tools.jax_bridge import internals
+from hlo_tools.jax_bridge.errors import DevicesUnavailableError
+
+__all__ = ["backend_info", "device_memory_bytes", "local_devices_for", "module_devices"]
+
+
+def backend_info(platform: str | None = None) -> dict[str, Any]:
+    """What per-op times depend on: versions, platform, device kind and host CPUs.
+
+    Returns:
+        ``{"jax", "jaxlib", "platform", "device_kind", "num_devices", "cpu_count"}``.
+    """
+    platform = platform or jax.default_backend()
+    devices = jax.devices(platform)
+    return {
+        "jax": internals.JAX_VERSION,
+        "jaxlib": internals.JAXLIB_VERSION,
+        "platform": platform,
+        "device_kind": devices[0].device_kind if devices else "",
+        "num_devices": len(devices),
+        "cpu_count": os.cpu_count() or 0,
+    }
+
+
+def device_memory_bytes(platform: str | None = None) -> int:
+    """Memory one device of this process may use, bytes.
+
+    A device that reports its memory (``memory_stats()["bytes_limit"]``: GPU) gives that;
+    host devices (CPU), which report nothing, share the machine's physical memory, so each
+    gets ``physical memory / local device count``.
+    """
+    platform = platform or jax.default_backend()
+    devices = jax.local_devices(backend=platform)
+    try:
+        stats = devices[0].memory_stats() if devices else None
+    except Exception:  # noqa: BLE001 - a backend without memory statistics
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(physical // max(1, len(devices)))
+
+
+#: ``devices=[4,1]...`` of a tiled sharding: the tile assignment's dimensions.
+_TILE_DIMS_RE = re.compile(r"devices=\[([\d,\s]+)\]")
+#: ``maximal device=3``.
+_MAXIMAL_RE = re.compile(r"maximal\s+device=(\d+)")
+#: ``replica_groups=[2,2]<=[4]`` (iota form): its dimensions.
+_IOTA_GROUPS_RE = re.compile(r"replica_groups=\[([\d,\s]+)\]<=")
+#: ``replica_groups={{0,1},{2,3}}`` / ``source_target_pairs={{0,1},{1,0}}``.
+_LIST_GROUPS_RE = re.compile(r"(?:replica_groups|source_target_pairs)=\{([\d,{}\s]*)\}")
+#: ``#sdy.mesh<["data"=4, "model"=2]>`` (quotes possibly escaped): its axes.
+_SDY_MESH_RE = re.compile(r"#sdy\.mesh<\[([^\]]*)\]")
+_SIZE_RE = re.compile(r"=\s*(\d+)")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in re.findall(r"\d+", text)]
+
+
+def module_devices(hlo_text: str) -> int:
+    """How many devices a pre-optimization whole-program module runs on.
+
+    The largest of what the text says: the header's ``num_partitions`` times its
+    ``replica_count``, the size of every shardy mesh (``#sdy.mesh<["data"=4]>``, as jax
+    lowers ``shard_map``), the tile assignment of every sharding (``devices=[4,1]<=[4]``,
+    ``maximal device=3``) and the device ids of every collective (``replica_groups``,
+    ``source_target_pairs``); 1 when it says nothing.
+    """
+    found = [1]
+    header = hlo_text.lstrip().split("\n", 1)[0]
+    partitions = re.search(r"\bnum_partitions=(\d+)", header)
+    replicas = re.search(r"\breplica_count=(\d+)", header)
+    found.append((int(partitions.group(1)) if partitions else 1)
+                 * (int(replicas.group(1)) if replicas else 1))
+    for axes in _SDY_MESH_RE.findall(hlo_text):
+        found.append(math.prod(int(v) for v in _SIZE_RE.findall(axes)))
+    for dims in _TILE_DIMS_RE.findall(hlo_text) + _IOTA_GROUPS_RE.findall(hlo_text):
+        found.append(math.prod(_ints(dims)))
+    found.extend(int(d) + 1 for d in _MAXIMAL_RE.findall(hlo_text))
+    for groups in _LIST_GROUPS_RE.findall(hlo_text):
+        found.append(max(_ints(groups), default=-1) + 1)
+    return max(found)
+
+
+def local_devices_for(hlo_text: str, platform: str) -> tuple[Any, ...]:
+    """The first :func:`module_devices` local devices of ``platform``.
+
+    Raises:
+        DevicesUnavailableError: the process has fewer.
+    """
+    needed = module_devices(hlo_text)
+    local = jax.local_devices(backend=platform)
+    if needed <= len(local):
+        return tuple(local[:needed])
+    hint = ""
+    if jax.process_count() > 1:
+        hint = (f" (process {jax.process_index()} of {jax.process_count()}: a module "
+                "runs here on this process's devices alone)")
+    elif platform == "cpu":
+        hint = (f" (XLA_FLAGS=--xla_force_host_platform_device_count={needed} gives a "
+                f"process {needed} host devices)")
+    raise DevicesUnavailableError(
+        f"the module runs on {needed} devices, this process has {len(local)} local "
+        f"{platform} device{'s' if len(local) != 1 else ''}{hint}")

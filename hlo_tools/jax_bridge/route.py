@@ -1,0 +1,111 @@
+"""Whether a backend compiles hand-written fusions: the route by which plans reach it.
+
+* :data:`EXACT`: the backend compiles a module's ``fusion`` instructions as written
+  (XLA:CPU, whose in-process client compiles the MLIR with ``mhlo.fusion`` directly). Every
+  rewrite of the search can be enacted.
+* :data:`BUCKETS`: it does not (XLA:GPU: its PJRT plugin client serializes the module to
+  portable StableHLO, which has no ``mhlo.fusion``). Plans there hold only what plain
+  ops express -- AllReduce buckets and their order -- and run over XLA's own fusion.
+
+:func:`probe_route` decides by compiling and running a two-op fusion on the backend
+(cached per platform); :func:`known_route` answers for a backend this process cannot
+reach, from the pass configuration's record of the probe.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from hlo_tools.jax_bridge import internals
+from hlo_tools.jax_bridge.passes import load_pass_config, section
+
+__all__ = ["BUCKETS", "EXACT", "ROUTES", "Route", "known_route", "probe_route"]
+
+EXACT, BUCKETS = "exact", "buckets"
+ROUTES = (EXACT, BUCKETS)
+
+_PROBE = """HloModule disco_route_probe
+
+%probe_fused (p0: f32[8], p1: f32[8]) -> f32[8] {
+  %p0 = f32[8]{0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %sum = f32[8]{0} add(f32[8]{0} %p0, f32[8]{0} %p1)
+  ROOT %product = f32[8]{0} multiply(f32[8]{0} %sum, f32[8]{0} %p1)
+}
+
+ENTRY %main (a: f32[8], b: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %b = f32[8]{0} parameter(1)
+  ROOT %fused = f32[8]{0} fusion(f32[8]{0} %a, f32[8]{0} %b), kind=kLoop, calls=%probe_fused
+}
+"""
+
+
+class Route(NamedTuple):
+    """How plans reach a backend.
+
+    Attributes:
+        name: :data:`EXACT` or :data:`BUCKETS`.
+        platform: the jax platform it is for (``cpu``, ``cuda``, ...).
+        reason: why, in words (the probe's finding or XLA's error).
+    """
+
+    name: str
+    platform: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return self._asdict()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]
+
+
+@functools.cache
+def probe_route(platform: str | None = None) -> Route:
+    """Compiles and runs a module holding one hand-written two-op fusion on ``platform``
+    with XLA's fusion passes off, and checks that the fusion is kept and computes what
+    its ops compute. The result is cached per platform (one probe per process).
+
+    Returns:
+        :data:`EXACT` when it is, else :data:`BUCKETS` with the reason.
+    """
+    from hlo_tools.jax_bridge.compile import compile_standalone
+
+    platform = platform or jax.default_backend()
+    client = "a PJRT C-API plugin client" if internals.is_c_api_client(platform) \
+        else "an in-process client"
+    try:
+        run = compile_standalone(_PROBE, exact=True, platform=platform)
+        a = np.arange(8, dtype=np.float32)
+        b = np.full(8, 0.5, np.float32)
+        (got,) = run(a, b)
+        compiled = run.as_text()
+    except Exception as err:  # noqa: BLE001 - whatever the backend raises decides it
+        return Route(BUCKETS, platform, f"{platform} ({client}) does not compile a "
+                     f"hand-written fusion: {_first_line(err)}")
+    if not np.allclose(got, (a + b) * b):
+        return Route(BUCKETS, platform, f"{platform}: a hand-written fusion computes "
+                     "another result")
+    if " fusion(" not in compiled or "multiply(" not in compiled:
+        return Route(BUCKETS, platform, f"{platform}: XLA did not keep a hand-written "
+                     "fusion as written")
+    return Route(EXACT, platform, f"{platform} ({client}) compiles hand-written fusions "
+                 "as written")
+
+
+def known_route(platform: str) -> Route:
+    """The route of a backend this process may not reach: the probe's result where this
+    process runs ``platform``, else what the pass configuration records for its family
+    (``enact_fusions`` and ``route_reason`` of ``xla_passes.toml``)."""
+    if platform in {d.platform for d in jax.devices()} or platform == jax.default_backend():
+        return probe_route(platform)
+    sect = load_pass_config()[section(platform)]
+    name = EXACT if sect.get("enact_fusions", True) else BUCKETS
+    return Route(name, platform, sect.get("route_reason", f"recorded for {platform}"))
