@@ -293,8 +293,11 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                        "op_fusion": predicted["op_fusion"],
                        "xla_default": predicted["xla_default"]}
         predicted["disco"] = pred_choice[choice.name]
-        # FO: the chosen program with every AllReduce hidden (its full-overlap bound)
-        if choice.name in staged:
+        # FO: the chosen program with every AllReduce hidden (its full-overlap bound),
+        # under the model that priced it: a staged program's under the staged model
+        if choice.name in staged and choice.name in staged_info.get("fo_bound_s", {}):
+            predicted["fo"] = staged_info["fo_bound_s"][choice.name]
+        elif choice.name in staged:
             predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], cm))
         elif choice.name in plans:
             predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[choice.name], cm))

@@ -434,16 +434,17 @@ def staged_candidates(step: Any, args: Sequence[Any], module: Any, graph: Any,
         fit = fit_staged_costs(module, graph, cands[ref], node_s,
                                parts.stage_s, parts.comm_s, total)
         both = predict_layouts(module, graph, cands, fit)
-        preds = {n: fitted for n, (fitted, _) in both.items()}
+        preds = {n: p.fitted_s for n, p in both.items()}
         best = sorted(preds, key=preds.__getitem__)[:top]
         pick = [n for n in best if n != ref]
         # what staging within one step could reach if the two streams did not share the
         # CPU: the first stage (the forward pass and more) hides nothing
-        unshared = {n: free for n, (_, free) in both.items()}
+        unshared = {n: p.unshared_s for n, p in both.items()}
         bound = min(unshared, key=unshared.__getitem__)
         if bound != ref and bound not in pick:
             pick.append(bound)
         info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
+                "fo_bound_s": {n: p.fo_bound_s for n, p in both.items()},
                 "parts": parts._asdict(),
                 # the computation alone, XLA-fused in stages: the step with every
                 # all-reduce hidden (the measured full-overlap bound)

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco_jax.simulator import SimGraph, simulate
+from disco_jax.simulator import SimGraph, full_overlap_bound, simulate
 from hlo_tools.graph import DeviceGraph
 from hlo_tools.ir import ELEMENT_BYTES, HloModule
 from hlo_tools.stages import StageAssignment, assign_stages
@@ -38,6 +38,7 @@ __all__ = [
     "fit_assignment",
     "fit_staged_costs",
     "layouts",
+    "LayoutPrediction",
     "predict_layouts",
     "predict_staged",
     "staged_graph",
@@ -134,16 +135,34 @@ def predict_staged(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequ
     return simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s
 
 
+class LayoutPrediction(NamedTuple):
+    """What the staged cost model says of one bucketing (:func:`predict_layouts`).
+
+    Attributes:
+        fitted_s: predicted seconds per iteration (:func:`predict_staged`).
+        unshared_s: the same with ``overlap`` 1: the two streams not sharing the CPU,
+            what staging could reach with the first stage hiding nothing.
+        fo_bound_s: the full-overlap bound of the staged program: the larger of its
+            stages' and its buckets' summed seconds, with every dependency ignored
+            (:func:`disco_jax.simulator.full_overlap_bound`); at most ``unshared_s``.
+    """
+
+    fitted_s: float
+    unshared_s: float
+    fo_bound_s: float
+
+
 def predict_layouts(module: HloModule, graph: DeviceGraph,
                     bucketings: dict[str, Sequence[Sequence[int]]], costs: StagedCosts
-                    ) -> dict[str, tuple[float, float]]:
-    """Per bucketing, :func:`predict_staged`'s seconds and the same with ``overlap`` 1
-    (the two streams not sharing the CPU: what staging could reach, the first stage
-    hiding nothing); each bucketing is assigned to stages once."""
+                    ) -> dict[str, LayoutPrediction]:
+    """Per bucketing, its :class:`LayoutPrediction`; each bucketing is assigned to
+    stages once."""
     out = {}
     for name, buckets in bucketings.items():
         sim = staged_graph(graph, assign_stages(module, buckets, graph), costs)
-        out[name] = (simulate(sim, costs.overlap).iteration_s, simulate(sim, 1.0).iteration_s)
+        out[name] = LayoutPrediction(simulate(sim, costs.overlap).iteration_s,
+                                     simulate(sim, 1.0).iteration_s,
+                                     full_overlap_bound(sim))
     return out
 
 

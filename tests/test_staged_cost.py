@@ -98,7 +98,7 @@ def test_layouts_split_the_gradients_in_order():
     assert len({tuple(map(tuple, b)) for b in out.values()}) == len(out)  # distinct
 
 
-def test_predict_layouts_prices_each_layout_as_predict_staged_and_unshared_no_slower():
+def test_predict_layouts_prices_each_layout_as_predict_staged_and_bounds_it():
     import hlo_tools
     from disco_jax import zoo
     from disco_jax.staged_cost import predict_layouts, predict_staged
@@ -113,8 +113,9 @@ def test_predict_layouts_prices_each_layout_as_predict_staged_and_unshared_no_sl
                         overlap=0.3)
     got = predict_layouts(module, graph, cands, costs)
     assert set(got) == set(cands) and len(got) >= 2
-    for name, (fitted, unshared) in got.items():
+    for name, (fitted, unshared, fo) in got.items():
         assert fitted == predict_staged(module, graph, cands[name], costs), name
         assert unshared == predict_staged(module, graph, cands[name],
                                           costs._replace(overlap=1.0)), name
-        assert unshared <= fitted, name
+        assert fo <= unshared * (1 + 1e-12) and unshared <= fitted, name  # (sums in
+        # another order round differently)

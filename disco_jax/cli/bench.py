@@ -27,7 +27,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "render_table", "run_bench", "write_plot"]
+__all__ = ["TABLE_LEGEND", "register", "render_table", "run_bench", "write_plot"]
+
+#: What ``disco bench --help`` says (the module docstring is for developers).
+HELP = """Measure every baseline and DisCo side by side, per zoo model and setup.
+
+For each model and setup (inproc4: 4 host devices in one process; gloo2: 2 gloo
+processes on 127.0.0.1; gloo2-1gbit: the same over a loopback limited to 1 Gbit/s,
+which needs root) one job profiles the step, searches, makes the final choice by
+measurement, then measures the paper's four baselines, hand bucketing and DisCo's choice
+in fresh interleaved rounds and predicts each. Prints the table and writes the rows to
+--out (JSON, after every job; --resume skips rows it holds) and a plot. --predict-only
+predicts the table for any hardware file, measuring nothing but op times (--op-times:
+times measured on another machine, e.g. a GPU)."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """examples:
+  disco bench --models vgg,bert --setups gloo2 --size small
+  sudo disco bench --setups gloo2-1gbit --size large --staged auto
+  disco bench --predict-only --hardware gpu_nvlink8 --size medium"""
 
 DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
 BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "bucketed")
@@ -40,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench", help="measure every baseline and DisCo side by side (Table 1)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help="comma-separated zoo models (default: %(default)s)")
     parser.add_argument("--setups", default=",".join(SETUPS),
@@ -49,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="zoo size (default: medium)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="search budget per job, seconds (default: configs/search.toml)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the search and the round order (default: 0)")
     parser.add_argument("--rounds", type=int, default=10,
                         help="interleaved rounds of the final measurement (default: 10)")
     parser.add_argument("--choice-rounds", type=int, default=5,
@@ -189,6 +209,7 @@ def run_bench(args: argparse.Namespace) -> int:
             rows.append(row)
             write_atomic(out, json.dumps(_document(rows, args, budget), indent=1))
     print(render_table(rows))
+    print(TABLE_LEGEND)
     if not args.predict_only:
         plot = Path(args.plot) if args.plot else out.with_suffix(".png")
         if write_plot(rows, plot):
@@ -244,10 +265,25 @@ def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
     return out
 
 
+#: What the columns of :func:`render_table` mean, printed under it.
+TABLE_LEGEND = """\
+ms per iteration. meas: medians of interleaved rounds; pred: the cost model's prediction.
+  no_fusion, op_fusion, allreduce_fusion, xla_default: XLA with neither its op fusion nor
+    its AllReduce combiner, only the one, only the other, or both (the paper's baselines)
+  bucketed: XLA's op fusion + hand bucketing (flat gradient buckets; the best size)
+  disco: DisCo's choice; fo: that choice's full-overlap bound (all communication hidden)
+  DisCo/best: measured speed-up over the fastest baseline; FO/best: the bound's
+    predicted speed-up; share: the part of that gain DisCo's prediction reaches;
+    search s: seconds of the search"""
+
+
 def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The rows as a text table (milliseconds; ``pred`` rows are predictions)."""
-    head = (f"{'model':12} {'setup':18} {'':5}" + "".join(f"{k[:11]:>12}" for k in
-                                                          (*BASELINE_KEYS, "disco", "fo"))
+    """The rows as a text table (milliseconds; ``pred`` rows are predictions; the columns
+    are explained by :data:`TABLE_LEGEND`)."""
+    keys = (*BASELINE_KEYS, "disco", "fo")
+    widths = [max(10, len(k) + 1) for k in keys]
+    head = (f"{'model':12} {'setup':18} {'':5}" + "".join(f"{k:>{w}}" for k, w in
+                                                          zip(keys, widths))
             + f"{'DisCo/best':>11} {'FO/best':>8} {'share':>6} {'search s':>9}")
     lines = [head, "-" * len(head)]
     for row in rows:
@@ -259,8 +295,8 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             vals = row.get("measured_s" if kind == "meas" else "predicted_s")
             if not vals:
                 continue
-            cells = "".join(f"{vals[k] * 1e3:>12.2f}" if vals.get(k) is not None
-                            else f"{'':>12}" for k in (*BASELINE_KEYS, "disco", "fo"))
+            cells = "".join(f"{vals[k] * 1e3:>{w}.2f}" if vals.get(k) is not None
+                            else f"{'':>{w}}" for k, w in zip(keys, widths))
             if kind == "meas":
                 tail = (f"{g['disco_speedup']:>10.2f}x {'':>8} {'':>6} "
                         f"{row.get('search_s', 0):>9.1f}")

@@ -29,12 +29,26 @@ from disco_jax.cli import UserError
 
 __all__ = ["register", "run"]
 
+#: What ``disco calibrate --help`` says (the module docstring is for developers).
+HELP = """Measure this machine's all-reduce cost and overlap, and write a hardware file.
+
+Runs the setup in child processes (inproc4: 4 host devices in one process; gloo2: 2 gloo
+processes on 127.0.0.1; gloo2-1gbit: the same over a 1 Gbit/s loopback, as root) and
+measures the all-reduce sweep (fitted as T = C * bytes + D), what one all-reduce adds
+inside a program (the model's D), and how far computation and communication overlap.
+Writes NAME.toml into the user's hardware directory (~/.config/disco_jax/hardware,
+$DISCO_CONFIG_DIR/hardware, or --out-dir), where --hardware NAME finds it first."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """example:
+  disco calibrate --setup gloo2 && disco simulate step.hlo --hardware gloo2"""
+
 
 def register(subparsers: Any) -> None:
     """Adds the ``calibrate`` subcommand."""
     p = subparsers.add_parser(
         "calibrate", help="measure this machine's AllReduce model and overlap, write a "
-                          "hardware file", description=__doc__,
+                          "hardware file", description=HELP, epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setup", required=True, metavar="NAME",
                    help="inproc4, gloo2 or gloo2-1gbit")

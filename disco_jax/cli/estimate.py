@@ -41,12 +41,25 @@ from disco_jax.cli.simulate import (
 
 __all__ = ["estimate_fusions", "fusion_groups", "register", "run"]
 
+#: What ``disco estimate --help`` says (the module docstring is for developers).
+HELP = """Predict the time of every fusion of an HLO module.
+
+For each fusion of the module's per-device program, prints the fallback rule's predicted
+time and, with --checkpoint, the GNN fused-op estimator's; --measure also times each
+fusion standalone. A module as jax lowers it has no fusions yet: give it one that
+disco optimize wrote, or XLA's compiled module."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """example:
+  disco estimate step.opt.hlo --checkpoint pretrained --measure --json"""
+
 
 def register(subparsers: Any) -> None:
     """Adds the ``estimate`` subcommand."""
     p = subparsers.add_parser(
         "estimate", help="predict the time of every fusion of an HLO module",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="IN.hlo", help="HLO text (pre- or post-optimization)")
     p.add_argument("--checkpoint", metavar="PATH",
                    help="GNN estimator checkpoint (disco train-estimator --out); without "

@@ -33,6 +33,20 @@ from disco_jax.cli import EXIT_INTERRUPTED, UserError
 
 __all__ = ["launch", "register"]
 
+#: What ``disco launch --help`` says (the module docstring is for developers).
+HELP = """Run a command as an N-process jax job on this machine (CPU, gloo).
+
+Starts N processes of the command, one host CPU device each (--devices-per-process), with
+the coordinator on 127.0.0.1 and a free port. Each process finds its place in the job in
+DISCO_COORDINATOR, DISCO_NUM_PROCESSES and DISCO_PROCESS_ID (and jax's own names); the
+script calls disco_jax.activator.initialize_from_env() before its first jax call. Output
+lines are prefixed with [i]. After --timeout seconds, or 20 s after a process failed, the
+rest are killed; the exit code is the first failure's (124 after a timeout)."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """example:
+  ENABLE_SEARCH=1 disco launch -n 2 -- python examples/train.py"""
+
 #: Exit code after the job ran past ``--timeout``.
 EXIT_TIMEOUT = 124
 #: Seconds the other processes get after one failed.
@@ -43,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``disco launch``."""
     p = subparsers.add_parser(
         "launch", help="run a command as an N-process local jax job (gloo on CPU)",
-        description=__doc__.split("\n\n")[0] + " " + " ".join(__doc__.split("\n\n")[1:2]))
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--num-processes", type=int, required=True,
                    help="processes of the job")
     p.add_argument("--port", type=int, default=None,

@@ -60,6 +60,23 @@ from hlo_tools.dirs import write_atomic
 
 __all__ = ["PLAN_FORMAT", "graph_fingerprint", "plan_path", "register", "run"]
 
+#: What ``disco optimize --help`` says (the module docstring is for developers).
+HELP = """Search the best plan of an HLO module and write it back as HLO.
+
+Reads a pre-optimization module (jax's lowered.as_text(dialect="hlo")), searches op
+fusion, duplicate fusion and AllReduce buckets with the simulator as cost model, and
+writes the best plan as HLO to OUT (atomically), with OUT.plan.json beside it (the plan,
+its predicted time). Compile OUT with hlo_tools.compile_hlo(step, args, text, exact=True)
+to run exactly that plan; --enactment writes what disco_jax.jit's store keeps. For a GPU
+hardware file the plan holds AllReduce buckets only (XLA:GPU compiles no hand-written
+fusion). Ctrl-C stops the search and keeps the best plan so far (exit code 130);
+--resume continues from it."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """examples:
+  disco optimize step.hlo -o step.opt.hlo --hardware gloo2 --time-budget 30
+  disco optimize step.hlo -o step.opt.hlo --enactment step.enactment.json"""
+
 #: The ``format`` of OUT.plan.json.
 PLAN_FORMAT = "disco-plan/1"
 
@@ -68,7 +85,8 @@ def register(subparsers: Any) -> None:
     """Adds the ``optimize`` subcommand."""
     p = subparsers.add_parser(
         "optimize", help="search the best plan of an HLO module and write it as HLO",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="IN.hlo", help="pre-optimization HLO text")
     p.add_argument("-o", "--output", required=True, metavar="OUT.hlo",
                    help="where to write the optimized HLO (atomically)")

@@ -53,6 +53,21 @@ __all__ = [
     "run",
 ]
 
+#: What ``disco simulate --help`` says (the module docstring is for developers).
+HELP = """Predict one training iteration of an HLO module, as written.
+
+Reads HLO text (jax's lowered.as_text(dialect="hlo"), or XLA's compiled module) and
+prices its per-device program with the cost model: single ops timed on this machine
+(cached), fusions predicted from their members, all-reduces from the hardware file's
+T = C * bytes + D. When this machine can run the module, it is first profiled here and
+the model is fitted to that run (a note says when it cannot). Prints the iteration time,
+its computation and communication, overlap and peak memory."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """examples:
+  disco simulate step.hlo --hardware gloo2
+  disco simulate step.hlo --json --trace timeline.json   # open in ui.perfetto.dev"""
+
 #: Instruction names in a verifier message: quoted, or the leading ``[computation/]name:``
 #: (the instruction the problem is about, whose line is reported first).
 _PROBLEM_NAMES = re.compile(r"'([^']+)'|^(?:[\w.\-]+/)?([\w.\-]+):")
@@ -62,7 +77,8 @@ def register(subparsers: Any) -> None:
     """Adds the ``simulate`` subcommand."""
     p = subparsers.add_parser(
         "simulate", help="simulate one training iteration of an HLO module as written",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.hlo", help="HLO text (pre- or post-optimization)")
     add_cost_model_arguments(p)
     add_gnn_argument(p)

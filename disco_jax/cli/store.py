@@ -22,6 +22,19 @@ from disco_jax.cli import UserError
 
 __all__ = ["register", "run_list", "run_rm", "run_show"]
 
+#: What ``disco store --help`` says (the module docstring is for developers).
+HELP = """List, show or remove the programs disco_jax.jit stored.
+
+The store is --store DIR, else $DISCO_STORE, else the user cache directory. KEY is a
+store key or a unique prefix of at least 4 hex digits. Nothing read from the store is
+executed."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """examples:
+  disco store list
+  disco store show 5c25 --check      # would it run in this process?
+  disco store rm 5c25"""
+
 _PREFIX_RE = re.compile(r"[0-9a-f]{4,64}")
 
 
@@ -29,7 +42,8 @@ def register(subparsers: Any) -> None:
     """Adds the ``store`` subcommand and its ``list``, ``show`` and ``rm``."""
     p = subparsers.add_parser(
         "store", help="list, show or remove the stored plans of disco_jax.jit",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="store_command", metavar="ACTION")
 
     def common(q: argparse.ArgumentParser) -> None:

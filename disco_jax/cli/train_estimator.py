@@ -53,6 +53,20 @@ __all__ = [
     "zoo_modules",
 ]
 
+#: What ``disco train-estimator --help`` says (the module docstring is for developers).
+HELP = """Train the GNN fused-op estimator on measured fused ops.
+
+The samples are fusion groups timed as standalone fused ops, kept in a resumable dataset
+(default: the cache directory's gnn/ folder). --generate first times new ones from the
+zoo models (groups of random plans, and XLA's own fusions); --generate-only stops there.
+Training shows progress, writes the model to --out and reports its accuracy beside the
+fallback rule's (within 10% and 14%, median error), on --held-out MODEL if given."""
+
+#: Examples, after the options in ``--help``.
+EXAMPLES = """examples:
+  disco train-estimator --generate --generate-only --size tiny --per-module 120
+  disco train-estimator --held-out resnet --out gnn.msgpack"""
+
 #: Zoo models ``--generate`` draws from by default (all six, so that every model can be
 #: held out).
 DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
@@ -66,7 +80,8 @@ def register(subparsers: Any) -> None:
     """Adds the ``train-estimator`` subcommand."""
     p = subparsers.add_parser(
         "train-estimator", help="train the GNN fused-op estimator on measured fused ops",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", metavar="PATH",
                    help="dataset file (.jsonl), or a directory of them (this backend's "
                         "file is used; default: the cache's gnn directory)")
