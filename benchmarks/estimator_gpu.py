@@ -2,7 +2,7 @@
 
 On this project's 2-core CPU VM two timings of the same fused op agree within 10% for
 only 45-59% of the ops (``benchmarks/estimator_retest.py``), which caps any estimator's
-score far below issue 15's 90%. This benchmark runs the same pipeline where timings
+score far below the paper's 90%. This benchmark runs the same pipeline where timings
 repeat: a GPU. Two steps, because the GPU machine has no zoo of its own to lower on four
 devices::
 

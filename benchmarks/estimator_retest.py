@@ -1,6 +1,6 @@
 """How well the fused-op dataset's timings repeat: the ceiling under any estimator.
 
-Issue 15's target is 90% of held-out fused ops predicted within 10% of their measured
+A target of 90% of held-out fused ops predicted within 10% of their measured
 time. A prediction is scored against one measurement, so the measurement's own
 repeatability bounds what any estimator can reach. This benchmark times the same fused
 ops again, the way the dataset times them (:func:`estimator.gnn.dataset.generate`: the

@@ -1,22 +1,20 @@
 """DisCo for JAX: joint op fusion, duplicate fusion and AllReduce fusion of a
-data-parallel train step, chosen by a search costed by a simulator.
+data-parallel train step, chosen by a search costed by a simulator and by measurement.
 
-The public API, re-exported here:
+What a user calls:
 
-* the cost model (:mod:`disco_jax.cost_model`): :class:`CostModel`, :class:`OpTimes`,
-  :class:`BackendConstants`, :class:`GraphCosts`;
-* plans to simulator graphs (:mod:`disco_jax.lower`): :func:`sim_graph`,
-  :func:`sim_graph_from_module`, :func:`simulate_plan`;
-* the simulator (:mod:`disco_jax.simulator`): :func:`simulate`, :class:`SimGraph`,
-  :class:`SimResult`;
-* the search (:mod:`disco_jax.search`): :func:`search` and its :class:`SearchOutcome`,
-  :class:`SearchStats`, :class:`SearchConfig`, :func:`load_config`,
-  :func:`baseline_plans`; the compact core :func:`backtracking_search`,
-  :class:`SearchResult`;
-* the model zoo, :mod:`disco_jax.zoo` (imported on first use: it imports jax);
-* :func:`jit` (:mod:`disco_jax.jit`), the drop-in for ``jax.jit`` with the strategy store
-  (:mod:`disco_jax.store`) and ``ENABLE_SEARCH``.
+* :func:`jit`, the drop-in for ``jax.jit`` (``ENABLE_SEARCH=1`` searches and stores,
+  ``0`` runs the stored program), with :class:`RunInfo` (what a call ran) and
+  :class:`DiscoFallbackWarning` (why it ran plain ``jax.jit``);
+* :func:`optimize_step`, the whole pipeline for one step, returning the winner as an
+  :class:`Optimized` whose ``enactment`` (an :class:`Enactment`) is what the store keeps;
+* :func:`search` (Algorithm 1 of the DisCo paper over a step's graph) and
+  :func:`simulate` (the ready-queue simulator);
+* :mod:`disco_jax.store`, the strategy store, and :mod:`disco_jax.zoo`, the train steps
+  the project optimizes.
 
+Everything else stays importable from its module (the cost model from
+:mod:`disco_jax.cost_model`, plans to simulator graphs from :mod:`disco_jax.lower`, ...).
 Importing the package does not import jax.
 """
 
@@ -25,47 +23,33 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from disco_jax.cost_model import BackendConstants, CostModel, GraphCosts, OpTimes
-from disco_jax.jit import jit
-from disco_jax.lower import sim_graph, sim_graph_from_module, simulate_plan
-from disco_jax.search import (
-    SearchConfig,
-    SearchOutcome,
-    SearchResult,
-    SearchStats,
-    backtracking_search,
-    baseline_plans,
-    load_config,
-    search,
-)
-from disco_jax.simulator import SimGraph, SimResult, simulate
+from disco_jax.jit import DiscoFallbackWarning, RunInfo, jit
+from disco_jax.optimize import Optimized, optimize_step
+from disco_jax.search import search
+from disco_jax.simulator import simulate
 
 __all__ = [
-    "BackendConstants",
-    "CostModel",
-    "GraphCosts",
-    "OpTimes",
-    "SearchConfig",
-    "SearchOutcome",
-    "SearchResult",
-    "SearchStats",
-    "SimGraph",
-    "SimResult",
-    "backtracking_search",
-    "baseline_plans",
+    "DiscoFallbackWarning",
+    "Enactment",
+    "Optimized",
+    "RunInfo",
     "jit",
-    "load_config",
+    "optimize_step",
     "search",
-    "sim_graph",
-    "sim_graph_from_module",
     "simulate",
-    "simulate_plan",
+    "store",
     "zoo",
 ]
 
+#: Names imported on first use: they import jax (and the zoo flax and optax).
+_LAZY = {"Enactment": ("disco_jax.enactment", "Enactment"), "store": ("disco_jax.store", None),
+         "zoo": ("disco_jax.zoo", None)}
+
 
 def __getattr__(name: str) -> Any:
-    """``disco_jax.zoo`` on first use (it imports jax, flax and optax)."""
-    if name == "zoo":
-        return importlib.import_module("disco_jax.zoo")
+    """:class:`Enactment`, :mod:`disco_jax.store` and :mod:`disco_jax.zoo` on first use."""
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        loaded = importlib.import_module(module)
+        return getattr(loaded, attr) if attr else loaded
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -93,3 +93,19 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path: Path) -> None:
     assert len(found) == 4, found
     assert "higher layer" in found[0] and "jax internals" in found[1]
     assert "_hidden" in found[2] and "hp._KERNEL" in found[3]
+
+
+def test_the_public_api_resolves_without_importing_jax() -> None:
+    """Every name of ``disco_jax.__all__`` resolves, and importing the package (and its
+    eager names) leaves jax unimported: a user's ``import disco_jax`` costs nothing."""
+    import subprocess
+    import sys
+
+    code = ("import sys, disco_jax\n"
+            "eager = [n for n in disco_jax.__all__ if n not in ('Enactment', 'store', 'zoo')]\n"
+            "assert all(getattr(disco_jax, n) is not None for n in eager)\n"
+            "assert 'jax' not in sys.modules, 'importing disco_jax imported jax'\n"
+            "assert all(getattr(disco_jax, n) is not None for n in disco_jax.__all__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(ROOT), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Store safety (issue 16, items 2, 3, 5 and 6): an untrusted, stale, tampered, raced or
+"""Store safety: an untrusted, stale, tampered, raced or
 copied store never runs something the user did not ask for.
 
 One real search (``ENABLE_SEARCH=1``, a small shard_map MLP step on 4 host devices, a
