@@ -217,6 +217,49 @@ def test_static_and_donated_arguments(tmp_path, monkeypatch):
     assert again.__name__ == "step"
 
 
+def test_later_calls_take_jax_s_compiled_program_per_signature(tmp_path, monkeypatch):
+    """Later calls of a signature go through jax's compiled program (``_hot``); another
+    signature takes the lookup and becomes the fast one; the fast path donates as
+    jax.jit does; tracers still get plain jax.jit."""
+    step, make_params, batch = mlp_step()
+
+    def fixed_lr(params, batch):
+        return step(params, batch, 0.1)
+
+    monkeypatch.setenv("ENABLE_SEARCH", "1")
+    wrapped = disco_jax.jit(fixed_lr, donate_argnums=0, store=tmp_path, time_budget_s=0.5,
+                            search_options=QUICK)
+    want = jax.jit(fixed_lr)(make_params(), batch)
+    _close(wrapped(make_params(), batch), want)
+    searched = wrapped.last_run_info
+    assert searched.mode == "searched"
+    assert isinstance(wrapped._hot.fast, jax.stages.Compiled)
+    for _ in range(2):  # the fast path: same program, donated buffers deleted
+        donated = make_params()
+        _close(wrapped(donated, batch), want)
+        assert wrapped.last_run_info is searched
+        assert all(leaf.is_deleted() for leaf in jax.tree.leaves(donated))
+    # another signature (half the batch): a first call of its own, then the fast one
+    monkeypatch.setenv("ENABLE_SEARCH", "0")
+    half = jax.tree.map(lambda x: x[:16], batch)
+    with pytest.warns(DiscoFallbackWarning, match="no stored plan"):
+        _close(wrapped(make_params(), half), jax.jit(fixed_lr)(make_params(), half))
+    assert wrapped.last_run_info.mode == "fallback"
+    _close(wrapped(make_params(), half), jax.jit(fixed_lr)(make_params(), half))
+    assert wrapped.last_run_info.mode == "fallback"
+    _close(wrapped(make_params(), batch), want)  # back to the searched program
+    assert wrapped.last_run_info is searched
+    # under a transformation (a wrapper that donates nothing: a donated primal is gone
+    # before the backward pass, with jax.jit too)
+    plain = disco_jax.jit(fixed_lr, store=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiscoFallbackWarning)
+        plain(make_params(), batch)
+    assert plain._hot is not None
+    grads = jax.grad(lambda p: plain(p, batch)[1])(make_params())
+    _close(grads, jax.grad(lambda p: fixed_lr(p, batch)[1])(make_params()))
+
+
 def test_flag_unset_uses_a_stored_plan_silently_or_jax_jit(tmp_path, monkeypatch):
     step, make_params, batch = mlp_step()
     monkeypatch.delenv("ENABLE_SEARCH", raising=False)
