@@ -24,14 +24,19 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 
 def _api():
-    """(CostModel, simulate_plan, sim_graph_from_module, simulate) in either layout."""
-    try:
-        from disco_jax.cost_model import CostModel
-        from disco_jax.lower import sim_graph_from_module, simulate_plan
-    except ImportError:  # the landed layout (one disco_jax.costs module)
-        from disco_jax.costs import CostModel, sim_graph_from_module, simulate_plan
-    from disco_jax.simulator import simulate
-    return CostModel, simulate_plan, sim_graph_from_module, simulate
+    """(CostModel, simulate_plan, sim_graph_from_module, simulate) in any layout."""
+    import importlib
+
+    for costs, lower, simulator in (
+            ("disco_jax.costs.cost_model", "disco_jax.costs.lower", "disco_jax.costs.simulator"),
+            ("disco_jax.cost_model", "disco_jax.lower", "disco_jax.simulator"),
+            ("disco_jax.costs", "disco_jax.costs", "disco_jax.simulator")):
+        try:
+            cm, lw, sm = (importlib.import_module(m) for m in (costs, lower, simulator))
+            return cm.CostModel, lw.simulate_plan, lw.sim_graph_from_module, sm.simulate
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("no known layout of disco_jax's cost model")
 
 
 def plan_key(plan) -> str:
@@ -110,10 +115,14 @@ def speed(inputs: Path, moves: int) -> dict:
 
 
 def _sim_rate(graph, plan, simulate, costs) -> float:
-    try:
-        from disco_jax.lower import sim_graph
-    except ImportError:
-        from disco_jax.costs import sim_graph
+    import importlib
+
+    for module in ("disco_jax.costs.lower", "disco_jax.lower", "disco_jax.costs"):
+        try:
+            sim_graph = importlib.import_module(module).sim_graph
+            break
+        except (ImportError, AttributeError):
+            continue
     sg = sim_graph(graph, plan, costs)
     simulate(sg, costs.overlap, check=False)
     reps = 200

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 1 or args.batch_size < 1 or not args.learning_rate > 0:
         p.error("--epochs and --batch-size must be >= 1, --learning-rate > 0")
 
-    from disco_jax.cost_model import BackendConstants
+    from disco_jax.costs.cost_model import BackendConstants
     from estimator.gnn.dataset import DATASET_VERSION, dataset_path, load_samples
     from estimator.hardware import load_hardware
     from estimator.op_bench import backend_fingerprint

@@ -48,7 +48,7 @@ TARGET_PER_S = 10_000
 def _fixture_groups() -> tuple[Any, Any, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
     """The MLP fixture's graph, analytic cost model and random plans' groups."""
     import hlo_tools
-    from disco_jax.cost_model import CostModel
+    from disco_jax.costs.cost_model import CostModel
     from estimator.gnn.dataset import plan_groups
 
     graph = hlo_tools.device_graph(hlo_tools.parse(FIXTURE.read_text()))

@@ -52,7 +52,7 @@ import disco_jax  # noqa: E402
 import hlo_tools  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from disco_jax.jit import DiscoFallbackWarning  # noqa: E402
-from disco_jax.optimize import plan_compile_options  # noqa: E402
+from disco_jax.pipeline.candidates import plan_compile_options  # noqa: E402
 from hlo_tools import jax_bridge as jb  # noqa: E402
 from hlo_tools import plan as P  # noqa: E402
 from hlo_tools.dirs import write_atomic  # noqa: E402

@@ -1,7 +1,7 @@
 """Cost-model error on held-out train steps (not zoo models), in every shipped setup.
 
 For each step of ``benchmarks/heldout_steps.py`` and each setup, one ``disco bench`` job
-(:func:`disco_jax.bench.run_job`: in-context profile and fit, search, final choice,
+(:func:`disco_jax.pipeline.bench.run_job`: in-context profile and fit, search, final choice,
 interleaved measurement) gives the measured and the predicted per-iteration time of
 XLA's four baselines, hand bucketing and DisCo's choice, and of every candidate of the
 final choice (the search's best plans, the bucketed sweep, XLA's default). The error of a
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.heldout_steps import STEPS  # noqa: E402
-from disco_jax.bench import SETUPS, run_job  # noqa: E402
+from disco_jax.pipeline.bench import SETUPS, run_job  # noqa: E402
 from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES  # noqa: E402
 from hlo_tools.dirs import write_atomic  # noqa: E402
 

@@ -1,7 +1,7 @@
 """What a user of the product sees in a multi-process job: ``disco_jax.jit`` end to end.
 
 Per zoo model, one job of 2 gloo processes, each pinned to its own CPU
-(``NPROC`` = ``disco_jax.staged.POOL_THREADS``),
+(``NPROC`` = ``disco_jax.enactment.staged.POOL_THREADS``),
 over an emulated 1 Gbit/s link (``unshare -n`` + ``tc``, as ``disco bench``'s
 ``gloo2-1gbit``; needs root). In the job every process:
 
@@ -57,7 +57,8 @@ def _worker(args: argparse.Namespace) -> None:
     import disco_jax
     from disco_jax import zoo
     from disco_jax.activator import broadcast_bytes
-    from disco_jax.enact import job_sync, measure
+    from disco_jax.pipeline.choose import measure
+    from disco_jax.pipeline.sync import job_sync
     from hlo_tools.baselines import compile_bucketed
 
     os.environ["DISCO_STORE"] = str(Path(args.tmp) / f"store{args.process_id}")
@@ -110,7 +111,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace) -> None:
     """Inside ``unshare -n``: limits the loopback, starts the two workers."""
-    from disco_jax.staged import POOL_THREADS
+    from disco_jax.enactment.staged import POOL_THREADS
     from estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
 
     print(set_loopback_rate("1gbit", args.parent_netns, "128kb"), file=sys.stderr)
@@ -206,7 +207,7 @@ def main() -> None:
         return _worker(args)
     if args.mode == "launch":
         return _launch(args)
-    from disco_jax.staged import POOL_THREADS
+    from disco_jax.enactment.staged import POOL_THREADS
     from estimator.gloo import child_env, run_bounded
     from hlo_tools.dirs import write_atomic
 

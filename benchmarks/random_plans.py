@@ -19,7 +19,7 @@ import pathlib
 import sys
 import time
 
-from disco_jax.plan_check import run_isolated
+from disco_jax.enactment.plan_check import run_isolated
 from disco_jax.zoo import MODELS
 
 RESULTS = pathlib.Path(__file__).parent / "results"

@@ -1,7 +1,7 @@
 """Search quality: the default search against a long one, per zoo model.
 
 For each model (4 host devices, single ops timed on this machine, hardware ``inproc4``)
-the default :func:`disco_jax.search.search` (the config's budget, at most 60 s) and a
+the default :func:`disco_jax.pipeline.search.search` (the config's budget, at most 60 s) and a
 long search (``--long-budget`` seconds, patience unlimited) with the same seed; prints the
 predicted iteration time of both, the gap of the default to the long one in %, the best
 start plan's time, the search seconds and stop reasons, and writes
@@ -29,8 +29,8 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 def measure(name: str, size: str, hardware: str, long_budget: float, seed: int) -> dict:
     import hlo_tools
     from disco_jax import zoo
-    from disco_jax.cost_model import CostModel
-    from disco_jax.search import load_config, search
+    from disco_jax.costs.cost_model import CostModel
+    from disco_jax.pipeline.search import load_config, search
     from hlo_tools import plan as P
 
     step, args = zoo.get(name)(4, size)

@@ -5,7 +5,7 @@ each pinned to its own CPU, over the emulated 1 Gbit/s link (``unshare -n`` + ``
 rate 1gbit burst 128kb``; needs root). One launch per setting (a setting is the pool size
 ``NPROC`` and the all-reduce chunking: settings cannot share a process); in each, the
 staged step's median over 9 calls, ``jax.jit``'s beside it, every program alone
-(:meth:`disco_jax.staged.StagedStep.parts`) and the self-test. ``lost`` is the staged
+(:meth:`disco_jax.enactment.staged.StagedStep.parts`) and the self-test. ``lost`` is the staged
 step minus (first stage + communication alone), the within-step bound with the two
 streams not sharing the CPU.
 
@@ -43,7 +43,7 @@ def _worker(a: argparse.Namespace) -> None:
     from jax.experimental import multihost_utils as mu
 
     from disco_jax import zoo
-    from disco_jax.staged import CHUNK_BYTES, staged_step
+    from disco_jax.enactment.staged import CHUNK_BYTES, staged_step
 
     step, args = zoo.get(a.model)(jax.device_count(), a.size)
     chunk = None if a.chunk == "none" else CHUNK_BYTES

@@ -14,7 +14,8 @@ What a user calls:
   the project optimizes.
 
 Everything else stays importable from its module (the cost model from
-:mod:`disco_jax.cost_model`, plans to simulator graphs from :mod:`disco_jax.lower`, ...).
+:mod:`disco_jax.costs.cost_model`, plans to simulator graphs from
+:mod:`disco_jax.costs.lower`, ...).
 Importing the package does not import jax.
 """
 
@@ -23,10 +24,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from disco_jax.costs.simulator import simulate
 from disco_jax.jit import DiscoFallbackWarning, RunInfo, jit
-from disco_jax.optimize import Optimized, optimize_step
-from disco_jax.search import search
-from disco_jax.simulator import simulate
+from disco_jax.pipeline.optimize import Optimized, optimize_step
+from disco_jax.pipeline.search import search
 
 __all__ = [
     "DiscoFallbackWarning",

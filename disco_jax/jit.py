@@ -16,7 +16,7 @@ pre-optimization HLO (:func:`disco_jax.store.source_fingerprint`) and reads the
 environment variable ``ENABLE_SEARCH``:
 
 * ``1`` (search phase): profile, search and choose by measurement
-  (:func:`disco_jax.optimize.optimize_step`; search budget: the ``time_budget_s``
+  (:func:`disco_jax.pipeline.optimize.optimize_step`; search budget: the ``time_budget_s``
   argument, else ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``; plans predicted to
   need more memory than ``$DISCO_MEMORY_BUDGET`` or the device has are refused), store the winner
   (:mod:`disco_jax.store`) and run it. Mode ``"searched"``.
@@ -635,8 +635,8 @@ class DiscoJitted:
         import jax
 
         from disco_jax import store as st
-        from disco_jax.enact import job_sync
-        from disco_jax.optimize import optimize_step
+        from disco_jax.pipeline.optimize import optimize_step
+        from disco_jax.pipeline.sync import job_sync
         from disco_jax.units import env_bytes
 
         try:
@@ -660,19 +660,19 @@ class DiscoJitted:
                                   source_fp)
         enactment, report = opt.enactment, opt.report
         run = getattr(opt.run, "compiled", opt.run)
-        choice = report["choice"]
+        choice = report.choice
         path = record = None
         multi = jax.process_count() > 1
         if jax.process_index() == 0:  # in a job, process 0's record and store count
             setup = st.Setup.current()
             record = st.make_record(
                 source_fp, setup, enactment_fingerprint=enactment.fingerprint, choice=choice,
-                hardware=report["hardware"], hardware_sha256=_hardware_sha256(
-                    report["hardware"]),
-                predicted_s=report["predicted_s"], measured_s=report["measured_s"],
-                search=report["search"],
-                extra={"calibration": report["calibration"], "route": report["route"],
-                       "pipeline_s": report["seconds"], "function": self._name()})
+                hardware=report.hardware, hardware_sha256=_hardware_sha256(
+                    report.hardware),
+                predicted_s=report.predicted_s, measured_s=report.measured_s,
+                search=report.search,
+                extra={"calibration": report.calibration, "route": report.route,
+                       "pipeline_s": report.seconds, "function": self._name()})
             try:
                 path = str(st.write_entry(source_fp, record, enactment, root=self._store))
             except OSError as err:
@@ -682,7 +682,7 @@ class DiscoJitted:
                                 mode=SEARCHED, path=path, prebuilt=(enactment, run))
         return _Compiled(run, True, RunInfo(
             SEARCHED, enactment.fingerprint, source_fp, "", choice,
-            report["predicted_s"].get(choice), report["measured_s"].get(choice), path),
+            report.predicted_s.get(choice), report.measured_s.get(choice), path),
             self._donate_dyn)
 
 
@@ -769,10 +769,10 @@ def jit(fun: Callable[..., Any] | None = None, *, time_budget_s: float | None = 
         store: the strategy store's directory (default: ``$DISCO_STORE``, else the user
             cache directory; :func:`disco_jax.store.store_dir`).
         hardware: hardware file of the search's cost model (default: the shipped file of
-            the backend, :func:`disco_jax.optimize.default_hardware`: on CPU ``inproc4``
+            the backend, :func:`disco_jax.pipeline.fit.default_hardware`: on CPU ``inproc4``
             for one process, ``gloo2`` for several; fitted in context either way).
         search_options: more keyword arguments of
-            :func:`disco_jax.optimize.optimize_step` (``top_k``, ``choice_rounds``,
+            :func:`disco_jax.pipeline.optimize.optimize_step` (``top_k``, ``choice_rounds``,
             ``staged``, ``bucket_thresholds``, ``profile_rounds`` ...).
         **jax_jit_kwargs: passed to ``jax.jit`` (``static_argnums``, ``donate_argnums``,
             ``in_shardings`` ...).

@@ -33,7 +33,7 @@ number generators and other side effects, and ``fusion`` (a fusion's time is alw
 predicted from its members, never measured). Ops that run no kernel (parameters,
 constants, tuples, ``get-tuple-element``, ``bitcast``, and ``reshape``, which XLA:CPU
 turns into a bitcast under its default layouts) cost zero. Both fall back to the
-analytic model of :mod:`estimator.profiler` (see ``disco_jax.cost_model``).
+analytic model of :mod:`estimator.profiler` (see ``disco_jax.costs.cost_model``).
 
 The cache is one JSON file per backend fingerprint (jax/jaxlib version, platform,
 device kind, host CPU count, replicas) under ``$DISCO_CACHE_DIR/ops`` (default

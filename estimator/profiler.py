@@ -84,7 +84,7 @@ __all__ = [
 PROFILE_SCHEMA = 1
 
 #: Chrome-trace ``tid`` of compute kernels, in the trace layout shared by measured traces
-#: (:func:`measured_chrome_trace`) and simulated ones (``disco_jax.trace``, which takes
+#: (:func:`measured_chrome_trace`) and simulated ones (``disco_jax.costs.trace``, which takes
 #: its thread ids from here).
 COMPUTE_TID = 0
 #: Chrome-trace ``tid`` of collectives (communication), in the same layout.
@@ -260,9 +260,9 @@ def _iteration_spans(events: Sequence[OpEvent]) -> list[float]:
 def measured_chrome_trace(events: Sequence[OpEvent], *, run_id: str | None = None,
                           comm: Iterable[str] | None = None, label: str | None = None,
                           pid_offset: int = 0) -> dict[str, Any]:
-    """One measured iteration as a Chrome trace in :mod:`disco_jax.trace`'s format.
+    """One measured iteration as a Chrome trace in :mod:`disco_jax.costs.trace`'s format.
 
-    The result has the layout of a simulated trace (``disco_jax.trace.to_chrome_trace``),
+    The result has the layout of a simulated trace (``disco_jax.costs.trace.to_chrome_trace``),
     so that both can be opened side by side: one trace process per device (``pid`` =
     ``pid_offset`` + device ordinal), ``tid`` 0 for compute kernels and ``tid`` 1 for
     collectives, times in microseconds from the start of the iteration, and the same
@@ -321,7 +321,7 @@ def _lane(ends: list[float], start: float, end: float, compute_tid: int) -> int:
 
 def _trace_metadata(evs: Sequence[OpEvent], lanes: Mapping[int, list[float]], pid_offset: int,
                     label: str | None, compute_tid: int, comm_tid: int) -> list[dict[str, Any]]:
-    """"M" events naming each device's process and threads (as disco_jax.trace does)."""
+    """"M" events naming each device's process and threads (as disco_jax.costs.trace does)."""
     meta: list[dict[str, Any]] = []
     for dev in sorted({e.device for e in evs}):
         pid = pid_offset + dev

@@ -555,20 +555,24 @@ def bucketed_candidates(
     platform: str | None = None,
     kwargs: Mapping[str, Any] | None = None,
     config: str | Path | None = None,
+    module: HloModule | None = None,
 ) -> list[BucketedCandidate]:
     """The ``bucketed`` sweep: one compiled candidate per threshold, in the given order.
 
-    The program is extracted once; thresholds that give the same buckets (all of them on
-    a model whose gradients fit in the smallest) share one compiled program. Measuring the
-    candidates and keeping the fastest is the caller's (a benchmark's) business.
+    The program is extracted once (not at all when ``module`` is given); thresholds that
+    give the same buckets (all of them on a model whose gradients fit in the smallest)
+    share one compiled program. Measuring the candidates and keeping the fastest is the
+    caller's business.
 
     Args:
         fn, args, platform, kwargs, config: as for :func:`compile_bucketed`.
         thresholds: the bucket sizes T (None: one bucket).
+        module: ``fn``'s pre-optimization module on ``args``, already parsed.
     """
     platform = platform or jax.default_backend()
     step = jb.fresh_function(fn)
-    module = parse(jb.extract(step, *args, **(kwargs or {})))
+    if module is None:
+        module = parse(jb.extract(step, *args, **(kwargs or {})))
     return _compile_bucketed(step, args, module, thresholds, platform, kwargs, config)
 
 

@@ -2,7 +2,7 @@
 
 Staged enactment runs a data-parallel step as several programs: compute stages on one
 stream and the gradient all-reduces, bucket by bucket, on another (see
-:mod:`disco_jax.staged`). This module does the HLO part: from the pre-optimization
+:mod:`disco_jax.enactment.staged`). This module does the HLO part: from the pre-optimization
 whole-program module and a bucketing of its gradient all-reduces it builds
 
 * per-device **stage modules** (plain single-device HLO, no collectives): the ``K``

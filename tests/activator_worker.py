@@ -41,7 +41,7 @@ _searches: list[int] = []
 
 
 def _count_searches() -> None:
-    module = importlib.import_module("disco_jax.search")  # the package exports a function
+    module = importlib.import_module("disco_jax.pipeline.search")  # the package exports a function
     real = module.search
 
     def counted(*a, **k):
@@ -56,7 +56,7 @@ def _put_staged(step, args, store: str) -> str:
     import hlo_tools
     from disco_jax import store as st
     from disco_jax.enactment import Enactment
-    from disco_jax.staged import staged_plan
+    from disco_jax.enactment.staged import staged_plan
     from hlo_tools.jax_bridge import lowered_text
 
     text = lowered_text(jax.jit(step).lower(*args))

@@ -9,7 +9,7 @@ Modes:
   process pinned to one CPU without ``NPROC``, with ``DISCO_STAGED=0`` from the test:
   the build falls back to one program; 5 steps.
 * ``fail``: process 1's second stage fails (an injected exception); both processes must
-  raise :class:`disco_jax.staged.StagedStepError` within the bounded wait.
+  raise :class:`disco_jax.enactment.staged.StagedStepError` within the bounded wait.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _zoo(args) -> dict:
     import jax
 
     from disco_jax import zoo
-    from disco_jax.staged import staged_step
+    from disco_jax.enactment.staged import staged_step
 
     out = {}
     for name in args.models.split(",") if args.models else zoo.MODELS:
@@ -72,7 +72,7 @@ def _fallback(args) -> dict:
 
     from disco_jax import zoo
     from disco_jax.enactment import Enactment, build
-    from disco_jax.staged import StagedStep, even_buckets, staged_plan
+    from disco_jax.enactment.staged import StagedStep, even_buckets, staged_plan
     from hlo_tools import device_graph, extract, parse
 
     step, step_args = zoo.get("transformer")(2, "tiny")
@@ -93,7 +93,7 @@ def _fallback(args) -> dict:
 
 def _fail(args, sync) -> dict:
     from disco_jax import zoo
-    from disco_jax.staged import StagedStepError, staged_step
+    from disco_jax.enactment.staged import StagedStepError, staged_step
 
     step, step_args = zoo.get("vgg")(2, "tiny")
     staged = staged_step(step, step_args, 2, comm_timeout_s=15.0)
@@ -132,7 +132,7 @@ def main() -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(args.coordinator, num_processes=2,
                                process_id=args.process_id, initialization_timeout=60)
-    from disco_jax.enact import job_sync
+    from disco_jax.pipeline.sync import job_sync
 
     if args.mode == "zoo":
         row = _zoo(args)

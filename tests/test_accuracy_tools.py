@@ -1,5 +1,5 @@
 """Tests of the simulator-accuracy tools: measured Chrome traces, the benchmark's statistics
-and crash bookkeeping, per-operand all-reduce latency, calibration (disco_jax.calibrate),
+and crash bookkeeping, per-operand all-reduce latency, calibration (disco_jax.costs.constants_fit),
 hardware-file writing. The benchmark and its worker are loaded from benchmarks/ by path."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_jax import calibrate as CAL
-from disco_jax.cost_model import BackendConstants, OpTimes
-from disco_jax.simulator import SimGraph, simulate
-from disco_jax.trace import to_chrome_trace
+from disco_jax.costs import constants_fit as CAL
+from disco_jax.costs.cost_model import BackendConstants, OpTimes
+from disco_jax.costs.simulator import SimGraph, simulate
+from disco_jax.costs.trace import to_chrome_trace
 from estimator import op_bench as ob
 from estimator.hardware import load_hardware, shipped_hardware_dir
 from estimator.profiler import OpEvent, measured_chrome_trace

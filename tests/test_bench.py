@@ -16,20 +16,13 @@ import pytest
 
 import hlo_tools
 from disco_jax import zoo
-from disco_jax.bench import PROGRAMS
 from disco_jax.cli.bench import render_table
-from disco_jax.cost_model import CostModel
-from disco_jax.enact import (
-    FUSED_SCALE_BOUNDS,
-    calibrate_in_context,
-    choice_tiers,
-    choose,
-    decide,
-    in_context_costs,
-    measure,
-    profile_in_context,
-)
-from disco_jax.search import search
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.pipeline.bench import PROGRAMS
+from disco_jax.pipeline.choose import choice_tiers, choose, decide, measure
+from disco_jax.pipeline.fit import FUSED_SCALE_BOUNDS, calibrate_in_context, in_context_costs
+from disco_jax.pipeline.profile import profile_in_context
+from disco_jax.pipeline.search import search
 from hlo_tools import plan as P
 
 
@@ -145,7 +138,7 @@ def test_choice_tiers_name_the_incumbent_and_the_bucketing_and_leave_the_rest_la
 
 
 def test_pooled_in_context_medians_take_the_later_samples_in():
-    from disco_jax.enact import InContext, pooled
+    from disco_jax.pipeline.profile import InContext, pooled
 
     first = InContext(None, 3.0, None, 2.0, None, 1.0, 4, 0.5, 0.1, runs={},
                       samples_s={"no_fusion": [3.0, 3.0, 3.0], "one_bucket": [2.0, 2.0, 2.0],
@@ -165,7 +158,7 @@ def test_pooled_in_context_medians_take_the_later_samples_in():
 def test_in_context_timings_with_one_bucket_not_faster_are_inconsistent():
     """One bucket runs the same kernels with fewer collectives: its median at or above
     the no-fusion program's is a slow phase, measured again by profile_in_context."""
-    from disco_jax.enact import inconsistent_walls
+    from disco_jax.pipeline.profile import inconsistent_walls
 
     assert inconsistent_walls({"no_fusion": [10.1, 10.0, 30.0], "one_bucket": [14.3] * 3,
                                "fused": [5.0] * 3})

@@ -14,7 +14,7 @@ import hlo_tools
 from disco_jax import zoo
 from disco_jax.cli import main
 from disco_jax.cli.train_estimator import accuracy, fallback_time
-from disco_jax.cost_model import CostModel
+from disco_jax.costs.cost_model import CostModel
 from estimator.gnn import checkpoint as ckpt_io
 from estimator.gnn.dataset import load_samples, plan_groups
 from estimator.gnn.features import subgraph_from_group

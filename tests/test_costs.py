@@ -1,4 +1,4 @@
-"""Tests of the cost model (disco_jax.cost_model), plans to SimGraphs (disco_jax.lower),
+"""Tests of the cost model (disco_jax.costs.cost_model), plans to SimGraphs (disco_jax.costs.lower),
 the fallback fused-op rule (estimator.interface), estimator.op_bench and
 jax_bridge.compile_standalone."""
 
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_jax import cost_model as C
-from disco_jax.cost_model import _wrapped_key
-from disco_jax.lower import sim_graph, sim_graph_from_module
-from disco_jax.simulator import check_graph, simulate
+from disco_jax.costs import cost_model as C
+from disco_jax.costs.cost_model import _wrapped_key
+from disco_jax.costs.lower import sim_graph, sim_graph_from_module
+from disco_jax.costs.simulator import check_graph, simulate
 from estimator import op_bench as ob
-from estimator.hardware import load_hardware
+from estimator.hardware import load_hardware, shipped_hardware_dir
 from estimator.interface import (
     BatchedFusedOpEstimator,
     FallbackFusedEstimator,
@@ -277,7 +277,7 @@ def test_lowering_uses_the_plan_packages_outputs_rule(fixture: str) -> None:
     with the one rule, hlo_tools.plan.group_outputs, on every group of plans with copies."""
     import random
 
-    from disco_jax.lower import _leaving
+    from disco_jax.costs.lower import _leaving
 
     module = hlo_tools.parse((FIXTURES / fixture).read_text())
     graph = device_graph(module)
@@ -430,8 +430,7 @@ def test_fused_scale_prices_kernels_of_several_ops_only() -> None:
 
 def test_fused_scale_from_hardware_and_its_range(tmp_path) -> None:
     assert C.BackendConstants.from_hardware(load_hardware("gloo2")).fused_scale == 1.0
-    text = (Path(C.__file__).parents[1] / "estimator" / "hardware_files" /
-            "inproc4.toml").read_text()
+    text = (shipped_hardware_dir() / "inproc4.toml").read_text()
     for value, ok in (("0.6", True), ("0", False), ("-1", False)):
         path = tmp_path / f"h{value}.toml"
         path.write_text(text + f"\n[costs]\nfused_scale = {value}\n")
@@ -446,7 +445,7 @@ def test_bucket_copies_are_priced_at_the_rate_profiled_in_context(tmp_path) -> N
     """The one-bucket program's concatenate and slices, at their profiled times, give
     the copies' seconds per byte (launch taken out; op_bench times do not count); plans'
     buckets are then priced at it, and a hardware file may set it."""
-    from disco_jax import enact
+    from disco_jax.pipeline import fit as enact
 
     module = hlo_tools.parse(GRADS)
     graph = device_graph(module)
@@ -474,8 +473,7 @@ def test_bucket_copies_are_priced_at_the_rate_profiled_in_context(tmp_path) -> N
     sim = sim_graph(graph, plan, costs)
     buffer = int(np.flatnonzero(sim.is_comm)[0]) - 1
     assert sim.duration_s[buffer] == pytest.approx(L + 2 * 2e-11 * 1280)
-    text = (Path(C.__file__).parents[1] / "estimator" / "hardware_files" /
-            "inproc4.toml").read_text()
+    text = (shipped_hardware_dir() / "inproc4.toml").read_text()
     for value, ok in (("3e-11", True), ("-1e-11", False)):
         path = tmp_path / f"h{value}.toml"
         path.write_text(text + f"\n[costs]\ncopy_s_per_byte = {value}\n")
@@ -758,8 +756,7 @@ def test_tuple_allreduce_pays_one_latency_per_buffer_and_tiny_ones_less():
 
 def test_tuple_extra_from_hardware(tmp_path) -> None:
     assert load_hardware("gloo2").allreduce.d_tuple_extra_s == 0.0
-    text = (Path(C.__file__).parents[1] / "estimator" / "hardware_files" /
-            "gloo2.toml").read_text()
+    text = (shipped_hardware_dir() / "gloo2.toml").read_text()
     path = tmp_path / "x.toml"
     for value, want in (("-2e-4", -2e-4), ('"a"', None)):
         path.write_text(text.replace("[allreduce]\n", f"[allreduce]\nd_tuple_extra_s = {value}\n",

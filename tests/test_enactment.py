@@ -11,7 +11,7 @@ import pytest
 import hlo_tools
 from disco_jax import zoo
 from disco_jax.enactment import SINGLE, STAGED, Enactment, build, single_module
-from disco_jax.staged import even_buckets, staged_plan
+from disco_jax.enactment.staged import even_buckets, staged_plan
 from hlo_tools import baselines as bl
 
 

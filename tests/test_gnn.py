@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_jax.cost_model import CostModel
-from disco_jax.lower import simulate_plan
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.costs.lower import simulate_plan
 from estimator.gnn import checkpoint as ckpt_io
 from estimator.gnn import features as F
 from estimator.gnn.estimator import GnnFusedEstimator

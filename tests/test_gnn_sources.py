@@ -17,7 +17,7 @@ import pytest
 
 import hlo_tools
 from disco_jax.cli import main
-from disco_jax.cost_model import CostModel
+from disco_jax.costs.cost_model import CostModel
 from estimator.gnn import dataset as D
 from estimator.gnn import evaluate as E
 from estimator.gnn import features as F

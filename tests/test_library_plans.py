@@ -7,7 +7,7 @@ all-reduces (the planned number), and every ``kind=kCustom`` library fusion hold
 one ``dot`` or ``convolution`` that the plan left alone (a bare dot or convolution of the
 library-free compile). Its outputs must match ``jax.jit`` of the step (rtol 1e-5; resnet
 may instead match XLA's exact compile of the unchanged program, see
-``disco_jax.plan_check.EXACT_REFERENCE``).
+``disco_jax.enactment.plan_check.EXACT_REFERENCE``).
 
 XLA:CPU aborts the process on fusions it cannot emit, so the checks run in a subprocess
 (this file run as a script): a crash fails the test instead of killing pytest.
@@ -103,7 +103,7 @@ def _structure(text: str) -> dict:
     """Multi-op fusions (sorted opcode lists), all-reduces, library fusions by op, the
     library fusions holding anything but one dot/convolution, and dots/convolutions run
     outside any library fusion (bare or in an XLA ``wrapped_*`` fusion)."""
-    from disco_jax.plan_check import count_opcode, multi_op_fusions
+    from disco_jax.enactment.plan_check import count_opcode, multi_op_fusions
     from hlo_tools import parse
 
     module = parse(text)
@@ -137,7 +137,7 @@ def _check(model: str, seeds: list[int]) -> None:
 
     import hlo_tools
     from disco_jax import zoo
-    from disco_jax.plan_check import EXACT_REFERENCE, count_opcode
+    from disco_jax.enactment.plan_check import EXACT_REFERENCE, count_opcode
     from hlo_tools import plan as P
 
     step, args = zoo.get(model)(4, "tiny")

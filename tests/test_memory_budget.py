@@ -11,9 +11,9 @@ import pytest
 
 import hlo_tools
 from disco_jax.cli import main
-from disco_jax.cost_model import CostModel
-from disco_jax.lower import simulate_plan
-from disco_jax.search import MemoryBudgetError, baseline_plans, search
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.costs.lower import simulate_plan
+from disco_jax.pipeline.search import MemoryBudgetError, baseline_plans, search
 from disco_jax.units import env_bytes, format_bytes, parse_bytes
 from hlo_tools import plan as P
 from hlo_tools.jax_bridge import device_memory_bytes

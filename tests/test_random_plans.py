@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from disco_jax.plan_check import run_isolated
+from disco_jax.enactment.plan_check import run_isolated
 from disco_jax.zoo import MODELS
 
 FAST_SEEDS, SLOW_SEEDS, MOVES = range(2), range(2, 10), 200

@@ -1,4 +1,4 @@
-"""disco_jax.search.search: Algorithm 1 in product form (config, start plans, stats)."""
+"""disco_jax.pipeline.search.search: Algorithm 1 in product form (config, start plans, stats)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 import hlo_tools
 from disco_jax import search as search_fn
-from disco_jax.cost_model import CostModel
-from disco_jax.lower import sim_graph, simulate_plan
-from disco_jax.search import (
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.costs.lower import sim_graph, simulate_plan
+from disco_jax.costs.simulator import full_overlap_bound
+from disco_jax.pipeline.search import (
     NO_FUSION,
     STOP_PATIENCE,
     STOP_QUEUE_EMPTY,
@@ -22,7 +23,6 @@ from disco_jax.search import (
     baseline_plans,
     load_config,
 )
-from disco_jax.simulator import full_overlap_bound
 from hlo_tools import plan as P
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

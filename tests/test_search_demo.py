@@ -11,9 +11,9 @@ import sys
 import pytest
 
 import hlo_tools
-from disco_jax.cost_model import CostModel
-from disco_jax.lower import simulate_plan
-from disco_jax.search import backtracking_search
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.costs.lower import simulate_plan
+from disco_jax.pipeline.search import backtracking_search
 from hlo_tools import plan as P
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "shard_map_mlp.pre.hlo"

@@ -1,4 +1,4 @@
-"""Staged enactment (disco_jax.staged, hlo_tools.stages): the staged step computes what
+"""Staged enactment (disco_jax.enactment.staged, hlo_tools.stages): the staged step computes what
 ``jax.jit(step)`` computes, in one process with 4 host devices and in a 2-process gloo job.
 
 Run as a script (``python tests/test_staged.py --worker ...``) this file is the worker of
@@ -47,7 +47,7 @@ def test_staged_matches_jit(name, buckets, monkeypatch):
     import jax
     import numpy as np
 
-    from disco_jax import staged as st
+    from disco_jax.enactment import staged as st
 
     step, args = _zoo_step(name)
     threads: set[str] = set()
@@ -98,7 +98,7 @@ def test_chunked_reduction_matches_one_collective_per_bucket():
     import jax
     import numpy as np
 
-    from disco_jax import staged as st
+    from disco_jax.enactment import staged as st
 
     step, args = _zoo_step("vgg")
     results = []
@@ -119,7 +119,7 @@ def test_chunked_reduction_matches_one_collective_per_bucket():
 
 def test_even_buckets_cover_the_gradients():
     import hlo_tools
-    from disco_jax.staged import even_buckets
+    from disco_jax.enactment.staged import even_buckets
     from hlo_tools.graph import device_graph
     from hlo_tools.plan import FusionSpace, ready_order
 
@@ -148,15 +148,13 @@ def test_staged_candidates_auto_fits_a_reference_and_adds_the_best_predicted_lay
     import jax
     import numpy as np
 
-    import hlo_tools
-    from disco_jax.cost_model import CostModel
-    from disco_jax.optimize import staged_candidates
+    from disco_jax.costs.cost_model import CostModel
+    from disco_jax.pipeline.candidates import staged_candidates
+    from disco_jax.pipeline.program import lower_program
 
     step, args = _zoo_step("vgg")
-    module = hlo_tools.parse(hlo_tools.extract(step, *args))
-    graph = hlo_tools.device_graph(module)
     lines: list[str] = []
-    runs, info = staged_candidates(step, args, module, graph, ["auto"],
+    runs, info = staged_candidates(lower_program(step, args), ["auto"],
                                    costs=CostModel("inproc4"), say=lines.append, top=2,
                                    chunk_bytes=None)
     try:
@@ -198,7 +196,7 @@ def _worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     from disco_jax import zoo
-    from disco_jax.staged import staged_step
+    from disco_jax.enactment.staged import staged_step
 
     step, step_args = zoo.get(args.model)(2, "tiny")
     staged = staged_step(step, step_args, args.buckets)

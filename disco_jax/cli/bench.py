@@ -3,7 +3,7 @@
 For each zoo model and each setup (``inproc4``: 4 host devices in one process;
 ``gloo2``: 2 gloo processes over 127.0.0.1; ``gloo2-1gbit``: the same over a private
 loopback limited to 1 Gbit/s with ``tc``, needs root) one job
-(:mod:`disco_jax.bench`) profiles the step in context, searches, makes the final choice
+(:mod:`disco_jax.pipeline.bench`) profiles the step in context, searches, makes the final choice
 by measurement and measures the four baselines of the paper, hand bucketing (the best of
 the 1/4/16/64 MiB/one-bucket sweep) and DisCo's choice in interleaved rounds. Prints a
 table like the paper's Table 1 and writes the rows to ``--out`` (JSON, rewritten
@@ -53,7 +53,7 @@ BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "b
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bench`` subcommand."""
-    from disco_jax.bench import SETUPS
+    from disco_jax.pipeline.bench import SETUPS
     from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES
 
     parser = subparsers.add_parser(
@@ -85,10 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chunk-bytes", type=int, default=None,
                         help="staged enactments reduce each bucket in collectives of at most "
                              "this many bytes; 0: one per bucket (default: "
-                             "disco_jax.staged.CHUNK_BYTES)")
+                             "disco_jax.enactment.staged.CHUNK_BYTES)")
     parser.add_argument("--pool-threads", type=int, default=None,
                         help="NPROC of each pinned gloo process: XLA:CPU's pool threads "
-                             "(default: disco_jax.staged.POOL_THREADS)")
+                             "(default: disco_jax.enactment.staged.POOL_THREADS)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin gloo processes to a CPU each")
     parser.add_argument("--gloo-loop", choices=LOOP_CHOICES, default=DEFAULT_LOOP_POLICY,
@@ -138,9 +138,9 @@ def _op_times(directory: str | None, model: str, size: str) -> str | None:
 def run_bench(args: argparse.Namespace) -> int:
     """Runs ``disco bench``; returns the exit code."""
     from disco_jax import zoo
-    from disco_jax.bench import SETUPS, run_job
     from disco_jax.cli import UserError
-    from disco_jax.search import load_config
+    from disco_jax.pipeline.bench import SETUPS, run_job
+    from disco_jax.pipeline.search import load_config
     from estimator.hardware import load_hardware
     from hlo_tools.dirs import write_atomic
 
@@ -238,7 +238,7 @@ def _document(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace,
 def _staged_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The staged enactments' pool threads and chunk bytes of a run (None: one
     collective per bucket)."""
-    from disco_jax.staged import CHUNK_BYTES, POOL_THREADS
+    from disco_jax.enactment.staged import CHUNK_BYTES, POOL_THREADS
 
     chunk = CHUNK_BYTES if args.chunk_bytes is None else (args.chunk_bytes or None)
     return {"pool_threads": args.pool_threads or POOL_THREADS, "chunk_bytes": chunk}

@@ -6,7 +6,7 @@ make the final choice by measurement among them, hand bucketing (the ``bucketed`
 baseline: XLA's fusion plus flat gradient buckets, the 1/4/16/64 MiB/one-bucket sweep)
 and XLA's default, then measure the paper's baselines, ``bucketed`` and DisCo's choice
 side by side -- predicted and measured per-iteration time (one ``disco bench`` job,
-:func:`disco_jax.bench.bench_row`, run in this process). Then the product path a user
+:func:`disco_jax.pipeline.bench.bench_row`, run in this process). Then the product path a user
 takes: the same step wrapped in :func:`disco_jax.jit` under ``ENABLE_SEARCH=1`` (search,
 choose, store) and again under ``ENABLE_SEARCH=0`` (load the stored enactment and run
 it), checked against ``jax.jit``.
@@ -68,9 +68,9 @@ def run_demo(args: argparse.Namespace) -> int:
     import jax
 
     from disco_jax import zoo
-    from disco_jax.bench import bench_row
     from disco_jax.cli import UserError
     from disco_jax.cli.bench import TABLE_LEGEND, render_table
+    from disco_jax.pipeline.bench import bench_row
 
     if len(jax.devices()) < DEVICES:
         raise UserError(f"needs {DEVICES} devices; set XLA_FLAGS="

@@ -2,7 +2,7 @@
 
 The input is pre-optimization HLO text from anywhere (``lowered.as_text(dialect="hlo")``,
 an XLA dump). Its per-device program (the shard_map body, else ENTRY) is searched by
-:func:`disco_jax.search.search` with the simulator as cost model -- built as
+:func:`disco_jax.pipeline.search.search` with the simulator as cost model -- built as
 ``disco simulate`` builds it (hardware file; single ops timed on this machine, cached;
 ``--profile`` first; in context by default when this process's devices can run the
 module: profiled here and the AllReduce latency and compute scale fitted to it, see
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, signals: _Signals) -> int:
     import hlo_tools
-    from disco_jax.search import MemoryBudgetError, baseline_plans, search
+    from disco_jax.pipeline.search import MemoryBudgetError, baseline_plans, search
     from disco_jax.units import parse_bytes
     from hlo_tools.jax_bridge import EXACT, device_memory_bytes
     from hlo_tools.plan import FusionSpace
@@ -348,8 +348,8 @@ def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
     if not args.enactment:
         return None
     from disco_jax.enactment import Enactment
-    from disco_jax.optimize import plan_compile_options
-    from disco_jax.staged import even_buckets, staged_plan
+    from disco_jax.enactment.staged import even_buckets, staged_plan
+    from disco_jax.pipeline.candidates import plan_compile_options
     from hlo_tools.plan import FusionSpace, bucket_members
 
     if not args.staged:  # as the route compiles plans (exact: dots on the library)
@@ -367,7 +367,7 @@ def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
 
 
 def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> dict[str, Any]:
-    from disco_jax.lower import simulate_plan
+    from disco_jax.costs.lower import simulate_plan
     from hlo_tools.plan import initial_plan
 
     groups = outcome.plan.groups()

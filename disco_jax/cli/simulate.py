@@ -1,7 +1,7 @@
 """``disco simulate FILE.hlo``: simulate one iteration of an HLO module as written.
 
 The per-device program of the module (the shard_map body of a pre-optimization module,
-else ENTRY) is costed by :func:`disco_jax.lower.sim_graph_from_module` and run through
+else ENTRY) is costed by :func:`disco_jax.costs.lower.sim_graph_from_module` and run through
 the simulator: every instruction is a kernel, ``fusion`` instructions are *predicted*
 from their members (never timed as fusions), all-reduces use the hardware file's
 ``T = C * bytes + D``. Single ops are timed on this machine by
@@ -12,9 +12,9 @@ In context (``--in-context``; the default when this process's devices can run th
 module and the hardware file describes this kind of setup): the module is first
 compiled here from its text, with nothing fused and with one gradient bucket, run on
 inputs made from its parameters and profiled
-(:func:`disco_jax.enact.profile_module_in_context`); its op times come right after
+(:func:`disco_jax.pipeline.profile.profile_module_in_context`); its op times come right after
 ``--profile``'s, and the hardware file's AllReduce latency ``D`` and compute scale are
-fitted to the two measured iterations (:func:`disco_jax.enact.calibrate_in_context`).
+fitted to the two measured iterations (:func:`disco_jax.pipeline.fit.calibrate_in_context`).
 When it cannot (too few devices, a compiled module, another kind of setup), a one-line
 note on stderr says why and the costs are built as without it; ``--no-in-context``
 skips it.
@@ -142,11 +142,17 @@ def load_gnn(path: str, option: str = "--gnn") -> Any:
     return GnnFusedEstimator(ck.params, ck.config)
 
 
+def _gnn(args: argparse.Namespace) -> Any:
+    """The GNN fused-op estimator of ``--gnn`` (None without the option)."""
+    path = getattr(args, "gnn", None)
+    return load_gnn(path) if path else None
+
+
 def _apply_gnn(costs: Any, args: argparse.Namespace) -> None:
     """Swaps the GNN of ``--gnn`` into the cost model (a no-op without the option)."""
-    path = getattr(args, "gnn", None)
-    if path:
-        costs.set_fused_estimator(load_gnn(path).bind(costs))
+    gnn = _gnn(args)
+    if gnn is not None:
+        costs.set_fused_estimator(gnn.bind(costs))
 
 
 def add_in_context_argument(p: argparse.ArgumentParser) -> None:
@@ -216,7 +222,7 @@ def default_hardware_here() -> str:
     backend than CPU a note on stderr names it."""
     import jax
 
-    from disco_jax.optimize import default_hardware
+    from disco_jax.pipeline.fit import default_hardware
 
     platform = jax.default_backend()
     try:
@@ -265,9 +271,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def cost_model(module: Any, args: argparse.Namespace) -> Any:
-    """The :class:`~disco_jax.cost_model.CostModel` the options choose, with op times
+    """The :class:`~disco_jax.costs.cost_model.CostModel` the options choose, with op times
     covering ``module``; raises :class:`UserError` for a bad hardware or profile file."""
-    from disco_jax.cost_model import CostModel
+    from disco_jax.costs.cost_model import CostModel
 
     hardware = load_hardware_file(args.hardware)
     profile = _profile(args.profile)
@@ -320,11 +326,11 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     """The cost model the options choose, profiled and calibrated in context when asked
     (``args.in_context`` True), or by default (None) when possible.
 
-    In context: :func:`disco_jax.enact.profile_module_in_context` measures the module
+    In context: :func:`disco_jax.pipeline.profile.profile_module_in_context` measures the module
     here; op times come from ``--profile``, then that profile, then standalone timings
     (unless ``--no-bench``), then the analytic model; ``--overlap`` is applied, and the
     AllReduce latency and compute scale are fitted to the two measured programs
-    (:func:`disco_jax.enact.calibrate_in_context`). By default, when that is not possible
+    (:func:`disco_jax.pipeline.fit.calibrate_in_context`). By default, when that is not possible
     here -- the devices cannot run the module, it is compiled, the hardware file is for
     another backend or a multi-process job -- a one-line note goes to stderr and the
     model is :func:`cost_model`'s.
@@ -344,7 +350,8 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
         return cost_model(module, args), {"profiled": False, "reason": "--no-in-context"}
     import jax
 
-    from disco_jax.enact import calibrate_in_context, in_context_costs, profile_module_in_context
+    from disco_jax.pipeline.fit import in_context_costs
+    from disco_jax.pipeline.profile import profile_module_in_context
     from hlo_tools.jax_bridge import HloCompileError
 
     hardware = load_hardware_file(args.hardware)
@@ -367,14 +374,11 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     if not args.no_bench and replicas > 1:
         replicas = min(replicas, jax.local_device_count())
     try:
-        costs, _ = in_context_costs(module, hardware, measured, bench=not args.no_bench,
-                                    calibrate=False, op_profile=op_profile,
-                                    replicas=replicas)
+        costs, cal = in_context_costs(module, hardware, measured, bench=not args.no_bench,
+                                      op_profile=op_profile, replicas=replicas,
+                                      fused=_gnn(args), overlap=getattr(args, "overlap", None))
     except ValueError as err:
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
-    _apply_overlap(costs, args)
-    _apply_gnn(costs, args)  # before the fit: the fused-op scale is fitted to it
-    costs, cal = calibrate_in_context(costs, module, measured, bench=not args.no_bench)
     names = ("no_fusion", "one_bucket")
     wall, predicted = dict(zip(names, cal.wall_s)), dict(zip(names, cal.predicted_s))
     if cal.fused_wall_s is not None:
@@ -389,8 +393,8 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco simulate``; returns the exit code."""
-    from disco_jax.lower import sim_graph_from_module
-    from disco_jax.simulator import full_overlap_bound, simulate
+    from disco_jax.costs.lower import sim_graph_from_module
+    from disco_jax.costs.simulator import full_overlap_bound, simulate
     from hlo_tools.graph import device_graph
 
     check_arguments(args)
@@ -421,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         "in_context": in_context,
     }
     if args.trace is not None:
-        from disco_jax.trace import write_trace
+        from disco_jax.costs.trace import write_trace
 
         write_trace(args.trace, result, sim, label=f"{Path(args.file).name} (simulated)")
     if args.json:

@@ -170,7 +170,7 @@ def _check_arguments(args: argparse.Namespace) -> list[str]:
 
 def _constants(spec: str) -> Any:
     """The fallback rule's backend constants of hardware file ``spec``."""
-    from disco_jax.cost_model import BackendConstants
+    from disco_jax.costs.cost_model import BackendConstants
     from estimator.hardware import HardwareError, load_hardware
 
     try:

@@ -10,7 +10,7 @@ XLA:CPU aborts the whole process on some fusions it cannot emit, so
 seed that was running is reported as ``crashed`` and the next seeds go on in a new
 subprocess. Command line (one JSON object per plan on stdout)::
 
-    python -m disco_jax.plan_check vgg --seeds 0:10 --moves 200
+    python -m disco_jax.enactment.plan_check vgg --seeds 0:10 --moves 200
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def run_isolated(model: str, seeds: list[int], moves: int = 200, size: str = "ti
             on_row(row)
 
     while todo:
-        cmd = [sys.executable, "-m", "disco_jax.plan_check", model, "--size", size,
+        cmd = [sys.executable, "-m", "disco_jax.enactment.plan_check", model, "--size", size,
                "--moves", str(moves), "--seeds", ",".join(map(str, todo))]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         done, returncode, stderr, timed_out = _stream(cmd, env, timeout_s, record)

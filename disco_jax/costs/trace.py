@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from disco_jax.simulator import SimGraph, SimResult
+from disco_jax.costs.simulator import SimGraph, SimResult
 from estimator.profiler import COMM_TID, COMPUTE_TID
 from hlo_tools.dirs import write_atomic
 

@@ -21,7 +21,7 @@ A :class:`CostModel` gathers everything needed to cost a plan on one backend:
 Everything about a graph that no plan changes is computed once per graph in a
 :class:`GraphCosts` (node times, bytes, operand CSR, the fallback rule's
 :class:`~estimator.interface.NodeCosts`, and a cache of fused-op estimates by group).
-:mod:`disco_jax.lower` turns plans into simulator graphs with it.
+:mod:`disco_jax.costs.lower` turns plans into simulator graphs with it.
 
 Times are seconds and sizes bytes throughout.
 """
@@ -114,7 +114,7 @@ class BackendConstants:
     Read from the optional ``[costs]`` table of a hardware file::
 
         [costs]
-        overlap = 0.0             # phi of disco_jax.simulator, in [0, 1]
+        overlap = 0.0             # phi of disco_jax.costs.simulator, in [0, 1]
         kernel_launch_s = 1e-6    # fixed cost of one kernel (thunk), seconds
         mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
         compute_scale = 2.0       # factor on every kernel time in the simulation
@@ -144,11 +144,11 @@ class BackendConstants:
             times; in context a fused kernel slows down less than its members did (it
             moves less memory through the caches the job's other devices share), which
             one scale on every kernel cannot say. Fitted in context to XLA's fused
-            program (:func:`disco_jax.enact.calibrate_in_context`); 1 by default.
+            program (:func:`disco_jax.pipeline.fit.calibrate_in_context`); 1 by default.
         copy_s_per_byte: seconds per byte read or written by the copies of an AllReduce
             bucket (the concatenate into its flat buffer, the slices out of it; None:
             ``mem_s_per_byte``). Measured in context on the one-bucket program
-            (:func:`disco_jax.enact.calibrate_in_context`): its copies stream through
+            (:func:`disco_jax.pipeline.fit.calibrate_in_context`): its copies stream through
             the caches at 19-25 GB/s here where the default per-byte cost says 10 GB/s,
             and standalone timings of the same 2.5 MB concatenate took 0.3-1.1 ms
             against 0.2 ms in the program.

@@ -6,8 +6,8 @@ An :class:`Enactment` is either
 * **single-module**: one whole-program HLO module and how it is compiled (XLA's fusion
   passes off or on, the kernel library, extra XLA options), run with
   :func:`hlo_tools.compile_hlo` in place of the step's own lowering; or
-* **staged**: a :class:`disco_jax.staged.StagedPlan` (per-device stage modules, the
-  communication buckets, the launch schedule), run by :class:`disco_jax.staged.StagedStep`
+* **staged**: a :class:`disco_jax.enactment.staged.StagedPlan` (per-device stage modules, the
+  communication buckets, the launch schedule), run by :class:`disco_jax.enactment.staged.StagedStep`
   on a compute stream and a communication thread.
 
 It is plain data (HLO text, numbers, strings): :meth:`Enactment.to_json` and
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from disco_jax.staged import CHUNK_BYTES, StagedPlan, StagedStep
+from disco_jax.enactment.staged import CHUNK_BYTES, StagedPlan, StagedStep
 
 __all__ = [
     "FORMAT",
@@ -153,7 +153,7 @@ def build(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any], *
           ) -> Callable[..., Any]:
     """Compiles an enactment for ``step`` on arguments like ``args``.
 
-    A staged enactment first runs :meth:`~disco_jax.staged.StagedStep.self_test` on
+    A staged enactment first runs :meth:`~disco_jax.enactment.staged.StagedStep.self_test` on
     ``args`` (every process of a job must call ``build`` alike: it runs collectives).
     When the two streams do not overlap here (or ``DISCO_STAGED=0``), it warns with the
     reason and falls back to the single-module enactment of the same buckets (flat
@@ -169,7 +169,7 @@ def build(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any], *
     Returns:
         ``run(*args)`` returning what ``jax.jit(step)(*args)`` returns. A staged run owns
         a communication thread: call ``run.close()`` when done (it is a
-        :class:`~disco_jax.staged.StagedStep`).
+        :class:`~disco_jax.enactment.staged.StagedStep`).
 
     Raises:
         hlo_tools.jax_bridge.HloCompileError: XLA rejected a module.

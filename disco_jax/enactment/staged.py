@@ -568,7 +568,8 @@ class StagedStep:
 def staged_step(step: Callable[..., Any], args: Sequence[Any],
                 buckets: int | Sequence[Sequence[int]] = 1, *, exact: bool = False,
                 comm_timeout_s: float = _COMM_TIMEOUT_S,
-                chunk_bytes: int | None = CHUNK_BYTES) -> StagedStep:
+                chunk_bytes: int | None = CHUNK_BYTES,
+                module: HloModule | None = None) -> StagedStep:
     """Builds the staged enactment of a zoo-style ``shard_map`` train step.
 
     Args:
@@ -582,6 +583,8 @@ def staged_step(step: Callable[..., Any], args: Sequence[Any],
         comm_timeout_s: how long the compute stream waits for one all-reduce.
         chunk_bytes: reduce each bucket in collectives of at most this many bytes
             (None: one collective per bucket).
+        module: the step's pre-optimization module on ``args``, already parsed (None:
+            lowered and parsed here).
 
     Returns:
         The :class:`StagedStep`. In a multi-process job every process builds it from the
@@ -593,7 +596,8 @@ def staged_step(step: Callable[..., Any], args: Sequence[Any],
             are not placed on one mesh.
     """
     step = jax_bridge.fresh_function(step)
-    module = hlo_tools.parse(jax_bridge.extract(step, *args))
+    if module is None:
+        module = hlo_tools.parse(jax_bridge.extract(step, *args))
     graph = device_graph(module)
     if isinstance(buckets, int):
         buckets = even_buckets(graph, buckets)

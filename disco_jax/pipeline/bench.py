@@ -6,8 +6,9 @@ device configuration; ``gloo2-1gbit`` runs in a private network namespace made w
 touched). Every process of a job:
 
 1. builds the step on the job's devices and extracts its pre-optimization HLO;
-2. profiles it in context (:func:`disco_jax.enact.profile_in_context`);
-3. process 0 builds the cost model from that profile and searches (:func:`disco_jax.search`);
+2. profiles it in context (:func:`disco_jax.pipeline.profile.profile_in_context`);
+3. process 0 builds the cost model from that profile and searches
+   (:func:`disco_jax.pipeline.search.search`);
    the best few plans go to every process (as JSON through the job's coordinator);
 4. compiles the baselines (:mod:`hlo_tools.baselines`: ``no_fusion``, ``op_fusion``,
    ``allreduce_fusion``, ``xla_default`` and every distinct program of the ``bucketed``
@@ -19,7 +20,7 @@ touched). Every process of a job:
 6. **bench**: the six programs (four baselines, ``bucketed``, DisCo's choice) run
    interleaved in fresh rounds (so the choice's selection does not bias the figures);
 7. process 0 fits the cost model again on the fit's programs with their samples of
-   step 5 pooled in (:func:`disco_jax.enact.pooled`), predicts every program with it
+   step 5 pooled in (:func:`disco_jax.pipeline.profile.pooled`), predicts every program with it
    (``predicted_s``; the search's model's predictions are kept as
    ``predicted_at_start_s``) and writes the row.
 
@@ -27,7 +28,7 @@ touched). Every process of a job:
 hardware file (e.g. ``gpu_cluster_example``): no profile (standalone op times of this
 machine, scaled by the file's ``compute_scale``), nothing measured.
 
-Run by :func:`run_job`; the worker side is ``python -m disco_jax.bench {launch,run} ...``.
+Run by :func:`run_job`; the worker side is ``python -m disco_jax.pipeline.bench {launch,run} ...``.
 """
 
 from __future__ import annotations
@@ -111,15 +112,6 @@ def make_step(spec: Mapping[str, Any], num_devices: int) -> tuple[Callable, tupl
 # --------------------------------------------------------------------------- one process
 
 
-def _predict(module: Any, costs: Any) -> float:
-    from disco_jax.enact import cover
-    from disco_jax.lower import sim_graph_from_module
-    from disco_jax.simulator import simulate
-
-    cover(costs, module)
-    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s
-
-
 def _max_diff(got: Any, want: Any) -> float:
     import jax
     import numpy as np
@@ -137,40 +129,31 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     None elsewhere."""
     import jax
 
-    import hlo_tools
-    from disco_jax.enact import (
-        calibrate_in_context,
-        choice_tiers,
-        decide,
-        in_context_costs,
-        job_sync,
-        measure,
-        pooled,
-        profile_in_context,
-        summarize_samples,
-    )
-    from disco_jax.lower import sim_graph, sim_graph_from_module, simulate_plan
-    from disco_jax.optimize import staged_candidates
-    from disco_jax.search import search
-    from disco_jax.simulator import full_overlap_bound
+    from disco_jax.costs.lower import sim_graph, sim_graph_from_module, simulate_plan
+    from disco_jax.costs.simulator import full_overlap_bound
+    from disco_jax.pipeline.candidates import build_candidates, enactment_route
+    from disco_jax.pipeline.choose import choice_tiers, decide, measure, summarize_samples
+    from disco_jax.pipeline.fit import calibrate_in_context, in_context_costs, predict_module
+    from disco_jax.pipeline.profile import pooled, profile_in_context
+    from disco_jax.pipeline.program import lower_program
+    from disco_jax.pipeline.search import plans_for_choice
+    from disco_jax.pipeline.sync import job_sync
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import fresh_function
-    from hlo_tools.plan import Plan
+    from hlo_tools.jax_bridge import EXACT
 
     pid = jax.process_index()
     say = (lambda text: _log(spec, text)) if pid == 0 else (lambda text: None)
     sync = job_sync(f"bench_{spec['model']}")
     t_job = time.perf_counter()
-    step, args = make_step(spec, jax.device_count())
-    module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
-    graph = hlo_tools.device_graph(module)
+    program = lower_program(*make_step(spec, jax.device_count()))
+    step, args, module, graph = program.step, program.args, program.module, program.graph
     say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
         "profiling in context")
     measured = profile_in_context(step, args, module, sync=sync)
 
     row: dict[str, Any] = {"model": spec["model"], "setup": spec["setup"],
                            "size": spec["size"]}
-    plans_json = None
+    costs = None
     if pid == 0:
         gnn = None
         if spec.get("gnn"):
@@ -190,53 +173,33 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                 f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
                 f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
                 f"{cal.predicted_s[1] * 1e3:.2f} ms)")
-        say(f"searching ({spec['time_budget_s']:.0f} s budget)")
-        outcome = search(graph, costs, seed=int(spec["seed"]),
-                         time_budget_s=float(spec["time_budget_s"]), progress=False,
-                         top_k=int(spec["top_k"]))
-        plans_json = [plan.to_json() for plan, _ in outcome.top]
+    route = enactment_route(None, program.platform)
+    searched = plans_for_choice(graph, costs, sync=sync, seed=int(spec["seed"]),
+                                time_budget_s=float(spec["time_budget_s"]),
+                                top_k=int(spec["top_k"]), buckets_only=route.name != EXACT,
+                                say=say)
+    outcome = searched.outcome
+    if outcome is not None:
         row["search_s"] = outcome.stats.seconds
         row["search"] = {"evaluated": outcome.stats.evaluated,
                          "stop_reason": outcome.stats.stop_reason,
                          "best_start": outcome.best_start,
                          "start_predicted_s": outcome.start_costs_s,
                          "top_predicted_s": [c for _, c in outcome.top]}
-        say(f"search: {outcome.stats.evaluated} candidates in {outcome.stats.seconds:.1f} s, "
-            f"predicted {outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start} "
-            f"{outcome.start_costs_s[outcome.best_start] * 1e3:.2f} ms)")
-    if sync is not None:
-        plans_json = sync.share("plans", plans_json)
 
     say("compiling the baselines, the bucketed sweep and the plans")
-    runs: dict[str, Any] = {name: bl.compile_baseline(step, args, name)
-                            for name in bl.BASELINES}
-    bucketed: dict[str, Any] = {}
-    thresholds: dict[str, Any] = {}
-    bucket_counts: dict[str, int] = {}
-    seen_buckets: set = set()
-    for cand in bl.bucketed_candidates(step, args):
-        if cand.buckets in seen_buckets:
-            continue
-        seen_buckets.add(cand.buckets)
-        label = bl.bucketed_name(cand.threshold_bytes)
-        bucketed[label] = cand.run
-        thresholds[label] = cand.threshold_bytes
-        bucket_counts[label] = len(cand.buckets)
-    plans: dict[str, Any] = {}
-    for i, pj in enumerate(plans_json):
-        plans[f"plan_{i}"] = Plan.from_json(pj)
-        text = hlo_tools.to_text(hlo_tools.apply_plan(module, plans[f"plan_{i}"], graph))
-        runs[f"plan_{i}"] = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
-    runs.update(bucketed)
-    staged, staged_info = staged_candidates(
-        step, args, module, graph, spec.get("staged", ()), plans=plans,
-        costs=costs if pid == 0 else None, sync=sync, say=say,
-        top=int(spec.get("staged_top", 3)),
-        chunk_bytes=spec.get("chunk_bytes", "default"))
-    runs.update(staged)
-
-    candidates = {n: runs[n] for n in (*bucketed, "op_fusion", "xla_default", *plans,
-                                       *staged)}
+    cands = build_candidates(program, searched.plans_json, route, baselines=bl.BASELINES,
+                             staged=spec.get("staged", ()), costs=costs, sync=sync, say=say,
+                             staged_top=int(spec.get("staged_top", 3)),
+                             chunk_bytes=spec.get("chunk_bytes", "default"))
+    runs, plans, staged_info = cands.runs, cands.plans, cands.staged_info
+    bucketed = list(cands.bucketed)
+    thresholds = {n: t for n, (t, _) in cands.bucketed.items()}
+    bucket_counts = {n: k for n, (_, k) in cands.bucketed.items()}
+    staged = [n for n in runs if n.startswith("staged")]
+    swept = [n for n in runs if n.startswith("xla_combine_")]
+    candidates = {n: runs[n] for n in (*bucketed, *swept, "op_fusion", "xla_default",
+                                       *plans, *staged)}
     # the in-context fit's programs again, in the same rounds (not candidates)
     fit_runs = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()}
     say(f"final choice among {len(candidates)} programs (and the fit's {len(fit_runs)})")
@@ -276,20 +239,22 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
             f"{refit.fused_scale:.2f}")
     say("predicting every program")
     # XLA's programs as it runs them, parsed once for both models
-    compiled = {n: bl.module_from_compiled(runs[n]) for n in (*bl.BASELINES, *bucketed)}
+    compiled = {n: bl.module_from_compiled(runs[n])
+                for n in (*bl.BASELINES, *bucketed, *swept)}
 
     def predictions(cm: Any) -> tuple[dict[str, float], dict[str, float]]:
         """The six programs' and the final choice's candidates' predicted seconds."""
         predicted: dict[str, float] = {}
         for name in bl.BASELINES:
-            predicted[name] = _predict(compiled[name], cm)
-        pred_bucketed = {n: _predict(compiled[n], cm) for n in bucketed}
+            predicted[name] = predict_module(compiled[name], cm)
+        pred_bucketed = {n: predict_module(compiled[n], cm) for n in bucketed}
         pred_plans = {n: simulate_plan(graph, plan, cm).iteration_s
                       for n, plan in plans.items()}
         predicted["bucketed"] = pred_bucketed[best_bucketed]
         # staged programs: the search's model priced them (staged_candidates)
         pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
-        pred_choice = {**pred_bucketed, **pred_plans, **pred_staged,
+        pred_swept = {n: predict_module(compiled[n], cm) for n in swept}
+        pred_choice = {**pred_bucketed, **pred_swept, **pred_plans, **pred_staged,
                        "op_fusion": predicted["op_fusion"],
                        "xla_default": predicted["xla_default"]}
         predicted["disco"] = pred_choice[choice.name]
@@ -336,15 +301,14 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     process's devices (host devices will do: nothing is run but the op timings)."""
     import jax
 
-    import hlo_tools
-    from disco_jax.cost_model import CostModel
-    from disco_jax.search import search
+    from disco_jax.costs.cost_model import CostModel
+    from disco_jax.pipeline.fit import predict_module
+    from disco_jax.pipeline.program import lower_program
+    from disco_jax.pipeline.search import search
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import fresh_function
 
-    step, args = make_step(spec, jax.device_count())
-    module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
-    graph = hlo_tools.device_graph(module)
+    program = lower_program(*make_step(spec, jax.device_count()))
+    step, args, module, graph = program.step, program.args, program.module, program.graph
     measured = None
     if spec.get("op_times"):
         from estimator.profiler import OpProfile
@@ -361,13 +325,13 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     bucketed = {n: c for n, c in starts.items() if n.startswith("bucketed")}
     predicted = {
         "no_fusion": starts["no_fusion"],
-        "op_fusion": _predict(bl.module_from_compiled(bl.compile_baseline(step, args,
+        "op_fusion": predict_module(bl.module_from_compiled(bl.compile_baseline(step, args,
                                                                           "op_fusion")),
                               costs),
-        "allreduce_fusion": _predict(bl.apply_buckets(module, bl.combiner_buckets(
+        "allreduce_fusion": predict_module(bl.apply_buckets(module, bl.combiner_buckets(
             module, threshold or bl.CPU_COMBINE_THRESHOLD_BYTES)), costs),
         # XLA's default = XLA's fusion + its combiner; XLA:GPU combines up to 30 MiB
-        "xla_default": _predict(bl.module_from_compiled(
+        "xla_default": predict_module(bl.module_from_compiled(
             bl.compile_bucketed(step, args, threshold).run if gpu else
             bl.compile_baseline(step, args, "xla_default")), costs),
         "bucketed": min(bucketed.values()),
@@ -378,7 +342,7 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     if gpu:  # XLA's combiner at the thresholds a user sweeps (2x steps)
         grad_bytes = sum(int(graph.out_bytes[i]) for i in graph.gradient_allreduces)
         for t in bl.combine_thresholds("gpu", grad_bytes):
-            swept[bl.combine_threshold_name(t)] = _predict(bl.module_from_compiled(
+            swept[bl.combine_threshold_name(t)] = predict_module(bl.module_from_compiled(
                 bl.compile_bucketed(step, args, t).run), costs)
         if swept:
             predicted["xla_combine_best"] = min(swept.values())
@@ -408,14 +372,14 @@ def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any
         RuntimeError: the job failed (its processes' stderr went to this one's).
         TimeoutError: it ran past ``timeout_s``.
     """
-    from disco_jax.staged import POOL_THREADS
+    from disco_jax.enactment.staged import POOL_THREADS
     from estimator.gloo import child_env, run_bounded
 
     with tempfile.TemporaryDirectory(prefix="disco_bench_") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(dict(spec)))
         out = Path(tmp) / "p0.json"
-        me = [sys.executable, "-m", "disco_jax.bench"]
+        me = [sys.executable, "-m", "disco_jax.pipeline.bench"]
         if spec.get("predict_only"):
             cmd = [*me, "run", "--spec", str(spec_path), "--out", str(out)]
             env = child_env(int(spec["num_devices"]))
@@ -495,7 +459,7 @@ def _launch(args: argparse.Namespace) -> None:
         qdisc = set_loopback_rate(setup.rate, args.parent_netns, setup.burst)
         print(f"[{spec['model']} {setup.name}] lo: {qdisc}", file=sys.stderr, flush=True)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "disco_jax.bench", "run",
+    procs = [subprocess.Popen([sys.executable, "-m", "disco_jax.pipeline.bench", "run",
                                "--spec", args.spec, "--out", str(Path(args.out_dir) / "p0.json"),
                                "--coordinator", f"127.0.0.1:{port}",
                                "--num-processes", str(setup.processes),
@@ -508,8 +472,8 @@ def _launch(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m disco_jax.bench {launch,run}``: the worker side of :func:`run_job`."""
-    ap = argparse.ArgumentParser(prog="python -m disco_jax.bench")
+    """``python -m disco_jax.pipeline.bench {launch,run}``: the worker side of :func:`run_job`."""
+    ap = argparse.ArgumentParser(prog="python -m disco_jax.pipeline.bench")
     sub = ap.add_subparsers(dest="cmd", required=True)
     la = sub.add_parser("launch")
     la.add_argument("--spec", required=True)

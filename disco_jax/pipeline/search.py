@@ -10,7 +10,7 @@ time budget is spent, or when the caller's ``stop`` callable says so (``disco op
 sets it on SIGINT/SIGTERM): the best plan so far is the result in every case.
 
 A memory budget (``memory_budget_bytes``) refuses every plan whose predicted peak memory
-(the simulator's live-range estimate, :attr:`disco_jax.simulator.SimResult.peak_bytes`)
+(the simulator's live-range estimate, :attr:`disco_jax.costs.simulator.SimResult.peak_bytes`)
 exceeds it: such a plan costs infinity, so it is never the best, never among the ``top``
 plans and never queued; the refusals are counted (:attr:`SearchStats.over_budget`). Duplicate
 fusion keeps a duplicated producer's operands live until the last copy runs, so a plan
@@ -46,9 +46,9 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from disco_jax.cost_model import CostModel
-from disco_jax.lower import sim_graph
-from disco_jax.simulator import full_overlap_bound, simulate
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.costs.lower import sim_graph
+from disco_jax.costs.simulator import full_overlap_bound, simulate
 from disco_jax.units import format_bytes
 from hlo_tools import plan as P
 from hlo_tools.graph import DeviceGraph
@@ -68,7 +68,9 @@ __all__ = [
     "backtracking_search",
     "baseline_plans",
     "load_config",
+    "plans_for_choice",
     "search",
+    "SearchedPlans",
 ]
 
 #: Name of the no-fusion start plan (every node its own group), always in the queue.
@@ -204,7 +206,7 @@ class SearchOutcome(NamedTuple):
             ``math.inf``: refused, over the memory budget).
         best_start: name of the cheapest start plan.
         fo_bound_s: full-overlap bound of the best plan
-            (:func:`disco_jax.simulator.full_overlap_bound` of its SimGraph), seconds.
+            (:func:`disco_jax.costs.simulator.full_overlap_bound` of its SimGraph), seconds.
         stats: the :class:`SearchStats`.
         config: the parameters the search ran with.
         seed: the seed it ran with.
@@ -415,8 +417,8 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
            ) -> SearchOutcome:
     """Searches the plan of ``graph`` with the lowest predicted iteration time.
 
-    The cost of a plan is :func:`disco_jax.simulator.simulate` of its
-    :func:`disco_jax.lower.sim_graph` with the cost model's overlap.
+    The cost of a plan is :func:`disco_jax.costs.simulator.simulate` of its
+    :func:`disco_jax.costs.lower.sim_graph` with the cost model's overlap.
 
     Args:
         graph: the per-device graph (:func:`hlo_tools.device_graph`).
@@ -539,3 +541,74 @@ def backtracking_search(space: P.FusionSpace, start: P.Plan, cost: Callable[[P.P
         show.close()
     return SearchResult(loop.plan, loop.cost_s, initial, loop.evaluated, loop.pops,
                         time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------- the pipeline's step
+
+
+class SearchedPlans(NamedTuple):
+    """The search's plans for a final choice (:func:`plans_for_choice`).
+
+    Attributes:
+        plans_json: the best plans, best first (:meth:`hlo_tools.plan.Plan.to_json`), the
+            same on every process of a job (empty when no plan fit the memory budget).
+        outcome: the search's :class:`SearchOutcome` (process 0; None elsewhere, or when
+            refused).
+        refused: why no plan fit the memory budget (None: they did).
+    """
+
+    plans_json: list[Any]
+    outcome: SearchOutcome | None
+    refused: str | None
+
+    def report(self, seed: int, top_k: int, choice_rounds: int) -> dict[str, Any] | None:
+        """The search's settings and statistics as JSON (None: not searched here)."""
+        out = self.outcome
+        if out is None:
+            return {"refused": self.refused} if self.refused else None
+        return {"settings": {**out.config._asdict(), "seed": seed, "top_k": top_k,
+                             "choice_rounds": choice_rounds},
+                "evaluated": out.stats.evaluated, "pops": out.stats.pops,
+                "seconds": out.stats.seconds, "stop_reason": out.stats.stop_reason,
+                "best_start": out.best_start, "start_predicted_s": out.start_costs_json(),
+                "fo_bound_s": out.fo_bound_s,
+                "peak_bytes": out.peak_bytes,
+                "memory_budget_bytes": out.memory_budget_bytes,
+                "over_budget": out.stats.over_budget}
+
+
+def plans_for_choice(graph: DeviceGraph, costs: CostModel | None, *, sync: Any = None,
+                     seed: int = 0, time_budget_s: float | None = None, top_k: int = 3,
+                     memory_budget_bytes: int | None = None, buckets_only: bool = False,
+                     say: Callable[[str], None] | None = None) -> SearchedPlans:
+    """The ``top_k`` best plans of :func:`search`, for a final choice by measurement.
+
+    Process 0 of a job (the one with a cost model, ``costs``) searches within the memory
+    budget (None: the device's memory); the plans reach every process through ``sync``
+    (None: one process). When not even a start plan fits the budget there are no plans,
+    and the final choice runs among the baselines.
+    """
+    from hlo_tools.jax_bridge import device_memory_bytes
+
+    say = say or (lambda text: None)
+    plans_json = outcome = refused = None
+    if costs is not None:
+        say(f"searching ({'config' if time_budget_s is None else f'{time_budget_s:g} s'} "
+            "budget)")
+        budget = memory_budget_bytes or device_memory_bytes()
+        try:
+            outcome = search(graph, costs, seed=seed, time_budget_s=time_budget_s,
+                             progress=False, top_k=top_k, memory_budget_bytes=budget,
+                             buckets_only=buckets_only)
+        except MemoryBudgetError as err:
+            refused = str(err)
+            say(f"search: {refused}; choosing among the baselines")
+            plans_json = []
+        else:
+            plans_json = [plan.to_json() for plan, _ in outcome.top]
+            say(f"search: {outcome.stats.evaluated} candidates, predicted "
+                f"{outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start}), peak "
+                f"memory {format_bytes(outcome.peak_bytes)} of {format_bytes(budget)}")
+    if sync is not None:
+        plans_json = sync.share("optimize_plans", plans_json)
+    return SearchedPlans(plans_json, outcome, refused)

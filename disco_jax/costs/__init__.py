@@ -1,0 +1,11 @@
+"""The cost model and the simulator:
+
+* :mod:`~disco_jax.costs.cost_model` -- op times, fused-op estimators and the AllReduce
+  model into per-node costs;
+* :mod:`~disco_jax.costs.lower` -- plans and modules into simulator graphs;
+* :mod:`~disco_jax.costs.simulator` -- the ready-queue simulator (with a C kernel);
+* :mod:`~disco_jax.costs.staged_cost` -- the cost model of staged enactments;
+* :mod:`~disco_jax.costs.trace` -- Chrome traces of simulations;
+* :mod:`~disco_jax.costs.constants_fit` -- the backend constants fitted to measured
+  iterations (hardware files from a benchmark's measurements).
+"""

@@ -1,0 +1,271 @@
+"""The programs of a final choice: XLA's baselines, hand bucketing (and, where XLA has
+one, its combine threshold swept), the search's plans compiled as the backend's route
+allows, and staged enactments -- each as the :class:`~disco_jax.enactment.Enactment` the
+store keeps and as its compiled program."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from disco_jax.pipeline.program import Program
+
+__all__ = [
+    "Candidates",
+    "build_candidates",
+    "enactment_route",
+    "plan_compile_options",
+    "staged_candidates",
+]
+
+
+class Candidates(NamedTuple):
+    """The programs of a final choice, by name.
+
+    Attributes:
+        enactments: each as the store keeps it.
+        runs: each compiled: ``run(*program.args)`` (a staged run has ``.close()``).
+        plans: the search's plans (``plan_0``, ...).
+        bucketed: per hand-bucketing program (``bucketed_1MiB``, ...), its threshold in
+            bytes (None: one bucket) and its number of buckets.
+        staged_info: the staged candidates' self-test, fit and predictions
+            (:func:`staged_candidates`).
+    """
+
+    enactments: dict[str, Any]
+    runs: dict[str, Callable[..., Any]]
+    plans: dict[str, Any]
+    bucketed: dict[str, tuple[int | None, int]]
+    staged_info: dict[str, Any]
+
+    def close_except(self, keep: str) -> None:
+        """Closes every staged run but ``keep`` (their communication threads)."""
+        for name, run in self.runs.items():
+            if name != keep and hasattr(run, "close"):
+                run.close()
+
+
+def enactment_route(route: str | None, platform: str) -> Any:
+    """The :class:`hlo_tools.jax_bridge.Route` plans take on ``platform``: ``route``
+    when given (``"exact"`` or ``"buckets"``), else the backend's probe
+    (:func:`hlo_tools.jax_bridge.probe_route`).
+
+    Raises:
+        ValueError: an unknown route name.
+    """
+    from hlo_tools.jax_bridge import ROUTES, Route, probe_route
+
+    if route is None:
+        return probe_route(platform)
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)} or None, got {route!r}")
+    return Route(route, platform, "asked for")
+
+
+def plan_compile_options(route: Any) -> dict[str, Any]:
+    """How a plan of the search compiles on a route: exactly (XLA's fusion off, dots and
+    convolutions on the kernel library) where hand-written fusions compile, else as the
+    ``bucketed`` baseline (the plan's buckets written into the module, XLA's op fusion
+    on and its combiner off). Keyword arguments of both
+    :meth:`~disco_jax.enactment.Enactment.single` and :func:`hlo_tools.compile_hlo`."""
+    from hlo_tools import baselines as bl
+    from hlo_tools.jax_bridge import EXACT
+
+    if route.name == EXACT:
+        return {"exact": True, "library": True}
+    return {"exact": False,
+            "compiler_options": bl.baseline_options(bl.BUCKETED, route.platform)}
+
+
+def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
+                     baselines: Sequence[str] = ("xla_default", "op_fusion"),
+                     bucket_thresholds: Sequence[int | None] | None = None,
+                     staged: Sequence[Any] = (), costs: Any = None, sync: Any = None,
+                     say: Callable[[str], None] | None = None, staged_top: int = 3,
+                     chunk_bytes: int | None | str = "default") -> Candidates:
+    """Compiles the candidates of a final choice for ``program``.
+
+    Args:
+        program: the train step, lowered and parsed.
+        plans_json: the search's plans (:meth:`hlo_tools.plan.Plan.to_json`), named
+            ``plan_0``, ``plan_1``, ... in order; compiled as ``route`` compiles plans
+            (:func:`plan_compile_options`).
+        route: the backend's :class:`hlo_tools.jax_bridge.Route`.
+        baselines: XLA's programs to include (:data:`hlo_tools.baselines.BASELINES`
+            names), compiled from the program's text with the baseline's options.
+        bucket_thresholds: the hand-bucketing sweep (None:
+            :data:`hlo_tools.baselines.BUCKET_THRESHOLDS`); thresholds that give the same
+            buckets give one program, named after the smallest.
+        staged, costs, sync, say, staged_top, chunk_bytes: the staged candidates
+            (:func:`staged_candidates`).
+
+    Returns:
+        The :class:`Candidates`. On backends whose combiner takes a threshold (XLA:GPU),
+        XLA's default at the swept thresholds too (``xla_combine_*``).
+    """
+    from disco_jax.enactment import Enactment
+    from disco_jax.enactment.staged import CHUNK_BYTES
+    from hlo_tools import apply_plan, to_text
+    from hlo_tools import baselines as bl
+    from hlo_tools.jax_bridge import compile_hlo
+    from hlo_tools.plan import Plan
+
+    step, args, text, platform = program.step, program.args, program.text, program.platform
+    enactments: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    bucketed: dict[str, tuple[int | None, int]] = {}
+    seen: set = set()
+    thresholds = bl.BUCKET_THRESHOLDS if bucket_thresholds is None else tuple(bucket_thresholds)
+    for cand in bl.bucketed_candidates(step, args, thresholds, module=program.module):
+        if cand.buckets in seen:
+            continue  # the same buckets as a smaller threshold
+        seen.add(cand.buckets)
+        label = bl.bucketed_name(cand.threshold_bytes)
+        enactments[label] = Enactment.single(label, cand.run.hlo_text, exact=False,
+                                             compiler_options=dict(cand.run.compiler_options))
+        runs[label] = cand.run
+        bucketed[label] = (cand.threshold_bytes, len(cand.buckets))
+    swept = bl.combine_threshold_candidates(platform, program.gradient_bytes)
+    for name, options in [(b, bl.baseline_options(b, platform)) for b in baselines] + swept:
+        enactments[name] = Enactment.single(name, text, exact=False, compiler_options=options)
+        runs[name] = compile_hlo(step, args, text, exact=False, compiler_options=options)
+    plans: dict[str, Plan] = {}
+    how = plan_compile_options(route)
+    for i, pj in enumerate(plans_json):
+        name = f"plan_{i}"
+        plans[name] = Plan.from_json(pj)
+        plan_text = to_text(apply_plan(program.module, plans[name], program.graph))
+        enactments[name] = Enactment.single(name, plan_text, **how)
+        runs[name] = compile_hlo(step, args, plan_text, **how)
+    staged_runs, staged_info = staged_candidates(
+        program, staged, plans=plans, costs=costs, sync=sync, say=say, top=staged_top,
+        chunk_bytes=chunk_bytes)
+    chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
+    for name, run in staged_runs.items():
+        enactments[name] = Enactment.of_stages(name, run.plan, exact=False, chunk_bytes=chunk)
+        runs[name] = run
+    return Candidates(enactments, runs, plans, bucketed, staged_info)
+
+
+def staged_candidates(program: Program, entries: Sequence[Any], *,
+                      plans: Mapping[str, Any] | None = None,
+                      costs: Any = None, sync: Any = None,
+                      say: Callable[[str], None] | None = None, top: int = 3,
+                      chunk_bytes: int | None | str = "default"
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Staged enactments (:mod:`disco_jax.enactment.staged`, XLA's fusion inside each
+    stage) to add to a final choice.
+
+    Args:
+        program: the train step, lowered and parsed.
+        entries: bucket counts, ``"plan"`` (the buckets of ``plans["plan_0"]``) and
+            ``"auto"``: the staged cost model (:mod:`disco_jax.costs.staged_cost`) fitted
+            on one staged step measured here (after its self-test), then the ``top`` best
+            predicted bucketings of :func:`~disco_jax.costs.staged_cost.layouts`, the best
+            one predicted with the streams not sharing the CPU (overlap 1) when it is not
+            among them: the fitted overlap also absorbs what is not overlap (the step's
+            fixed tail), so the fully overlapped ranking is measured too.
+        plans: the search's plans by name.
+        costs: the cost model (process 0; None elsewhere).
+        sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (None: one process); every
+            process calls this alike.
+        say: progress lines.
+        top: predicted bucketings kept by ``"auto"``.
+        chunk_bytes: each bucket is reduced in collectives of at most this many bytes
+            (None: one per bucket; ``"default"``:
+            :data:`~disco_jax.enactment.staged.CHUNK_BYTES`).
+
+    Returns:
+        ``(runs, info)``: the compiled staged steps by name, and (process 0) the
+        self-test, the fit and the predicted seconds of every staged candidate.
+    """
+    import jax
+    import numpy as np
+
+    from disco_jax.costs.staged_cost import fit_staged_costs, layouts, predict_layouts
+    from disco_jax.enactment.staged import CHUNK_BYTES, staged_step
+    from disco_jax.pipeline.choose import measure
+    from hlo_tools import plan as P
+    from hlo_tools.plan.buckets import ready_order
+
+    say = say or (lambda text: None)
+    step, args, module, graph = program.step, program.args, program.module, program.graph
+    chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
+    out: dict[str, Any] = {}
+    info: dict[str, Any] = {"predicted_s": {}}
+    for count in entries:
+        if count == "auto":
+            continue
+        if count == "plan":
+            if not plans or "plan_0" not in plans:
+                continue
+            buckets = P.bucket_members(P.FusionSpace(graph), plans["plan_0"])
+            if len(buckets) < 2:
+                continue
+            name, arg = "staged_plan", buckets
+        else:
+            name, arg = f"staged_{count}", int(count)
+        try:
+            out[name] = staged_step(step, args, buckets=arg, chunk_bytes=chunk, module=module)
+        except ValueError as err:
+            say(f"{name}: not staged ({err})")
+    if "auto" not in entries:
+        return out, info
+    space = P.FusionSpace(graph)
+    # the order by process 0's cost model (the others have none), shared: every process
+    # builds the same stages
+    node_s = costs.graph_costs(graph).time_s if costs is not None else None
+    order = [int(a) for a in ready_order(space, node_s)]
+    if sync is not None:
+        order = sync.share("staged_order", order)
+    cands = layouts(graph, order)
+    ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
+    try:
+        out[ref] = staged_step(step, args, buckets=cands[ref], chunk_bytes=chunk,
+                               module=module)
+    except ValueError as err:
+        say(f"staged: not staged ({err})")
+        return out, info
+    barrier = sync.barrier if sync is not None else None
+    check = out[ref].self_test(*args, barrier=barrier)
+    info["self_test"] = check._asdict()
+    if not check.overlaps:  # the final choice measures them anyway
+        say(f"staged self-test: {check.reason}")
+    parts = out[ref].parts(*args, barrier=barrier)
+    # the whole step, interleaved with nothing: enough rounds that one slow phase of
+    # the machine does not become the fitted overlap
+    total = float(np.median(measure({ref: out[ref]}, args, rounds=7, warmup=3, sync=sync,
+                                    tag="staged_ref", min_sample_s=0.3)[ref]))
+    pick = None
+    if jax.process_index() == 0:
+        fit = fit_staged_costs(module, graph, cands[ref], node_s,
+                               parts.stage_s, parts.comm_s, total)
+        both = predict_layouts(module, graph, cands, fit)
+        preds = {n: p.fitted_s for n, p in both.items()}
+        best = sorted(preds, key=preds.__getitem__)[:top]
+        pick = [n for n in best if n != ref]
+        # what staging within one step could reach if the two streams did not share the
+        # CPU: the first stage (the forward pass and more) hides nothing
+        unshared = {n: p.unshared_s for n, p in both.items()}
+        bound = min(unshared, key=unshared.__getitem__)
+        if bound != ref and bound not in pick:
+            pick.append(bound)
+        info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
+                "fo_bound_s": {n: p.fo_bound_s for n, p in both.items()},
+                "parts": parts._asdict(),
+                # the computation alone, XLA-fused in stages: the step with every
+                # all-reduce hidden (the measured full-overlap bound)
+                "compute_s": float(sum(parts.stage_s)),
+                "unshared_bound": {"layout": bound, "predicted_s": unshared[bound]},
+                "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
+        say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
+            f"{fit.compute_scale:.2f}, {fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
+            f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
+            f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms "
+            f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
+    if sync is not None:
+        pick = sync.share("staged_pick", pick)
+    for name in pick:
+        out[name] = staged_step(step, args, buckets=cands[name], chunk_bytes=chunk,
+                                 module=module)
+    return out, info

@@ -1,0 +1,334 @@
+"""The cost model of a step in the setup it runs in: op times from the in-context
+profile first, then standalone timings, then the analytic model; the all-reduce latency,
+compute scale, fused-op scale and bucket-copy rate fitted to the profile's measured
+iterations."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import hlo_tools
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.pipeline.profile import InContext
+from estimator import op_bench
+from estimator import profiler as pr
+from estimator.hardware import HardwareConfig
+from estimator.interface import FallbackFusedEstimator
+from estimator.probes import tuple_buffer_latency
+from hlo_tools.ir import HloInstruction, HloModule
+
+__all__ = [
+    "COPY_RATE_BOUNDS",
+    "FUSED_SCALE_BOUNDS",
+    "Calibration",
+    "bucket_copies",
+    "bucket_copy_rate",
+    "calibrate_in_context",
+    "cover",
+    "default_hardware",
+    "in_context_costs",
+    "predict_module",
+]
+
+
+def default_hardware(num_processes: int, platform: str = "cpu") -> str:
+    """The shipped hardware file for a setup on a backend (the in-context fit adapts its
+    all-reduce latency and compute scale): on CPU ``inproc4`` for one process, else
+    ``gloo2``; on GPU ``gpu_nvlink8`` for one process (its devices on one server), else
+    ``gpu_400g``.
+
+    Raises:
+        ValueError: a platform with no shipped hardware file (not CPU or GPU).
+    """
+    from hlo_tools.jax_bridge import platform_family
+
+    family = platform_family(platform)
+    if family == "cpu":
+        return "inproc4" if num_processes <= 1 else "gloo2"
+    if family == "gpu":
+        return "gpu_nvlink8" if num_processes <= 1 else "gpu_400g"
+    raise ValueError(f"no shipped hardware file for platform {platform!r}; pass hardware= "
+                     "(a file from disco calibrate)")
+
+
+def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
+                     measured: InContext | None, *, bench: bool = True,
+                     calibrate: bool = True, progress: bool | None = None,
+                     op_profile: pr.OpProfile | None = None, replicas: int = 1,
+                     fused: Any = None, overlap: float | None = None
+                     ) -> tuple[CostModel, Calibration | None]:
+    """The cost model of ``module`` in the setup ``measured`` was taken in.
+
+    Op times in priority order: ``op_profile`` (a stored profile, when given), the
+    in-context profile (:func:`profile_in_context`), then standalone timings of the ops
+    they lack (``bench``, each op on ``replicas`` devices at once), then the one-bucket
+    program's profile for the ops only it runs (its bucket's copies), then the analytic
+    model. With ``calibrate``, the hardware file's all-reduce model and compute scale are
+    then fitted to the same measurement (:func:`calibrate_in_context`). ``fused``: a
+    fused-op estimator to use instead of the fallback rule (one with a ``bind`` method,
+    e.g. the GNN, is bound to the cost model first), and ``overlap``: the compute and
+    communication overlap instead of the hardware file's, both set before the fit.
+
+    Returns:
+        The cost model and its :class:`Calibration` (None without ``calibrate`` or a
+        measurement).
+    """
+    if op_profile is None:
+        costs = CostModel.for_module(module, hardware,
+                                     profile=measured.profile if measured else None,
+                                     profiled_module=module, bench=bench,
+                                     replicas=replicas, progress=progress)
+    else:
+        costs = CostModel.for_module(module, hardware, profile=op_profile, bench=False)
+        if measured is not None:
+            costs.op_times.add_program_profile(measured.profile, original=module)
+        if bench:
+            costs.op_times.add_timings(op_bench.bench_ops(module, replicas=replicas,
+                                                          progress=progress))
+    if measured is not None and measured.one_bucket_profile is not None:
+        costs.op_times.add_program_profile(measured.one_bucket_profile,
+                                           original=measured.one_bucket)
+    if overlap is not None:
+        costs.constants = dataclasses.replace(costs.constants, overlap=overlap,
+                                              source="overlap given")
+    if fused is not None:
+        costs.set_fused_estimator(fused.bind(costs) if hasattr(fused, "bind") else fused)
+    if not calibrate or measured is None:
+        return costs, None
+    return calibrate_in_context(costs, module, measured, bench=bench)
+
+
+def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
+    """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
+    e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
+    runs them; returns how many were added."""
+    todo = [instr for key, (instr, _) in op_bench.benchable_ops(module).items()
+            if key not in costs.op_times.times]
+    if not todo:
+        return 0
+    return costs.op_times.add_timings(op_bench.bench_ops(module, todo, replicas=1,
+                                                         progress=progress))
+
+
+class Calibration(NamedTuple):
+    """What :func:`calibrate_in_context` fitted.
+
+    Attributes:
+        d_s: all-reduce latency inside the program, seconds.
+        compute_scale: the factor on every compute node.
+        wall_s: ``(no fusion, one bucket)`` measured seconds per iteration.
+        predicted_s: ``(no fusion, one bucket)`` predicted after the fit, seconds.
+        fused_scale: the factor on fused-op estimates (1.0 when XLA's fused program was
+            not measured).
+        fused_wall_s: XLA's fused one-bucket program, measured seconds per iteration
+            (None: not measured).
+        fused_predicted_s: the same, predicted after the fit (None: not measured).
+        d_tuple_extra_s: the extra latency of each buffer of a variadic all-reduce
+            (:attr:`estimator.allreduce.AllReduceModel.d_tuple_extra_s`; the hardware
+            file's when the tuple probe was not measured).
+        tuple_latency_s: the latency each buffer of a combined all-reduce paid in the
+            tuple probe (:func:`estimator.probes.tuple_buffer_latency`), seconds (None:
+            not measured).
+        copy_s_per_byte: the bucket copies' seconds per byte
+            (:func:`bucket_copy_rate`; None: not measured, the hardware file's).
+    """
+
+    d_s: float
+    compute_scale: float
+    wall_s: tuple[float, float]
+    predicted_s: tuple[float, float]
+    fused_scale: float = 1.0
+    fused_wall_s: float | None = None
+    fused_predicted_s: float | None = None
+    d_tuple_extra_s: float = 0.0
+    tuple_latency_s: float | None = None
+    copy_s_per_byte: float | None = None
+
+
+#: Range of the fitted fused-op scale.
+FUSED_SCALE_BOUNDS = (0.2, 5.0)
+
+#: Range of the measured seconds per byte of a bucket's copies (0.5-500 GB/s).
+COPY_RATE_BOUNDS = (2e-12, 2e-9)
+
+
+def bucket_copies(module: HloModule) -> list[HloInstruction]:
+    """The copies of ``module``'s AllReduce buckets as :func:`hlo_tools.apply_plan`
+    writes them: the ``concatenate`` into each flat buffer and the ``slice`` ops out of
+    it (in the per-device computation)."""
+    comp = hlo_tools.device_graph(module).computation
+    by_name = {i.name: i for i in comp.instructions}
+    users: dict[str, list[HloInstruction]] = {}
+    for instr in comp.instructions:
+        for o in instr.operands:
+            users.setdefault(o, []).append(instr)
+    out = []
+    for instr in comp.instructions:
+        if instr.opcode != "all-reduce" or len(instr.operands) != 1:
+            continue
+        buffer = by_name.get(instr.operands[0])
+        if buffer is None or buffer.opcode != "concatenate":
+            continue
+        out += [buffer, *(u for u in users.get(instr.name, ()) if u.opcode == "slice")]
+    return out
+
+
+def bucket_copy_rate(costs: CostModel, module: HloModule) -> float | None:
+    """Seconds per byte of the bucket copies of ``module`` (:func:`bucket_copies`) as
+    profiled in context: ``sum(t - L) / sum(2 * bytes)`` over those with a profiled time
+    (each reads and writes its bytes once; ``L`` the per-kernel launch cost, as in
+    :meth:`~disco_jax.costs.cost_model.CostModel.copy_time`), clamped to
+    :data:`COPY_RATE_BOUNDS`. None: no copy was profiled."""
+    view = costs.view(module)
+    launch = costs.constants.kernel_launch_s
+    spent = moved = 0.0
+    for instr in bucket_copies(module):
+        est = costs.op_times.estimate(view, instr)
+        if est.estimated or est.source != "profile":
+            continue
+        spent += max(est.time_s - launch, 0.0)
+        moved += 2.0 * instr.shape.byte_size()
+    if moved <= 0:
+        return None
+    return float(min(max(spent / moved, COPY_RATE_BOUNDS[0]), COPY_RATE_BOUNDS[1]))
+
+
+def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext, *,
+                         bench: bool = True) -> tuple[CostModel, Calibration]:
+    """Fits the all-reduce latency ``D``, the compute scale and the fused-op scale to the
+    programs measured in context (:func:`profile_in_context`).
+
+    1. ``D`` and the compute scale, from two programs: no fusion with every gradient on
+       its own all-reduce, and the same with one bucket. The two run the same kernels
+       and differ in the number of collectives, so the pair separates what a collective
+       costs inside a program -- gloo's latency, and the wait for the slower process,
+       which no microbenchmark sees and which changes from run to run on a shared host --
+       from how fast the kernels run beside the job's other devices (4 devices of one
+       process share 2 cores). Both simulated times are close to affine in
+       ``(scale, D)``: finite differences give the 2x2 system, solved once and refined
+       once; the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
+       ``[0, 1 s]``. ``C`` (seconds per byte) stays the file's.
+    2. The fused-op scale (:attr:`~disco_jax.costs.cost_model.BackendConstants.fused_scale`),
+       from XLA's fused compilation of the one-bucket program, when it was measured: the
+       same collective and the same computation as the second program, fused as XLA
+       fuses, so what its time differs by is how fast fused kernels run here. Its
+       simulated time is affine in the scale: solved once and refined once, clamped to
+       :data:`FUSED_SCALE_BOUNDS`.
+    3. The extra latency of each buffer of a variadic all-reduce
+       (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
+       probe when it was measured: XLA:CPU reduces the buffers of a combined
+       all-reduce one after the other, each paying gloo's bare latency
+       (:func:`estimator.probes.tuple_buffer_latency`), where a gradient all-reduce
+       between computations pays ``D``; the extra is the difference, so each buffer's
+       latency stays >= 0. (Fitting it instead to the no-fusion program with XLA's
+       combiner on, as before, gave every buffer about ``D``: 0.24 ms on mixer in
+       gloo2 where the probe and XLA's default's traced all-reduce both show
+       0.17 ms, and XLA's default came out 20-40% too slow.)
+    4. The bucket copies' seconds per byte
+       (:attr:`~disco_jax.costs.cost_model.BackendConstants.copy_s_per_byte`), from the
+       one-bucket program's profile (:func:`bucket_copy_rate`) when it was taken; set
+       before 1-3, which price that program's copies. The default per-byte cost priced
+       autoencoder's 2.5 MB flat buffer at 2.5 times its traced 0.2 ms, which the fit of
+       the compute scale then took out of every kernel.
+
+    With ``bench``, ops of XLA's programs that no measurement covers are timed
+    standalone first (:func:`cover`, before any fit, so that every fit sees the same op
+    times).
+
+    Returns:
+        The calibrated cost model (same op times) and the :class:`Calibration`.
+    """
+    import dataclasses
+
+    import numpy as np
+
+    from disco_jax.costs.lower import sim_graph_from_module
+    from disco_jax.costs.simulator import simulate
+
+    has_fused = measured.fused is not None and measured.fused_wall_s is not None
+    if has_fused and bench:
+        cover(costs, measured.fused)
+    copy = bucket_copy_rate(costs, measured.one_bucket)
+    modules = (module, measured.one_bucket)
+    want = np.array([measured.wall_s, measured.one_bucket_wall_s])
+    s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
+    # another estimator (the GNN) carries over: its member times are the same op times
+    estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
+
+    def model(scale: float, d: float, fused: float = costs.constants.fused_scale,
+              extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
+        ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra)
+        consts = dataclasses.replace(costs.constants, compute_scale=scale, fused_scale=fused,
+                                     copy_s_per_byte=copy or costs.constants.copy_s_per_byte,
+                                     source=f"{costs.constants.source} + in-context fit")
+        return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
+                         op_times=costs.op_times, constants=consts, fused=estimator)
+
+    def time_of(m: HloModule, cm: CostModel) -> float:
+        return simulate(sim_graph_from_module(m, cm), cm.overlap).iteration_s
+
+    def times(scale: float, d: float) -> np.ndarray:
+        cm = model(scale, d)
+        return np.array([time_of(m, cm) for m in modules])
+
+    x = np.array([s0, max(d0, 1e-5)])
+    lo, hi = np.array([0.25 * s0, 0.0]), np.array([8.0 * s0, 1.0])
+    for _ in range(2):
+        base = times(*x)
+        step = np.maximum(x * 0.5, [1e-3, 1e-5])
+        jac = np.stack([(times(x[0] + step[0], x[1]) - base) / step[0],
+                        (times(x[0], x[1] + step[1]) - base) / step[1]], axis=1)
+        try:
+            x = np.clip(x + np.linalg.solve(jac, want - base), lo, hi)
+        except np.linalg.LinAlgError:
+            break
+    got = times(*x)
+    fused, fused_got = costs.constants.fused_scale, None
+    if has_fused:
+        fused, fused_got = _fit_affine(
+            lambda f: time_of(measured.fused, model(*x, f)), measured.fused_wall_s, fused,
+            lambda f: 0.5 * f, *FUSED_SCALE_BOUNDS)
+    extra, per_buffer = costs.hardware.allreduce.d_tuple_extra_s, None
+    if (measured.tuple_buffers or 0) >= 2 and measured.tuple_wall_s is not None \
+            and measured.flat_wall_s is not None:
+        per_buffer = tuple_buffer_latency(measured.tuple_wall_s, measured.flat_wall_s,
+                                          measured.tuple_buffers)
+        extra = per_buffer - float(x[1])
+    cm = model(*x, fused, extra)
+    return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
+                           (float(got[0]), float(got[1])), fused,
+                           measured.fused_wall_s, fused_got, extra, per_buffer, copy)
+
+
+def _fit_affine(time_at: Callable[[float], float], want: float, x: float,
+                step: Callable[[float], float], lo: float, hi: float) -> tuple[float, float]:
+    """Solves ``time_at(x) = want`` for a time close to affine in ``x``: a secant step
+    of width ``step(x)``, refined once, clamped to ``[lo, hi]``; ``x`` stays where the
+    time does not grow with it (nothing in the program depends on it).
+
+    Returns:
+        ``(x, time_at(x))``.
+    """
+    for _ in range(2):
+        base = time_at(x)
+        h = step(x)
+        slope = (time_at(x + h) - base) / h
+        if slope <= 0:
+            break
+        x = float(min(max(x + (want - base) / slope, lo), hi))
+    return x, time_at(x)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def predict_module(module: HloModule, costs: CostModel) -> float:
+    """Predicted seconds per iteration of a module as written (e.g. XLA's compiled
+    program), its ops the profile lacks timed standalone first (:func:`cover`)."""
+    from disco_jax.costs.lower import sim_graph_from_module
+    from disco_jax.costs.simulator import simulate
+
+    cover(costs, module)
+    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s

@@ -1,0 +1,230 @@
+"""The whole product pipeline for one train step, returning what to run as an
+:class:`~disco_jax.enactment.Enactment` (what ``disco_jax.jit`` runs under
+``ENABLE_SEARCH=1`` and keeps in the strategy store). It composes the pipeline's steps on
+one :class:`~disco_jax.pipeline.program.Program`, lowered and parsed once:
+
+1. :func:`~disco_jax.pipeline.profile.profile_in_context` and
+   :func:`~disco_jax.pipeline.fit.in_context_costs`: the cost model where the step runs;
+2. :func:`~disco_jax.pipeline.search.plans_for_choice`: the search's best plans (process
+   0 of a job searches; the plans go to every process through ``sync``);
+3. :func:`~disco_jax.pipeline.candidates.build_candidates`: the plans compiled as the
+   backend's route allows, hand bucketing, XLA's default and op fusion, staged programs;
+4. :func:`~disco_jax.pipeline.choose.choose`: the final choice by measurement, in tiers
+   (XLA's default stays unless hand bucketing beats it in most paired rounds, and that
+   choice stays unless a plan or staged program beats it so).
+
+Typical use::
+
+    step, args = zoo.get("vgg")(4, "tiny")
+    opt = optimize_step(step, args, time_budget_s=2.0)
+    out = opt.run(*args)                 # == jax.jit(step)(*args)
+    opt.enactment.to_json()              # what the strategy store keeps
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+__all__ = ["DEFAULT_CHOICE_ROUNDS", "OptimizeReport", "Optimized", "optimize_step"]
+
+#: Interleaved rounds of the final choice by measurement.
+DEFAULT_CHOICE_ROUNDS = 3
+
+
+class OptimizeReport(NamedTuple):
+    """How :func:`optimize_step` chose (every field JSON-able; :meth:`to_json`).
+
+    Attributes:
+        choice: the winner's name (``plan_0``, ``bucketed_1MiB``, ``xla_default``, ...).
+        predicted_s: predicted seconds per iteration of every candidate by name (None
+            where the model has none).
+        measured_s: measured seconds per iteration of every candidate by name (medians
+            of the choice's rounds).
+        wins: per challenger, the rounds it beat the program it challenged in.
+        against: per challenger, the program it challenged.
+        search: the search's settings and statistics (``{"refused": why}`` when no plan
+            fit the memory budget; None on processes other than 0).
+        hardware: the hardware file's name.
+        route: how plans reached the backend (:class:`hlo_tools.jax_bridge.Route`).
+        calibration: the in-context fit (None on processes other than 0).
+        seconds: wall seconds of each phase and ``total``.
+    """
+
+    choice: str
+    predicted_s: dict[str, float | None]
+    measured_s: dict[str, float]
+    wins: dict[str, int]
+    against: dict[str, str]
+    search: dict[str, Any] | None
+    hardware: str
+    route: dict[str, str]
+    calibration: dict[str, Any] | None
+    seconds: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class Optimized(NamedTuple):
+    """What :func:`optimize_step` chose.
+
+    Attributes:
+        enactment: the winner, as the store keeps it.
+        run: the winner compiled: ``run(*args)`` returns what ``jax.jit(step)(*args)``
+            returns (a staged run has ``.close()``).
+        report: how it was chosen (:class:`OptimizeReport`).
+    """
+
+    enactment: Any
+    run: Callable[..., Any]
+    report: OptimizeReport
+
+
+def _predictions(cands: Any, searched: Any, costs: Any, baselines: bool
+                 ) -> dict[str, float | None]:
+    """Every candidate's predicted seconds: the search's for its plans, the staged cost
+    model's for staged programs, and (``baselines``) the simulation of XLA's compiled
+    program for hand bucketing, XLA's default and op fusion."""
+    from disco_jax.pipeline.fit import predict_module
+    from hlo_tools import baselines as bl
+
+    predicted: dict[str, float | None] = {name: None for name in cands.runs}
+    predicted.update({n: t for n, t in cands.staged_info.get("predicted_s", {}).items()
+                      if n in cands.runs})
+    if searched.outcome is not None:
+        predicted.update(zip(cands.plans, (c for _, c in searched.outcome.top)))
+    if baselines:
+        for name, run in cands.runs.items():
+            if name.startswith("bucketed") or name in ("xla_default", "op_fusion"):
+                predicted[name] = predict_module(bl.module_from_compiled(run), costs)
+    return predicted
+
+
+def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
+                  time_budget_s: float | None = None, hardware: str | None = None,
+                  sync: Any = None, top_k: int = 3,
+                  choice_rounds: int = DEFAULT_CHOICE_ROUNDS, staged: Sequence[Any] = (),
+                  min_sample_s: float = 0.05, seed: int = 0, predict_baselines: bool = True,
+                  bucket_thresholds: Sequence[int | None] | None = None,
+                  profile_rounds: int = 5, memory_budget_bytes: int | None = None,
+                  route: str | None = None,
+                  progress: Callable[[str], None] | None = None) -> Optimized:
+    """Profiles, searches, compiles the candidates and chooses by measurement.
+
+    Args:
+        step: the train step (plain or jitted), called with positional arguments only.
+        args: its arguments, placed as they will be at run time. They are not donated:
+            every candidate runs on them several times.
+        time_budget_s: search budget, seconds (None: ``configs/search.toml``).
+        hardware: hardware file name or path (None:
+            :func:`~disco_jax.pipeline.fit.default_hardware`).
+        sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (None: one process). Every
+            process calls this function alike; process 0 searches and its plans are
+            shared.
+        top_k: plans of the search that take part in the final choice.
+        choice_rounds: interleaved rounds of the final choice.
+        staged: staged programs to add to the choice: bucket counts, ``"plan"`` for
+            the buckets of the search's best plan, ``"auto"`` for the staged cost model's
+            best bucketings (:func:`~disco_jax.pipeline.candidates.staged_candidates`).
+        min_sample_s: each measured sample lasts about this long, seconds.
+        seed: seeds the search and the round order.
+        predict_baselines: also predict XLA's default and the bucketed programs (times
+            their compiled ops standalone, cached); else their predictions are None.
+        bucket_thresholds: the bucket sizes T of the bucketed sweep, bytes (None in it:
+            one bucket; default: :data:`hlo_tools.baselines.BUCKET_THRESHOLDS`).
+        profile_rounds: profiled iterations and untraced samples of the in-context
+            profile (fewer: faster, noisier fit).
+        memory_budget_bytes: the search refuses plans predicted to need more memory per
+            device, bytes (None: the device's memory,
+            :func:`hlo_tools.jax_bridge.device_memory_bytes`). When no plan fits, the
+            final choice runs among the baselines alone (``report.search["refused"]``
+            says why).
+        route: how plans reach the backend: ``"exact"`` (hand-written fusions compile:
+            the joint search), ``"buckets"`` (AllReduce buckets alone, over XLA's own
+            fusion) or None: the backend's probe
+            (:func:`~disco_jax.pipeline.candidates.enactment_route`).
+        progress: called with a line per phase (None: silent).
+
+    Returns:
+        The :class:`Optimized` winner.
+
+    Raises:
+        ValueError: the step has no gradient all-reduce to optimize (not a ``shard_map``
+            data-parallel step), or a parameter out of range.
+        hlo_tools.jax_bridge.HloCompileError: XLA rejected a candidate.
+    """
+    import jax
+
+    from disco_jax.pipeline.candidates import build_candidates, enactment_route
+    from disco_jax.pipeline.choose import choice_tiers, choose
+    from disco_jax.pipeline.fit import default_hardware, in_context_costs
+    from disco_jax.pipeline.profile import profile_in_context
+    from disco_jax.pipeline.program import lower_program
+    from disco_jax.pipeline.search import plans_for_choice
+    from hlo_tools.jax_bridge import EXACT
+
+    say = progress or (lambda text: None)
+    if top_k < 1 or choice_rounds < 1:
+        raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
+    seconds: dict[str, float] = {}
+    t0 = t_phase = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t_phase
+        now = time.perf_counter()
+        seconds[name] = now - t_phase
+        t_phase = now
+
+    program = lower_program(step, args)
+    plan_route = enactment_route(route, program.platform)
+    hardware = hardware or default_hardware(jax.process_count(), program.platform)
+    graph = program.graph
+    say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
+        f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
+        f"({plan_route.reason}); hardware {hardware}; profiling in context")
+    measured = profile_in_context(program.step, program.args, program.module, sync=sync,
+                                  iterations=profile_rounds, rounds=profile_rounds)
+    lap("profile")
+
+    costs = calibration = None
+    if jax.process_index() == 0:
+        costs, calibration = in_context_costs(program.module, hardware, measured,
+                                              progress=False)
+        lap("fit")
+    searched = plans_for_choice(graph, costs, sync=sync, seed=seed,
+                                time_budget_s=time_budget_s, top_k=top_k,
+                                memory_budget_bytes=memory_budget_bytes,
+                                buckets_only=plan_route.name != EXACT, say=say)
+    if costs is not None:
+        lap("search")
+
+    say("compiling the candidates")
+    cands = build_candidates(program, searched.plans_json, plan_route,
+                             bucket_thresholds=bucket_thresholds, staged=staged, costs=costs,
+                             sync=sync, say=say)
+    lap("compile")
+
+    say(f"final choice among {len(cands.runs)} programs")
+    choice = choose(cands.runs, program.args, rounds=choice_rounds, sync=sync,
+                    tag="optimize_choice", min_sample_s=min_sample_s, seed=seed,
+                    tiers=choice_tiers(cands.runs))
+    lap("choice")
+    cands.close_except(choice.name)
+
+    predicted: Mapping[str, float | None] = {name: None for name in cands.runs}
+    if costs is not None:
+        predicted = _predictions(cands, searched, costs, predict_baselines)
+        lap("predict")
+    report = OptimizeReport(
+        choice=choice.name, predicted_s=dict(predicted), measured_s=dict(choice.medians_s),
+        wins=dict(choice.wins), against=dict(choice.against),
+        search=searched.report(seed, top_k, choice_rounds), hardware=hardware,
+        route=plan_route.to_json(),
+        calibration=calibration._asdict() if calibration is not None else None,
+        seconds={**seconds, "total": time.perf_counter() - t0})
+    won = (f", faster than {choice.against[choice.name]} in {choice.wins[choice.name]} of "
+           f"{choice_rounds} rounds" if choice.name in choice.wins else "")
+    say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
+    return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report)

@@ -1,0 +1,254 @@
+"""The in-context profile: the step compiled with nothing fused, profiled and timed where
+it runs, beside the same program with one gradient bucket (nothing fused, and XLA's fusion
+of it) and, in a multi-process job, the tuple probe. Every process of a job calls it
+alike (the programs have collectives). :func:`profile_module_in_context` does the same for
+a module given alone (an HLO file), on this process's devices."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import hlo_tools
+from disco_jax.pipeline.choose import measure
+from disco_jax.pipeline.sync import Sync
+from estimator import profiler as pr
+from estimator.probes import tuple_allreduce_programs
+from hlo_tools.ir import HloModule
+
+__all__ = [
+    "REMEASURE_INCONSISTENT",
+    "InContext",
+    "inconsistent_walls",
+    "pooled",
+    "profile_in_context",
+    "profile_module_in_context",
+]
+
+
+class InContext(NamedTuple):
+    """What :func:`profile_in_context` measured.
+
+    Attributes:
+        profile: the traced profile of the no-fusion program (per-op times).
+        wall_s: untraced seconds per iteration of the no-fusion program.
+        one_bucket: the no-fusion program with every gradient in one flat all-reduce
+            bucket (the same computation, one collective), as a module.
+        one_bucket_wall_s: its untraced seconds per iteration.
+        fused: XLA's compilation of ``one_bucket`` with its op fusion on (the
+            ``bucketed`` baseline with one bucket), as the module XLA runs (None: not
+            measured).
+        fused_wall_s: its untraced seconds per iteration (None: not measured).
+        tuple_buffers: how many buffers the tuple probe's all-reduce has: the program's
+            gradients, each its own buffer of one all-reduce, as XLA's combiner writes
+            them (None: not measured).
+        tuple_wall_s: seconds of that all-reduce alone in a program
+            (:func:`estimator.probes.tuple_allreduce_programs`; None: not measured).
+            Measured in multi-process jobs only: there each buffer of a combined
+            collective is a network all-reduce of its own. In one process it is a
+            rendezvous of the device threads (the extra fitted there, -0.02 to 0.15 ms
+            per buffer on 4 held-out steps, was noise that made XLA's default up to 85%
+            too slow in the held-out benchmark).
+        flat_wall_s: seconds of one flat all-reduce of the same bytes alone in a program
+            (None: not measured).
+        runs: the measured programs by name (``no_fusion``, ``one_bucket``, ``fused``
+            and, when measured, ``tuple`` and ``flat``), each called as ``run(*args)``
+            with the step's arguments, to be measured again later (:func:`pooled`).
+        samples_s: the samples behind the medians above, by the same names.
+        one_bucket_profile: the traced profile of the one-bucket program (per-op times
+            of its bucket's copies: the concatenate into the flat buffer and the
+            slices out of it; None: not measured).
+
+    The times are medians of interleaved samples (in a job, per sample the minimum over
+    processes).
+    """
+
+    profile: pr.ProgramProfile
+    wall_s: float
+    one_bucket: HloModule
+    one_bucket_wall_s: float
+    fused: HloModule | None = None
+    fused_wall_s: float | None = None
+    tuple_buffers: int | None = None
+    tuple_wall_s: float | None = None
+    flat_wall_s: float | None = None
+    runs: Mapping[str, Callable[..., Any]] | None = None
+    samples_s: Mapping[str, Sequence[float]] | None = None
+    one_bucket_profile: pr.ProgramProfile | None = None
+
+
+def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
+                       iterations: int = 5, warmup: int = 2, rounds: int = 5,
+                       library: bool = True, sync: Sync | None = None) -> InContext:
+    """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
+    and times it beside the same program with one gradient bucket, compiled once with
+    nothing fused and once with XLA's op fusion, and in a multi-process job beside the
+    tuple probe: the gradients' combined all-reduce alone, against one flat buffer of
+    the same bytes (see :class:`InContext`).
+
+    Args:
+        step: the train step (its calling convention).
+        args: its arguments (placed on the job's devices).
+        module: its pre-optimization module.
+        iterations: profiled iterations (per-op times are medians over them).
+        warmup: untraced iterations first.
+        rounds: untraced samples of each iteration time.
+        library: run dots and convolutions on XLA's kernel library, as enacted plans do
+            (:func:`hlo_tools.compile_hlo`'s ``library``), so their in-context times are
+            the times a plan's dots will take.
+        sync: the job's :class:`Sync` (None: one process).
+    """
+    graph = hlo_tools.device_graph(module)
+    one = _one_bucket(module, graph)
+    several = len(graph.gradient_allreduces) >= 2  # something to combine, buckets differ
+    runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
+                                        library=library)
+            for name, m in (("no_fusion", module), ("one_bucket", one))}
+    runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
+                                          compiler_options=_fused_options())
+    buffers = [int(graph.out_bytes[i]) for i in graph.gradient_allreduces]
+    if sync is not None and several:
+        probe = tuple_allreduce_programs(buffers)
+        runs["tuple"] = lambda *_: probe.run_tuple()
+        runs["flat"] = lambda *_: probe.run_flat()
+    return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
+                         rounds=rounds, sync=sync, buckets_differ=several,
+                         tuple_buffers=len(buffers) if "tuple" in runs else None)
+
+
+def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
+                              warmup: int = 2, rounds: int = 5, library: bool = True,
+                              seed: int = 0) -> InContext:
+    """:func:`profile_in_context` for a module given alone (HLO text or our IR), without
+    its train step: e.g. a file for ``disco simulate`` / ``disco optimize``.
+
+    Both programs (nothing fused; one gradient bucket) are compiled from their text by
+    :func:`hlo_tools.jax_bridge.compile_text` on this process's devices, exactly as
+    :func:`hlo_tools.compile_hlo` compiles them for the step (``exact=True``, dots and
+    convolutions on the kernel library with ``library``), and run on the same inputs
+    made from the entry parameters (normal floats, small ints; seeded). One process: the
+    module runs on this process's devices alone.
+
+    Args:
+        module: the pre-optimization whole-program module (text, or parsed).
+        iterations: profiled iterations (per-op times are medians over them).
+        warmup: untraced iterations first.
+        rounds: untraced samples of each iteration time.
+        library: run dots and convolutions on XLA's kernel library, as enacted plans do.
+        seed: seeds the inputs.
+
+    Returns:
+        The :class:`InContext` measurement, for :func:`in_context_costs` of the module.
+
+    Raises:
+        hlo_tools.jax_bridge.DevicesUnavailableError: the module needs more devices than
+            this process has.
+        hlo_tools.HloCompileError: the module cannot be compiled here (a compiled or
+            multi-replica module, or XLA rejects it).
+    """
+    from hlo_tools.jax_bridge import compile_text
+
+    text = module if isinstance(module, str) else hlo_tools.to_text(module)
+    run, inputs = compile_text(text, exact=True, library=library, seed=seed)
+    parsed = hlo_tools.parse(text) if isinstance(module, str) else module
+    graph = hlo_tools.device_graph(parsed)
+    one = _one_bucket(parsed, graph)
+    one_text = hlo_tools.to_text(one)
+    runs = {"no_fusion": run,
+            "one_bucket": compile_text(one_text, exact=True, library=library,
+                                       inputs=False).run,
+            "fused": compile_text(one_text, exact=False, inputs=False,
+                                  compiler_options=_fused_options()).run}
+    return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
+                         rounds=rounds, sync=None,
+                         buckets_differ=len(graph.gradient_allreduces) >= 2)
+
+
+def _one_bucket(module: HloModule, graph: hlo_tools.DeviceGraph) -> HloModule:
+    """``module`` (its device ``graph``) with every gradient in one flat all-reduce
+    bucket."""
+    from hlo_tools import plan as P
+
+    return hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
+
+
+def _fused_options() -> dict[str, Any]:
+    """XLA's options for the fused program of :class:`InContext`: the ``bucketed``
+    baseline's (op fusion on, combiner off)."""
+    import jax
+
+    from hlo_tools import baselines as bl
+
+    return bl.baseline_options(bl.BUCKETED, jax.default_backend())
+
+
+#: At most this many more rounds of in-context timings while they are inconsistent
+#: (:func:`inconsistent_walls`).
+REMEASURE_INCONSISTENT = 2
+
+
+def inconsistent_walls(walls: Mapping[str, Sequence[float]]) -> bool:
+    """Whether in-context timings contradict what the programs are: the one-bucket
+    program runs the no-fusion program's kernels with fewer collectives, so its median
+    at or above the no-fusion program's can only be a slow phase of a shared host (seen
+    once in five held-out runs on 4 host devices: 14.3 against 10.1 ms, which fitted an
+    all-reduce latency of 0 and a compute scale of 3.1, and put every prediction of that
+    job 15-47% off)."""
+    return statistics.median(walls["one_bucket"]) >= statistics.median(walls["no_fusion"])
+
+
+def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
+                  one: HloModule, *, iterations: int, warmup: int, rounds: int,
+                  sync: Sync | None, buckets_differ: bool,
+                  tuple_buffers: int | None = None) -> InContext:
+    """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
+    program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
+    the tuple probe ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers),
+    all called on ``args``. With ``buckets_differ`` (the program has two gradient
+    all-reduces or more, so the bucket has copies), ``runs["one_bucket"]`` is profiled
+    too, and timings that are :func:`inconsistent_walls` get up to
+    :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled (every
+    process of a job sees the same samples, so all decide alike)."""
+    from hlo_tools import baselines as bl
+
+    profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
+                                 warmup=warmup)
+    one_profile = (pr.profile_program(runs["one_bucket"], *args, iterations=iterations,
+                                      warmup=warmup) if buckets_differ else None)
+    walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
+    for again in range(REMEASURE_INCONSISTENT if buckets_differ else 0):
+        if not inconsistent_walls(walls):
+            break
+        more = measure(runs, args, rounds=rounds, sync=sync, tag=f"in_context_{again}")
+        walls = {name: [*walls[name], *more[name]] for name in walls}
+    probed = "tuple" in runs and tuple_buffers is not None
+    return InContext(profile, statistics.median(walls["no_fusion"]), one,
+                     statistics.median(walls["one_bucket"]),
+                     bl.module_from_compiled(runs["fused"]),
+                     statistics.median(walls["fused"]),
+                     tuple_buffers if probed else None,
+                     statistics.median(walls["tuple"]) if probed else None,
+                     statistics.median(walls["flat"]) if probed else None,
+                     dict(runs), walls, one_profile)
+
+
+def pooled(measured: InContext, more: Mapping[str, Sequence[float]]) -> InContext:
+    """``measured`` with more samples of its programs (by the names of
+    :attr:`InContext.runs`, e.g. taken again beside other programs later in the job)
+    pooled into its medians: a fit to the result describes the job's later minutes as
+    well as its first (on this shared VM a program measured a minute apart moved by
+    5-17%, and every prediction of the step with it)."""
+    samples = {name: [*got, *more.get(name, ())]
+               for name, got in (measured.samples_s or {}).items()}
+
+    def median(name: str, old: float | None) -> float | None:
+        return statistics.median(samples[name]) if name in samples and old is not None \
+            else old
+
+    return measured._replace(
+        wall_s=median("no_fusion", measured.wall_s),
+        one_bucket_wall_s=median("one_bucket", measured.one_bucket_wall_s),
+        fused_wall_s=median("fused", measured.fused_wall_s),
+        tuple_wall_s=median("tuple", measured.tuple_wall_s),
+        flat_wall_s=median("flat", measured.flat_wall_s), samples_s=samples)

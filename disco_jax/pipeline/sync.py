@@ -1,0 +1,49 @@
+"""The job sync of a multi-process pipeline: barriers, process 0's values, everyone's
+values, over ``jax.distributed``'s coordination service (one process: no sync)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["Sync", "job_sync"]
+
+
+class Sync(Protocol):
+    """What :func:`measure` needs from a multi-process job (None: one process).
+
+    ``barrier(tag)`` waits for every process; ``share(key, value)`` returns process 0's
+    JSON value everywhere; ``gather(key, value)`` returns every process's value.
+    """
+
+    def barrier(self, tag: str) -> None: ...
+
+    def share(self, key: str, value: Any) -> Any: ...
+
+    def gather(self, key: str, value: Any) -> list[Any]: ...
+
+
+class _JobSync:
+    def __init__(self, prefix: str, timeout_ms: int):
+        import jax
+
+        from hlo_tools.jax_bridge import Coordinator
+
+        self._coord = Coordinator(prefix, timeout_ms)
+        self._pid, self._n = jax.process_index(), jax.process_count()
+
+    def barrier(self, tag: str) -> None:
+        self._coord.barrier(tag)
+
+    def share(self, key: str, value: Any) -> Any:
+        return self._coord.share(key, value, self._pid)
+
+    def gather(self, key: str, value: Any) -> list[Any]:
+        return self._coord.all_values(key, value, self._pid, self._n)
+
+
+def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync | None:
+    """A :class:`Sync` over ``jax.distributed`` when the job has several processes,
+    else None. ``prefix`` keeps the keys of separate uses apart."""
+    import jax
+
+    return _JobSync(prefix, timeout_ms) if jax.process_count() > 1 else None
