@@ -16,14 +16,14 @@ variants interleaved. ``screen``: compiles one variant alone (one process, two h
 devices) to find out whether it aborts XLA:CPU. With ``keep_awake`` in the spec, ``launch``
 also runs one ``SCHED_IDLE`` busy loop per CPU for the job's lifetime (see
 :func:`_start_spinners`); with ``pin_cpus``, each ``run`` process is pinned to a CPU of
-its own (:func:`estimator.gloo.pin_to_own_cpu`). The network namespace, ``tc``, port
-and process helpers are those of :mod:`estimator.gloo`.
+its own (:func:`disco_estimator.gloo.pin_to_own_cpu`). The network namespace, ``tc``, port
+and process helpers are those of :mod:`disco_estimator.gloo`.
 
 Timing. Each sample is ``K`` back-to-back calls waited for at the end, divided by ``K``
 (``K`` per variant, agreed by the processes, so that a sample lasts about
 ``min_sample_s``). All processes meet at a barrier before each sample; the parent takes
 per sample the *minimum over processes* (the last to arrive measures the iteration from
-the moment every participant is there, as :mod:`estimator.allreduce` does for single
+the moment every participant is there, as :mod:`disco_estimator.allreduce` does for single
 all-reduces). Rounds visit the variants in a seeded random order that every process
 shares. After each round one iteration of the no-fusion variant is traced: its
 per-instruction times over all rounds are the cost model's in-context op times (every
@@ -61,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from estimator.gloo import free_port, in_private_netns, set_loopback_rate, wait_all
+from disco_estimator.gloo import free_port, in_private_netns, set_loopback_rate, wait_all
 from hlo_tools.opcodes import is_collective
 
 __all__ = ["build_variant", "iteration_stats", "main", "plan_for", "plan_json"]
@@ -256,7 +256,7 @@ def _union_s(spans: Sequence[tuple[float, float]]) -> float:
 def iteration_stats(events: Sequence[Any], comm: frozenset[str]) -> list[dict[str, float]]:
     """Per iteration (run id, in start order): span, busy compute (union of kernel
     intervals), summed compute and all-reduce durations, kernel and all-reduce counts."""
-    from estimator.profiler import iteration_order
+    from disco_estimator.profiler import iteration_order
 
     by_run: dict[str, list[Any]] = {}
     for ev in events:
@@ -289,7 +289,7 @@ def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: Any,
     """Traces ``n`` blocked calls; returns the program's instruction events."""
     import jax
 
-    from estimator.profiler import find_trace_file, module_name, op_events, read_trace_events
+    from disco_estimator.profiler import find_trace_file, module_name, op_events, read_trace_events
 
     tmp = tempfile.mkdtemp(prefix="disco_acc_trace_")
     try:
@@ -313,7 +313,7 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
     """Traced iterations of every variant: per-iteration stats, the no-fusion program's
     per-instruction profile (from ``spread``, the iterations traced between the timed
     rounds, when there are any), and (on request) one iteration's events."""
-    from estimator.profiler import iteration_order, summarize
+    from disco_estimator.profiler import iteration_order, summarize
 
     out: dict[str, Any] = {"stats": {}}
     n = int(spec["profile_iterations"])
@@ -336,7 +336,7 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
 
 
 def _profile_json(prof: Any) -> dict[str, Any]:
-    """A :class:`~estimator.profiler.ProgramProfile` as JSON (device keys as strings)."""
+    """A :class:`~disco_estimator.profiler.ProgramProfile` as JSON (device keys as strings)."""
     return {"module": prof.module, "hlo_text": prof.hlo_text, "times_s": prof.times_s,
             "per_device_s": {str(d): v for d, v in prof.per_device_s.items()},
             "samples_s": {str(d): v for d, v in prof.samples_s.items()},
@@ -352,7 +352,7 @@ def _run(args: argparse.Namespace) -> None:
     pid, nproc = args.process_id, int(spec["num_processes"])
     tag = f"{spec['model']} p{pid}"
     if spec.get("pin_cpus"):
-        from estimator.gloo import pin_to_own_cpu
+        from disco_estimator.gloo import pin_to_own_cpu
 
         pin_to_own_cpu(pid)
     import jax

@@ -1,10 +1,10 @@
 """Fit the linear AllReduce model ``T = C * bytes + D`` on psum microbenchmarks.
 
-Runs each setup (``inproc4``, ``gloo2``, ``gloo2-1gbit``; see ``estimator.allreduce.SETUPS``)
+Runs each setup (``inproc4``, ``gloo2``, ``gloo2-1gbit``; see ``disco_estimator.allreduce.SETUPS``)
 in child processes, prints a table and writes ``benchmarks/results/allreduce_fit.json``;
 with ``--write-config`` also the hardware file ``<setup>.toml``, into the user's hardware
-directory (``estimator.hardware.user_hardware_dir()``, searched before the shipped files) or
-into ``--config-dir`` (``--config-dir estimator/hardware_files`` refreshes the shipped ones).
+directory (``disco_estimator.hardware.user_hardware_dir()``, searched before the shipped files) or
+into ``--config-dir`` (``--config-dir disco_estimator/hardware_files`` refreshes the shipped ones).
 
     python benchmarks/allreduce_fit.py --quick
     python benchmarks/allreduce_fit.py --setups inproc4,gloo2,gloo2-1gbit --write-config
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from estimator.allreduce import (
+from disco_estimator.allreduce import (
     FULL_SIZES,
     QUICK_SIZES,
     SETUPS,
@@ -31,7 +31,7 @@ from estimator.allreduce import (
     SetupResult,
     run_setup,
 )
-from estimator.hardware import write_hardware
+from disco_estimator.hardware import write_hardware
 
 RESULTS = Path(__file__).resolve().parent / "results" / "allreduce_fit.json"
 

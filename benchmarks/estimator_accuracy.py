@@ -1,10 +1,10 @@
 """Accuracy of the GNN fused-op estimator on held-out models (leave one model out).
 
-For each zoo model the GNN (:func:`estimator.gnn.train.train`, Adam on log time) is
+For each zoo model the GNN (:func:`disco_estimator.gnn.train.train`, Adam on log time) is
 trained on the samples of the other models of the fused-op dataset
-(:mod:`estimator.gnn.dataset`; generate it with ``disco train-estimator --generate
+(:mod:`disco_estimator.gnn.dataset`; generate it with ``disco train-estimator --generate
 --generate-only``) and evaluated on the held-out model's samples, next to the simulator's
-fallback rule (:func:`estimator.gnn.evaluate.fallback_time`, with the ``--hardware``
+fallback rule (:func:`disco_estimator.gnn.evaluate.fallback_time`, with the ``--hardware``
 file's launch and memory costs). Per fold: the number of held-out fused ops, the
 fraction predicted within 10% and within 14% of the measured time, the median relative
 error ``|predicted - measured| / measured`` and points of its CDF -- overall, by size
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from estimator.gnn.evaluate import SMALL_OP_S, breakdown, fallback_time, split_samples
+from disco_estimator.gnn.evaluate import SMALL_OP_S, breakdown, fallback_time, split_samples
 
 RESULTS = Path(__file__).parent / "results" / "estimator_accuracy.json"
 SPEED = Path(__file__).parent / "results" / "gnn_inference_speed.json"
@@ -50,9 +50,9 @@ def _pct(x: float) -> str:
 def run_fold(samples: list[Any], held_out: str, args: argparse.Namespace, constants: Any
              ) -> dict[str, Any]:
     """Trains on every model but ``held_out`` and evaluates on ``held_out``."""
-    from estimator.gnn.estimator import GnnFusedEstimator
-    from estimator.gnn.model import GnnConfig
-    from estimator.gnn.train import train
+    from disco_estimator.gnn.estimator import GnnFusedEstimator
+    from disco_estimator.gnn.model import GnnConfig
+    from disco_estimator.gnn.train import train
 
     train_set, test_set = split_samples(samples, held_out)
     fold: dict[str, Any] = {"held_out": held_out, "n_train": len(train_set),
@@ -181,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 1 or args.batch_size < 1 or not args.learning_rate > 0:
         p.error("--epochs and --batch-size must be >= 1, --learning-rate > 0")
 
+    from disco_estimator.gnn.dataset import DATASET_VERSION, dataset_path, load_samples
+    from disco_estimator.hardware import load_hardware
+    from disco_estimator.op_bench import backend_fingerprint
     from disco_jax.costs.cost_model import BackendConstants
-    from estimator.gnn.dataset import DATASET_VERSION, dataset_path, load_samples
-    from estimator.hardware import load_hardware
-    from estimator.op_bench import backend_fingerprint
     from hlo_tools.dirs import write_atomic
 
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ devices::
     python -m benchmarks.estimator_gpu run --hlo .gpu --out $OUT
 
 ``run`` draws random plans' groups from every module (``kind="plan"``,
-:func:`estimator.gnn.dataset.generate`, ``--per-module`` each, members timed standalone
+:func:`disco_estimator.gnn.dataset.generate`, ``--per-module`` each, members timed standalone
 first) and times them twice, each pass into a fresh dataset directory (the second pass
 times the same seeded groups again); it reports how often the two timings of one fused
 op agree within 10% and 14%, then trains and tests the GNN with one model held out at a
@@ -24,7 +24,7 @@ On jaxlib other than the pinned 0.10.2, XLA cannot compile the dataset's hand-wr
 ``fusion`` from MLIR (jaxlib 0.11.2: ``mhlo.fusion`` does not legalize to StableHLO), so
 there each group is compiled as a ``call`` of its computation with XLA's passes on, and
 XLA:GPU fuses it as it would (:func:`fusion_as_call`); the time is the sum of the
-kernels of one execution (:func:`estimator.profiler.op_events` reads GPU traces).
+kernels of one execution (:func:`disco_estimator.profiler.op_events` reads GPU traces).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def run(hlo_dir: Path, out: Path, args: argparse.Namespace) -> int:
     """Two timing passes, their agreement, and the leave-one-model-out folds."""
     import jax
 
-    from estimator.gnn.dataset import generate
+    from disco_estimator.gnn.dataset import generate
 
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"stages": {}, "settings": vars(args) | {"hlo": str(hlo_dir),

@@ -3,7 +3,7 @@
 A target of 90% of held-out fused ops predicted within 10% of their measured
 time. A prediction is scored against one measurement, so the measurement's own
 repeatability bounds what any estimator can reach. This benchmark times the same fused
-ops again, the way the dataset times them (:func:`estimator.gnn.dataset.generate`: the
+ops again, the way the dataset times them (:func:`disco_estimator.gnn.dataset.generate`: the
 same seeded groups of the same zoo modules, each built as a standalone ``fusion``,
 compiled with XLA's fusion passes off and timed in a child pinned to one CPU), in
 ``--passes`` independent passes per ``--repeats`` setting, each into a fresh directory
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.estimator_accuracy import MODELS
-from estimator.gnn.evaluate import SMALL_OP_S
+from disco_estimator.gnn.evaluate import SMALL_OP_S
 
 RESULTS = Path(__file__).parent / "results" / "estimator_retest.json"
 
@@ -68,7 +68,7 @@ def agreement(ref: dict[tuple[str, str], float], other: dict[tuple[str, str], fl
 
 
 def times_of(path: Path) -> dict[tuple[str, str], float]:
-    from estimator.gnn.dataset import load_samples
+    from disco_estimator.gnn.dataset import load_samples
 
     return {(s.kind, s.key): s.time_s for s in load_samples(path) if s.time_s > 0}
 
@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
+    from disco_estimator import op_bench
+    from disco_estimator.gnn.dataset import dataset_path, generate
     from disco_jax.cli.train_estimator import zoo_modules
-    from estimator import op_bench
-    from estimator.gnn.dataset import dataset_path, generate
     from hlo_tools.dirs import write_atomic
 
     fingerprint = op_bench.backend_fingerprint(1)

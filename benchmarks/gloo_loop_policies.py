@@ -41,7 +41,7 @@ POLICIES = ("asis", "nice10", "nice19", "batch", "idle")
 
 
 def set_policy(tids: list[int], policy: str) -> None:
-    from estimator.gloo import LOOP_POLICIES
+    from disco_estimator.gloo import LOOP_POLICIES
 
     for tid in tids:
         if policy in LOOP_POLICIES:
@@ -52,7 +52,7 @@ def set_policy(tids: list[int], policy: str) -> None:
 
 
 def worker(process_id: int, port: int, out: str, policies: list[str]) -> None:
-    from estimator.gloo import gloo_loop_threads, pin_to_own_cpu
+    from disco_estimator.gloo import gloo_loop_threads, pin_to_own_cpu
 
     pin_to_own_cpu(process_id)
     import jax
@@ -93,7 +93,7 @@ def worker(process_id: int, port: int, out: str, policies: list[str]) -> None:
 
 def run(rate: str, parent_netns: str, policies: str) -> int:
     from benchmarks.gloo_loop_probe import run_workers
-    from estimator.gloo import child_env, set_loopback_rate
+    from disco_estimator.gloo import child_env, set_loopback_rate
     from hlo_tools.dirs import write_atomic
 
     qdisc = set_loopback_rate(rate, parent_netns, burst="128kb") if rate else ""

@@ -3,7 +3,7 @@
 
 Both processes pinned to a CPU each (as the bench's gloo setups run). Three programs,
 timed for 8 s each (median and p90 per call), in turn with the loop as it is and moved
-to ``SCHED_BATCH`` and ``SCHED_IDLE`` (:func:`estimator.gloo.quiet_gloo_loops`), twice:
+to ``SCHED_BATCH`` and ``SCHED_IDLE`` (:func:`disco_estimator.gloo.quiet_gloo_loops`), twice:
 
 * ``chain``: 16 dependent all-reduces of 16 KiB (nothing else);
 * ``mixed``: 16 times four 192x192 matmuls (tanh) and then one small all-reduce;
@@ -105,7 +105,7 @@ def time_program(fn, seconds: float, tag: str) -> dict:
 
 
 def worker(process_id: int, port: int, out: str) -> None:
-    from estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
+    from disco_estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
 
     pin_to_own_cpu(process_id)
     import jax
@@ -141,7 +141,7 @@ def worker(process_id: int, port: int, out: str) -> None:
 def run_workers(script: str, extra: list[str], env: dict, timeout_s: float) -> dict | None:
     """Runs ``script --worker <pid> <port> <out> *extra`` as a 2-process job; returns what
     process 0 wrote to ``out`` (JSON), or None (said on stderr) when a worker failed."""
-    from estimator.gloo import free_port, wait_all
+    from disco_estimator.gloo import free_port, wait_all
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="gloo_loop_") as tmp:
@@ -157,7 +157,7 @@ def run_workers(script: str, extra: list[str], env: dict, timeout_s: float) -> d
 
 
 def main() -> int:
-    from estimator.gloo import child_env
+    from disco_estimator.gloo import child_env
     from hlo_tools.dirs import write_atomic
 
     result = run_workers(__file__, [], child_env(1), 600)

@@ -1,8 +1,8 @@
 """Throughput of the GNN fused-op estimator's batched inference (predictions per second).
 
-The estimator (:class:`estimator.gnn.estimator.GnnFusedEstimator`) predicts a batch of
+The estimator (:class:`disco_estimator.gnn.estimator.GnnFusedEstimator`) predicts a batch of
 fused subgraphs by keying each by its canonical form, encoding the uncached ones at once
-(:func:`estimator.gnn.features.encode_batch`), and running one jitted forward pass per
+(:func:`disco_estimator.gnn.features.encode_batch`), and running one jitted forward pass per
 chunk of 511, padded to a static bucket. Measured here, in wall and process CPU time:
 
 * **cold**: ``--n`` distinct subgraphs (empty cache) in one ``predict_subgraphs`` call,
@@ -48,8 +48,8 @@ TARGET_PER_S = 10_000
 def _fixture_groups() -> tuple[Any, Any, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
     """The MLP fixture's graph, analytic cost model and random plans' groups."""
     import hlo_tools
+    from disco_estimator.gnn.dataset import plan_groups
     from disco_jax.costs.cost_model import CostModel
-    from estimator.gnn.dataset import plan_groups
 
     graph = hlo_tools.device_graph(hlo_tools.parse(FIXTURE.read_text()))
     costs = CostModel("inproc4")
@@ -59,9 +59,9 @@ def _fixture_groups() -> tuple[Any, Any, list[tuple[tuple[int, ...], tuple[int, 
 
 def base_subgraphs(dataset: str | None) -> tuple[list[Any], str]:
     """Subgraphs to scale: the dataset's, else the fixture's groups; and where from."""
-    from estimator.gnn.dataset import dataset_path, load_samples
-    from estimator.gnn.features import subgraph_from_group
-    from estimator.op_bench import backend_fingerprint
+    from disco_estimator.gnn.dataset import dataset_path, load_samples
+    from disco_estimator.gnn.features import subgraph_from_group
+    from disco_estimator.op_bench import backend_fingerprint
 
     path = Path(dataset) if dataset else dataset_path(backend_fingerprint())
     samples = load_samples(path)
@@ -94,9 +94,9 @@ def measure(n: int, reps: int, dataset: str | None, checkpoint: str | None, seed
     """The measurements (see the module docstring)."""
     import jax
 
-    from estimator.gnn.estimator import GnnFusedEstimator
-    from estimator.gnn.model import GnnConfig, init_params
-    from estimator.gnn.train import make_batch
+    from disco_estimator.gnn.estimator import GnnFusedEstimator
+    from disco_estimator.gnn.model import GnnConfig, init_params
+    from disco_estimator.gnn.train import make_batch
 
     base, origin = base_subgraphs(dataset)
     if checkpoint:

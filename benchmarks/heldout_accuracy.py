@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.heldout_steps import STEPS  # noqa: E402
+from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES  # noqa: E402
 from disco_jax.pipeline.bench import SETUPS, run_job  # noqa: E402
-from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES  # noqa: E402
 from hlo_tools.dirs import write_atomic  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"

@@ -111,8 +111,8 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace) -> None:
     """Inside ``unshare -n``: limits the loopback, starts the two workers."""
+    from disco_estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
     from disco_jax.enactment.staged import POOL_THREADS
-    from estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
 
     print(set_loopback_rate("1gbit", args.parent_netns, "128kb"), file=sys.stderr)
     port = free_port()
@@ -207,8 +207,8 @@ def main() -> None:
         return _worker(args)
     if args.mode == "launch":
         return _launch(args)
+    from disco_estimator.gloo import child_env, run_bounded
     from disco_jax.enactment.staged import POOL_THREADS
-    from estimator.gloo import child_env, run_bounded
     from hlo_tools.dirs import write_atomic
 
     rows = []

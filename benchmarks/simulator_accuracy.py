@@ -18,7 +18,7 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    hardware file: single-op times from the in-context profile of the no-fusion program
    (measured in the same job and setup: one traced iteration after each timed round,
    median over rounds, then over processes), then standalone timings
-   (:mod:`estimator.op_bench`, cached) for ops only XLA's plan has (the ops of its
+   (:mod:`disco_estimator.op_bench`, cached) for ops only XLA's plan has (the ops of its
    library fusions as the library runs them); plans through
    :func:`disco_jax.costs.lower.sim_graph`, XLA's default from its post-optimization HLO as
    written (:func:`disco_jax.costs.lower.sim_graph_from_module`).
@@ -55,7 +55,7 @@ Run from the repository root (as root: ``unshare -n`` and ``tc``)::
 Traces: ``--trace-model vgg --trace-setup gloo2 --trace-variant xla_default`` (the
 default) also writes ``benchmarks/results/trace_measured_vgg.json`` (one measured
 iteration, from the profiler trace of process 0, via
-:func:`estimator.profiler.measured_chrome_trace`) and
+:func:`disco_estimator.profiler.measured_chrome_trace`) and
 ``benchmarks/results/trace_simulated_vgg.json`` (the simulation of the same program with
 the calibrated constants, via :func:`disco_jax.costs.trace.write_trace`): open both in
 https://ui.perfetto.dev (per device: tid 0 compute, tid 1 communication).
@@ -86,6 +86,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from disco_estimator.gloo import child_env, run_bounded
+from disco_estimator.hardware import shipped_hardware_dir
 from disco_jax.costs.constants_fit import (
     BOUNDS,
     FREE_ALL,
@@ -95,8 +97,6 @@ from disco_jax.costs.constants_fit import (
     calibrated_hardware_text,
     fit_constants,
 )
-from estimator.gloo import child_env, run_bounded
-from estimator.hardware import shipped_hardware_dir
 from hlo_tools import dirs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def plan_spec(seed: int) -> dict[str, Any]:
 
 def _worker_env(devices: int = 1) -> dict[str, str]:
     """The environment of a worker: CPU only, ``devices`` host devices, the repository
-    first on ``PYTHONPATH`` (:func:`estimator.gloo.child_env`)."""
+    first on ``PYTHONPATH`` (:func:`disco_estimator.gloo.child_env`)."""
     return child_env(devices, {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"})
 
 
@@ -310,7 +310,7 @@ def _plan_from_json(data: Mapping[str, Any]) -> Any:
 
 
 def _program_profile(data: Mapping[str, Any]) -> Any:
-    from estimator.profiler import ProgramProfile
+    from disco_estimator.profiler import ProgramProfile
 
     return ProgramProfile(
         data["module"], data["hlo_text"], dict(data["times_s"]),
@@ -361,7 +361,7 @@ def load_measured(raw: Mapping[str, Any]) -> list[Measured]:
 def _missing_ops(module: Any, times: Any) -> list[Any]:
     """Benchable kernel instructions of ``module`` whose op key has no time yet (one
     per key)."""
-    from estimator import op_bench
+    from disco_estimator import op_bench
 
     return [instr for key, (instr, _) in op_bench.benchable_ops(module).items()
             if key not in times.times]
@@ -369,10 +369,10 @@ def _missing_ops(module: Any, times: Any) -> list[Any]:
 
 def op_times_for(m: Measured, bench: bool = True) -> Any:
     """Single-op times: the in-context no-fusion profile, then standalone timings
-    (:mod:`estimator.op_bench`, cached) of the ops the profile lacks (both modules; the
+    (:mod:`disco_estimator.op_bench`, cached) of the ops the profile lacks (both modules; the
     ops inside XLA's library fusions are timed as the library runs them)."""
+    from disco_estimator import op_bench
     from disco_jax.costs.cost_model import OpTimes
-    from estimator import op_bench
 
     times = OpTimes()
     if m.profile is not None:
@@ -564,7 +564,7 @@ def evaluate_setup(setup: str, ms: Sequence[Measured], op_times: Sequence[Any],
     """Shipped, in-sample and leave-one-model-out errors of one setup for one simulator
     model; in-sample constants are fitted on every model, each held-out model's on the
     others."""
-    from estimator.hardware import load_hardware
+    from disco_estimator.hardware import load_hardware
 
     hw = load_hardware(setup)
     preds = [Predictor(m, hw, t, tuple_latency) for m, t in zip(ms, op_times)]
@@ -639,8 +639,8 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
                  setup: str) -> list[Path]:
     """``trace_measured_<model>.json`` (process 0's traced iteration) and
     ``trace_simulated_<model>.json`` (the same program simulated with ``c``)."""
+    from disco_estimator.profiler import OpEvent, measured_chrome_trace
     from disco_jax.costs.trace import write_trace
-    from estimator.profiler import OpEvent, measured_chrome_trace
 
     trace = raw["processes"][0]["setups"].get(setup, {}).get("trace")
     if not trace or trace["variant"] not in pred.names:
@@ -687,15 +687,15 @@ def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
         sim_model: the simulator model they were fitted with (named in the comment).
         free: the fitted constants' names.
         directory: where to write (default: the folder of the hardware files shipped
-            with the package, :func:`estimator.hardware.shipped_hardware_dir`). The file
+            with the package, :func:`disco_estimator.hardware.shipped_hardware_dir`). The file
             rewritten is ``<directory>/<setup>.toml`` if it exists, else the one
-            :func:`estimator.hardware.load_hardware` finds for ``setup``.
+            :func:`disco_estimator.hardware.load_hardware` finds for ``setup``.
         results: the results JSON named in the comment.
 
     Returns:
         The written path.
     """
-    from estimator.hardware import find_hardware, load_hardware, write_hardware_text
+    from disco_estimator.hardware import find_hardware, load_hardware, write_hardware_text
 
     directory = Path(directory) if directory is not None else shipped_hardware_dir()
     path = directory / f"{setup}.toml"
@@ -803,7 +803,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                     metavar="DIR",
                     help="write the in-sample constants (costs model) into DIR/<setup>.toml "
                          "(without DIR: the hardware files shipped with the package, "
-                         "estimator/hardware_files in a checkout)")
+                         "disco_estimator/hardware_files in a checkout)")
     ap.add_argument("--trace-model", default="vgg", help="model whose traces are written")
     ap.add_argument("--trace-setup", default="gloo2", help="setup of the traces")
     ap.add_argument("--trace-variant", default="xla_default", help="variant of the traces")
@@ -909,7 +909,7 @@ def _finish(result: dict[str, Any], raws: Sequence[Mapping[str, Any]], ms: Seque
             op_times: Mapping[tuple[str, str], Any], args: argparse.Namespace,
             primary: bool) -> None:
     """Diagnostics, traces and hardware files from the costs model's in-sample fit."""
-    from estimator.hardware import load_hardware
+    from disco_estimator.hardware import load_hardware
 
     for setup in args.setups:
         fitted = Constants(**result["evaluation"]["costs"][setup]["in_sample"]["constants"])

@@ -32,7 +32,7 @@ SETTINGS = "nproc4:1mib,nproc4:none,nproc2:1mib,nproc2:none"
 
 
 def _worker(a: argparse.Namespace) -> None:
-    from estimator.gloo import pin_to_own_cpu
+    from disco_estimator.gloo import pin_to_own_cpu
 
     pin_to_own_cpu(a.process_id)
     import jax
@@ -75,7 +75,7 @@ def _worker(a: argparse.Namespace) -> None:
 
 
 def _launch(a: argparse.Namespace) -> None:
-    from estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
+    from disco_estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
 
     print(set_loopback_rate("1gbit", a.parent_netns, "128kb"), file=sys.stderr)
     port = free_port()
@@ -107,7 +107,7 @@ def main() -> None:
         return _worker(a)
     if a.mode == "launch":
         return _launch(a)
-    from estimator.gloo import child_env, run_bounded
+    from disco_estimator.gloo import child_env, run_bounded
     from hlo_tools.dirs import write_atomic
 
     rows = []

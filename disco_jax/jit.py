@@ -30,7 +30,7 @@ others take part in its measurements) and stores, or alone reads the store; the 
 (:mod:`disco_jax.activator`) broadcasts its enactment over the job's collective backend and
 every process runs it, or all fall back together with the same reason. On CPU, the first
 call in each process also moves gloo's event loop to ``SCHED_BATCH``
-(:func:`estimator.gloo.quiet_gloo_loops`; ``DISCO_GLOO_LOOP=idle`` or ``asis`` to choose
+(:func:`disco_estimator.gloo.quiet_gloo_loops`; ``DISCO_GLOO_LOOP=idle`` or ``asis`` to choose
 otherwise): at the default policy the loop preempts the compute it shares a CPU with
 and costs every small collective a scheduler slice; ``disco bench``'s gloo setups, which
 the cost model is fitted to, run the same way.
@@ -96,7 +96,7 @@ BUDGET_ENV = "DISCO_TIME_BUDGET"
 #: Memory budget of the search per device (a size, e.g. ``8GiB``; default: the device's).
 MEMORY_ENV = "DISCO_MEMORY_BUDGET"
 #: Scheduling of gloo's event loop in each process of a multi-process CPU job: ``batch``
-#: (default), ``idle`` or ``asis`` (:func:`estimator.gloo.quiet_gloo_loops`).
+#: (default), ``idle`` or ``asis`` (:func:`disco_estimator.gloo.quiet_gloo_loops`).
 GLOO_LOOP_ENV = "DISCO_GLOO_LOOP"
 #: Modes of :attr:`RunInfo.mode`.
 SEARCHED, STORED, FALLBACK = "searched", "stored", "fallback"
@@ -186,7 +186,7 @@ def _settle_gloo_loop() -> None:
     :data:`GLOO_LOOP_ENV` (the same as every gloo setup of ``disco bench``, whose
     measurements the cost model is fitted to)."""
     global _LOOP_DONE
-    from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES, quiet_gloo_loops
+    from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES, quiet_gloo_loops
 
     policy = os.environ.get(GLOO_LOOP_ENV, "").strip() or DEFAULT_LOOP_POLICY
     if policy not in LOOP_CHOICES:

@@ -334,9 +334,9 @@ def make_record(key: str, setup: Setup, *, enactment_fingerprint: str, choice: s
 
 def hardware_sha256(name: str | None) -> str | None:
     """sha256 of the hardware file ``name`` names here
-    (:func:`estimator.hardware.find_hardware`), or None: no name, no such regular file,
+    (:func:`disco_estimator.hardware.find_hardware`), or None: no name, no such regular file,
     or larger than 64 MiB (a store record names it: nothing unbounded is read)."""
-    from estimator.hardware import find_hardware
+    from disco_estimator.hardware import find_hardware
 
     if not name:
         return None

@@ -98,7 +98,7 @@ def _put_tampered(step, args, store: str) -> str:
 
 def _loop_policies() -> list[int]:
     """Scheduling policies of this process's gloo event loops (found once idle)."""
-    from estimator.gloo import gloo_loop_threads
+    from disco_estimator.gloo import gloo_loop_threads
 
     return [os.sched_getscheduler(t) for t in gloo_loop_threads(attempts=50)]
 

@@ -2,7 +2,7 @@
 
 Starts jax's gloo backend (pinned to its own CPU, as the bench's gloo setups run), finds
 gloo's TCP event loop, moves it to ``--policy`` (``batch`` or ``idle``) with
-:func:`estimator.gloo.quiet_gloo_loops`, then runs a chain of 8 dependent ``pmean``s
+:func:`disco_estimator.gloo.quiet_gloo_loops`, then runs a chain of 8 dependent ``pmean``s
 and writes what it found and computed as JSON.
 """
 
@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--policy", default="batch")
     args = ap.parse_args()
-    from estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
+    from disco_estimator.gloo import gloo_loop_threads, pin_to_own_cpu, quiet_gloo_loops
 
     pin_to_own_cpu(args.process_id)
     import jax

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator import op_bench as ob
+from disco_estimator.hardware import load_hardware, shipped_hardware_dir
+from disco_estimator.profiler import OpEvent, measured_chrome_trace
 from disco_jax.costs import constants_fit as CAL
 from disco_jax.costs.cost_model import BackendConstants, OpTimes
 from disco_jax.costs.simulator import SimGraph, simulate
 from disco_jax.costs.trace import to_chrome_trace
-from estimator import op_bench as ob
-from estimator.hardware import load_hardware, shipped_hardware_dir
-from estimator.profiler import OpEvent, measured_chrome_trace
 from hlo_tools import plan as P
 
 _BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
@@ -311,7 +311,7 @@ def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
     import subprocess
 
     code = ("import os, threading\n"
-            "from estimator.gloo import pin_to_own_cpu\n"
+            "from disco_estimator.gloo import pin_to_own_cpu\n"
             "cpu = pin_to_own_cpu(3)\n"
             "seen = []\n"
             "t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))\n"

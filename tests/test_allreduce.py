@@ -1,4 +1,4 @@
-"""Tests of estimator.allreduce (the linear fit, real psum runs) and estimator.hardware
+"""Tests of disco_estimator.allreduce (the linear fit, real psum runs) and disco_estimator.hardware
 (hardware files: lookup, loading, validation, writing)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 import jax
 import pytest
 
-from estimator import allreduce as ar
-from estimator import gloo
-from estimator import hardware as hwf
+from disco_estimator import allreduce as ar
+from disco_estimator import gloo
+from disco_estimator import hardware as hwf
 
 SIZES = [4 * 4**k for k in range(13)]
 
@@ -224,7 +224,7 @@ def test_child_env_and_network_helpers(monkeypatch) -> None:
 
 
 def test_tuple_buffer_latency_is_the_slope_per_extra_buffer() -> None:
-    from estimator.probes import tuple_buffer_latency
+    from disco_estimator.probes import tuple_buffer_latency
 
     # C*B = 1 ms, d = 0.2 ms: 10 buffers take 1 + 10 * 0.2 = 3 ms, one flat 1.2 ms
     assert tuple_buffer_latency(3.0e-3, 1.2e-3, 10) == pytest.approx(0.2e-3)
@@ -236,7 +236,7 @@ def test_tuple_buffer_latency_is_the_slope_per_extra_buffer() -> None:
 def test_tuple_allreduce_programs_one_variadic_all_reduce_and_one_flat() -> None:
     import numpy as np
 
-    from estimator.probes import tuple_allreduce_programs
+    from disco_estimator.probes import tuple_allreduce_programs
 
     probe = tuple_allreduce_programs([16, 4096, 6])  # 6 B: 2 floats
     got = probe.run_tuple()

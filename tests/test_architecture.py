@@ -1,12 +1,12 @@
 """The import contract, read from the source: layers, jax internals, private names.
 
-* Layers: ``hlo_tools`` <- ``estimator`` <- ``disco_jax`` <- ``benchmarks``; a package
+* Layers: ``hlo_tools`` <- ``disco_estimator`` <- ``disco_jax`` <- ``benchmarks``; a package
   imports only from its own layer and the ones below (``lint-imports`` checks the same
   with the contract in pyproject.toml; this test needs nothing but the source).
 * jax internals (``jax._src``, ``jaxlib`` beyond its version) only in
   ``hlo_tools/jax_bridge/internals.py``.
 * No private name (``_x``) of one package is used by another, neither imported
-  (``from estimator.profiler import _summarize``) nor reached through a module alias
+  (``from disco_estimator.profiler import _summarize``) nor reached through a module alias
   (``pr._summarize``).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("hlo_tools", "estimator", "disco_jax", "benchmarks")
+LAYERS = ("hlo_tools", "disco_estimator", "disco_jax", "benchmarks")
 PACKAGES = LAYERS[:3]
 JAX_INTERNALS = ROOT / "hlo_tools" / "jax_bridge" / "internals.py"
 
@@ -80,7 +80,7 @@ def test_import_contract(path: Path) -> None:
 
 def test_the_checker_catches_each_kind_of_violation(tmp_path: Path) -> None:
     """A file breaking each rule is reported once per rule (the check can fail)."""
-    bad = ROOT / "estimator" / "_contract_probe.py"
+    bad = ROOT / "disco_estimator" / "_contract_probe.py"
     bad.write_text("from disco_jax import trace\n"
                    "from jax._src import distributed\n"
                    "from hlo_tools.baselines import _hidden\n"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from disco_estimator.hardware import load_hardware, shipped_hardware_dir
 from disco_jax.cli import main
-from estimator.hardware import load_hardware, shipped_hardware_dir
 
 
 @pytest.mark.parametrize("setup", ["inproc4", "gloo2"])

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator.gnn import checkpoint as ckpt_io
+from disco_estimator.gnn.dataset import load_samples, plan_groups
+from disco_estimator.gnn.features import subgraph_from_group
+from disco_estimator.interface import FallbackFusedEstimator
 from disco_jax import zoo
 from disco_jax.cli import main
 from disco_jax.cli.train_estimator import accuracy, fallback_time
 from disco_jax.costs.cost_model import CostModel
-from estimator.gnn import checkpoint as ckpt_io
-from estimator.gnn.dataset import load_samples, plan_groups
-from estimator.gnn.features import subgraph_from_group
-from estimator.interface import FallbackFusedEstimator
 
 
 def _main(*argv: str) -> tuple[int, str, str]:
@@ -203,7 +203,7 @@ def test_the_shipped_checkpoint_loads_and_prices_fusions(vgg, tmp_path) -> None:
     """The package ships a trained CPU estimator (package data): it loads, was trained
     on this backend family, and ``--gnn pretrained`` prices a planned module's fusions
     with it."""
-    from estimator.gnn import checkpoint as ckpt_io
+    from disco_estimator.gnn import checkpoint as ckpt_io
 
     path = ckpt_io.pretrained("cpu")
     assert path is not None and path.stat().st_size < 512 * 1024

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from disco_estimator.hardware import shipped_hardware_dir
 from disco_jax.cli import main
-from estimator.hardware import shipped_hardware_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "shard_map_mlp.post.hlo"
 KEYS = {"iteration_s", "compute_s", "comm_s", "overlap_s", "peak_bytes"}

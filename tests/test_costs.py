@@ -1,5 +1,5 @@
 """Tests of the cost model (disco_jax.costs.cost_model), plans to SimGraphs (disco_jax.costs.lower),
-the fallback fused-op rule (estimator.interface), estimator.op_bench and
+the fallback fused-op rule (disco_estimator.interface), disco_estimator.op_bench and
 jax_bridge.compile_standalone."""
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_jax.costs import cost_model as C
-from disco_jax.costs.cost_model import _wrapped_key
-from disco_jax.costs.lower import sim_graph, sim_graph_from_module
-from disco_jax.costs.simulator import check_graph, simulate
-from estimator import op_bench as ob
-from estimator.hardware import load_hardware, shipped_hardware_dir
-from estimator.interface import (
+from disco_estimator import op_bench as ob
+from disco_estimator.hardware import load_hardware, shipped_hardware_dir
+from disco_estimator.interface import (
     BatchedFusedOpEstimator,
     FallbackFusedEstimator,
     FusedOpEstimator,
     NodeCosts,
     fallback_fused_time,
 )
+from disco_jax.costs import cost_model as C
+from disco_jax.costs.cost_model import _wrapped_key
+from disco_jax.costs.lower import sim_graph, sim_graph_from_module
+from disco_jax.costs.simulator import check_graph, simulate
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 from hlo_tools.rewrite import apply_plan
@@ -693,7 +693,7 @@ def test_profiles_give_in_context_times() -> None:
     import jax
     import jax.numpy as jnp
 
-    from estimator import profiler as pr
+    from disco_estimator import profiler as pr
     from hlo_tools import jax_bridge
 
     def f(x, w, b):
@@ -732,7 +732,7 @@ def test_tuple_allreduce_pays_one_latency_per_buffer_and_tiny_ones_less():
     (gloo's short path) pay ``d_small_s`` instead of ``d_s``."""
     import dataclasses
 
-    from estimator.allreduce import AllReduceModel
+    from disco_estimator.allreduce import AllReduceModel
 
     hw = dataclasses.replace(load_hardware("gloo2"),
                              allreduce=AllReduceModel(1e-9, 1e-3, 8, 1e-4))
@@ -848,7 +848,7 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     import jax
     import jax.numpy as jnp
 
-    from estimator import profiler as pr
+    from disco_estimator import profiler as pr
     from hlo_tools import jax_bridge
 
     @jax.jit
@@ -895,7 +895,7 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     import jax
     import jax.numpy as jnp
 
-    from estimator import profiler as pr
+    from disco_estimator import profiler as pr
     from hlo_tools import jax_bridge
 
     def f(x, w):

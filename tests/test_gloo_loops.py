@@ -1,5 +1,5 @@
 """gloo's TCP event loop moved to ``SCHED_BATCH`` or ``SCHED_IDLE``
-(:func:`estimator.gloo.quiet_gloo_loops`)
+(:func:`disco_estimator.gloo.quiet_gloo_loops`)
 in a real 2-process gloo job (worker: tests/gloo_loop_worker.py): the loop is found
 (one per process, none before the backend starts), only it changes class, and the
 job's all-reduces still compute the right values."""
@@ -22,7 +22,7 @@ WORKER = Path(__file__).with_name("gloo_loop_worker.py")
 def test_no_gloo_loop_in_a_process_without_gloo():
     import jax
 
-    from estimator.gloo import gloo_loop_threads, quiet_gloo_loops
+    from disco_estimator.gloo import gloo_loop_threads, quiet_gloo_loops
 
     jax.devices()  # this process's backend (CPU, no gloo) is running
     assert gloo_loop_threads() == []
@@ -33,7 +33,7 @@ def test_no_gloo_loop_in_a_process_without_gloo():
 
 @pytest.mark.parametrize("policy, want", [("batch", os.SCHED_BATCH), ("idle", os.SCHED_IDLE)])
 def test_quiet_gloo_loop_in_a_two_process_job(tmp_path, policy, want):
-    from estimator.gloo import child_env, free_port, wait_all
+    from disco_estimator.gloo import child_env, free_port, wait_all
 
     port = free_port()
     outs = [tmp_path / f"p{i}.json" for i in range(2)]

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import simulate_plan
-from estimator.gnn import checkpoint as ckpt_io
-from estimator.gnn import features as F
-from estimator.gnn.estimator import GnnFusedEstimator
-from estimator.gnn.model import FusedOpGnn, GnnConfig
-from estimator.gnn.train import make_batch, train
-from estimator.interface import (
+from disco_estimator.gnn import checkpoint as ckpt_io
+from disco_estimator.gnn import features as F
+from disco_estimator.gnn.estimator import GnnFusedEstimator
+from disco_estimator.gnn.model import FusedOpGnn, GnnConfig
+from disco_estimator.gnn.train import make_batch, train
+from disco_estimator.interface import (
     BatchedFusedOpEstimator,
     FallbackFusedEstimator,
     FusedOpEstimator,
 )
+from disco_jax.costs.cost_model import CostModel
+from disco_jax.costs.lower import simulate_plan
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 
@@ -186,8 +186,8 @@ def test_model_output_is_the_base_plus_a_correction(setup) -> None:
 
 
 def test_dataset_node_arrays_match_the_cost_model(setup) -> None:
-    from estimator.gnn import dataset as D
-    from estimator.op_bench import op_status
+    from disco_estimator.gnn import dataset as D
+    from disco_estimator.op_bench import op_status
 
     graph, costs, groups, subs, _ = setup
     ref = costs.node_costs(graph)
@@ -202,7 +202,7 @@ def test_dataset_node_arrays_match_the_cost_model(setup) -> None:
 
 
 def test_dataset_generation_times_fused_modules_and_resumes(tmp_path, monkeypatch) -> None:
-    from estimator.gnn import dataset as D
+    from disco_estimator.gnn import dataset as D
     from hlo_tools import jax_bridge
 
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path / "cache"))
@@ -227,6 +227,6 @@ def test_dataset_generation_times_fused_modules_and_resumes(tmp_path, monkeypatc
 
 
 def ob_inputs(specs):
-    from estimator.op_bench import random_inputs
+    from disco_estimator.op_bench import random_inputs
 
     return random_inputs(specs, seed=0)

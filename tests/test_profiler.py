@@ -1,4 +1,4 @@
-"""Tests of estimator.profiler: trace reading, op keys, stored profiles, fallback model."""
+"""Tests of disco_estimator.profiler: trace reading, op keys, stored profiles, fallback model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import hlo_tools
-from estimator import profiler as pr
+from disco_estimator import profiler as pr
 
 # Opcodes that never run as a thunk of their own on XLA:CPU.
 _NO_EVENT = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}

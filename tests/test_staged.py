@@ -216,7 +216,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def test_staged_gloo_two_processes(tmp_path):
-    from estimator.gloo import child_env, free_port, wait_all
+    from disco_estimator.gloo import child_env, free_port, wait_all
 
     env = child_env(1)
     port = free_port()

@@ -24,7 +24,7 @@ WORKER = Path(__file__).with_name("staged_gloo_worker.py")
 
 def _job(tmp_path: Path, mode: str, *, pin: bool = False, timeout_s: float = 300.0,
          env_extra: dict | None = None, extra: tuple[str, ...] = ()) -> list[dict]:
-    from estimator.gloo import child_env, free_port, wait_all
+    from disco_estimator.gloo import child_env, free_port, wait_all
 
     env = child_env(1, env_extra)
     if pin:  # one CPU and no NPROC: one thread in XLA:CPU's pool

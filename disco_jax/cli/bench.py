@@ -53,8 +53,8 @@ BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "b
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bench`` subcommand."""
+    from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES
     from disco_jax.pipeline.bench import SETUPS
-    from estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES
 
     parser = subparsers.add_parser(
         "bench", help="measure every baseline and DisCo side by side (Table 1)",
@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="do not pin gloo processes to a CPU each")
     parser.add_argument("--gloo-loop", choices=LOOP_CHOICES, default=DEFAULT_LOOP_POLICY,
                         help="scheduling of gloo's TCP event loop in each gloo process "
-                             "(estimator.gloo.quiet_gloo_loops): batch never preempts the "
+                             "(disco_estimator.gloo.quiet_gloo_loops): batch never preempts the "
                              "pinned CPU's compute, idle runs only when the CPU is free (not "
                              "with --staged, whose all-reduces it starves), asis leaves it "
                              "as jaxlib starts it (default: %(default)s)")
@@ -137,11 +137,11 @@ def _op_times(directory: str | None, model: str, size: str) -> str | None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Runs ``disco bench``; returns the exit code."""
+    from disco_estimator.hardware import load_hardware
     from disco_jax import zoo
     from disco_jax.cli import UserError
     from disco_jax.pipeline.bench import SETUPS, run_job
     from disco_jax.pipeline.search import load_config
-    from estimator.hardware import load_hardware
     from hlo_tools.dirs import write_atomic
 
     models = [m for m in args.models.split(",") if m]

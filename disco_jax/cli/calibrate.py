@@ -4,11 +4,11 @@ Runs the setup in child processes (``inproc4``: 4 host devices in one process; `
 2 gloo processes on 127.0.0.1; ``gloo2-1gbit``: the same over a loopback limited to
 1 Gbit/s, which needs root for ``unshare -n`` and ``tc``) and measures:
 
-* the AllReduce sweep, fitted as ``T = C * bytes + D`` (:mod:`estimator.allreduce`);
+* the AllReduce sweep, fitted as ``T = C * bytes + D`` (:mod:`disco_estimator.allreduce`);
 * what one all-reduce adds to a program (chains of dependent small all-reduces), which
   becomes the model's ``D``: on gloo it is much larger than the sweep's latency;
 * the overlap ``phi`` of compute and communication (a ``pmean`` program, an independent
-  matmul program and both in one program; :mod:`estimator.probes`).
+  matmul program and both in one program; :mod:`disco_estimator.probes`).
 
 The file is written atomically into the user's hardware directory
 (``$DISCO_CONFIG_DIR/hardware`` or ``~/.config/disco_jax/hardware``; ``--out-dir``
@@ -66,7 +66,7 @@ def register(subparsers: Any) -> None:
 def _carried(name: str) -> dict[str, dict[str, Any]]:
     """What the calibration does not measure, from the shipped file ``name`` (if any): the
     backend's launch/memory constants and gloo's latency for one-element buffers."""
-    from estimator.hardware import load_hardware, shipped_hardware_dir
+    from disco_estimator.hardware import load_hardware, shipped_hardware_dir
 
     path = shipped_hardware_dir() / f"{name}.toml"
     if not path.is_file():
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     """Measures the setup and writes its hardware file; prints what it found."""
     import os
 
-    from estimator.allreduce import SETUPS, run_setup
-    from estimator.hardware import hardware_toml, write_hardware_text
+    from disco_estimator.allreduce import SETUPS, run_setup
+    from disco_estimator.hardware import hardware_toml, write_hardware_text
 
     setup = SETUPS.get(args.setup)
     if setup is None:

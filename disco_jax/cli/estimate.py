@@ -5,10 +5,10 @@ of a pre-optimization module, else ENTRY) the fused computation's ops are the me
 of one fusion group, and its time is predicted from their single-op times -- from the
 cost model built as ``disco simulate`` builds it (``--hardware``, ``--profile``,
 single ops timed on this machine and cached, ``--no-bench``) -- by the fallback rule
-(:class:`estimator.interface.FallbackFusedEstimator`) and, with ``--checkpoint``, by the
-GNN (:class:`estimator.gnn.estimator.GnnFusedEstimator`). With ``--measure`` each fusion
+(:class:`disco_estimator.interface.FallbackFusedEstimator`) and, with ``--checkpoint``, by the
+GNN (:class:`disco_estimator.gnn.estimator.GnnFusedEstimator`). With ``--measure`` each fusion
 is also timed standalone the way the estimator's dataset is measured
-(:func:`estimator.gnn.dataset.measure_groups`: one ``fusion`` in a module of its own,
+(:func:`disco_estimator.gnn.dataset.measure_groups`: one ``fusion`` in a module of its own,
 XLA's fusion passes off, random inputs, median of ``--repeats`` runs); a fusion that
 cannot be built that way (e.g. multi-output) gets ``measured_s`` null and its reason.
 A module as extracted from jax has no fusions yet; ``disco optimize`` writes one that
@@ -84,7 +84,7 @@ def fusion_groups(module: Any, graph: Any) -> list[tuple[Any, Any, list[int]]]:
         of its fused computation (:func:`hlo_tools.graph.device_graph`) and every node of
         it that is not a parameter.
     """
-    from estimator.gnn.dataset import fusion_groups as groups_of
+    from disco_estimator.gnn.dataset import fusion_groups as groups_of
 
     return groups_of(module, graph)
 
@@ -97,9 +97,9 @@ def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None,
         module: the module.
         graph: its per-device graph.
         costs: the :class:`~disco_jax.costs.cost_model.CostModel` giving the member times.
-        gnn: a :class:`~estimator.gnn.estimator.GnnFusedEstimator`, or None.
+        gnn: a :class:`~disco_estimator.gnn.estimator.GnnFusedEstimator`, or None.
         measure: also time each fusion standalone
-            (:func:`estimator.gnn.dataset.measure_groups`).
+            (:func:`disco_estimator.gnn.dataset.measure_groups`).
         repeats: timed runs per fusion when measuring.
 
     Returns:
@@ -109,20 +109,20 @@ def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None,
         could not be measured, with ``measure``), "estimated" (a member time came from
         the analytic model)}``.
     """
-    from estimator.interface import FallbackFusedEstimator
+    from disco_estimator.interface import FallbackFusedEstimator
 
     fallback = FallbackFusedEstimator(costs)
     groups = fusion_groups(module, graph)
     gnn_s: list[float | None] = [None] * len(groups)
     if gnn is not None and groups:
-        from estimator.gnn.features import subgraph_from_group
+        from disco_estimator.gnn.features import subgraph_from_group
 
         subs = [subgraph_from_group(body, costs.node_costs(body), members)
                 for _, body, members in groups]
         gnn_s = [float(t) for t in gnn.predict_subgraphs(subs)]
     measured: list[dict[str, Any]] = [{} for _ in groups]
     if measure and groups:
-        from estimator.gnn.dataset import measure_groups
+        from disco_estimator.gnn.dataset import measure_groups
 
         measured = measure_groups([(body, members, ()) for _, body, members in groups],
                                   repeats=repeats, warmup=min(3, repeats))

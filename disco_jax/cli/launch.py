@@ -118,7 +118,7 @@ def launch(cmd: Sequence[str], num_processes: int, *, port: int | None = None,
         0 when every process exits with 0; else the exit code of the first process to
         fail (``124`` when the job ran past ``timeout_s``; ``130`` after Ctrl-C).
     """
-    from estimator.gloo import child_env, free_port
+    from disco_estimator.gloo import child_env, free_port
 
     port = port or free_port()
     procs: list[subprocess.Popen] = []

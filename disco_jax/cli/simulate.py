@@ -5,7 +5,7 @@ else ENTRY) is costed by :func:`disco_jax.costs.lower.sim_graph_from_module` and
 the simulator: every instruction is a kernel, ``fusion`` instructions are *predicted*
 from their members (never timed as fusions), all-reduces use the hardware file's
 ``T = C * bytes + D``. Single ops are timed on this machine by
-:mod:`estimator.op_bench` (cached on disk; ``--no-bench`` uses only ``--profile`` and
+:mod:`disco_estimator.op_bench` (cached on disk; ``--no-bench`` uses only ``--profile`` and
 the analytic model).
 
 In context (``--in-context``; the default when this process's devices can run the
@@ -98,7 +98,7 @@ def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
                         "shipped files) or a .toml path (default: the shipped file of this "
                         "machine's backend: inproc4 on CPU, gpu_nvlink8 on GPU)")
     p.add_argument("--profile", metavar="PROFILE.json",
-                   help="measured op times (estimator.profiler.OpProfile JSON), used first")
+                   help="measured op times (disco_estimator.profiler.OpProfile JSON), used first")
     p.add_argument("--no-bench", action="store_true",
                    help="do not time single ops on this machine (profile/analytic only)")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
@@ -115,10 +115,10 @@ def add_gnn_argument(p: argparse.ArgumentParser) -> None:
 
 def load_gnn(path: str, option: str = "--gnn") -> Any:
     """The GNN fused-op estimator of checkpoint ``path`` (``pretrained``: the one shipped
-    for this backend, :func:`estimator.gnn.checkpoint.pretrained`; no member-time source
+    for this backend, :func:`disco_estimator.gnn.checkpoint.pretrained`; no member-time source
     bound yet); raises :class:`UserError` naming ``option`` for a missing or bad file."""
-    from estimator.gnn import checkpoint as ckpt_io
-    from estimator.gnn.estimator import GnnFusedEstimator
+    from disco_estimator.gnn import checkpoint as ckpt_io
+    from disco_estimator.gnn.estimator import GnnFusedEstimator
 
     if path == "pretrained":
         import jax
@@ -202,12 +202,12 @@ def load_module(path: str | os.PathLike) -> Any:
 
 
 def load_hardware_file(spec: str) -> Any:
-    """The hardware file ``spec`` names (:func:`estimator.hardware.load_hardware`).
+    """The hardware file ``spec`` names (:func:`disco_estimator.hardware.load_hardware`).
 
     Raises:
         UserError: no such file (the message lists the known names), or an invalid one.
     """
-    from estimator.hardware import HardwareError, load_hardware
+    from disco_estimator.hardware import HardwareError, load_hardware
 
     try:
         return load_hardware(spec)
@@ -238,7 +238,7 @@ def default_hardware_here() -> str:
 def _profile(spec: str | None) -> Any:
     if spec is None:
         return None
-    from estimator.profiler import OpProfile
+    from disco_estimator.profiler import OpProfile
 
     try:
         return OpProfile.load(spec)
@@ -247,7 +247,7 @@ def _profile(spec: str | None) -> Any:
     except json.JSONDecodeError as err:
         raise UserError(f"{spec}:{err.lineno}: not a JSON profile: {err.msg}") from None
     except (KeyError, ValueError, TypeError, OSError) as err:
-        raise UserError(f"{spec}: not an op profile (estimator.profiler.OpProfile): {err}") \
+        raise UserError(f"{spec}: not an op profile (disco_estimator.profiler.OpProfile): {err}") \
             from None
 
 

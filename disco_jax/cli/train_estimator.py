@@ -1,7 +1,7 @@
 """``disco train-estimator``: train the GNN fused-op estimator on measured fused ops.
 
 The samples are fusion groups measured as standalone fused ops
-(:mod:`estimator.gnn.dataset`): read from ``--dataset`` (a dataset file, or a directory
+(:mod:`disco_estimator.gnn.dataset`): read from ``--dataset`` (a dataset file, or a directory
 holding one file per backend fingerprint; default: the cache's ``gnn`` directory), or
 first added to it with ``--generate``, which draws groups from the zoo models
 ``--models`` at ``--size`` -- of the ``--kinds`` ``plan`` (groups of random plans of the
@@ -9,14 +9,14 @@ pre-optimization HLO) and ``xla`` (XLA's own fusions, from the module XLA compil
 and times up to ``--per-module`` new ones per model and kind (samples already stored are
 never timed again, so a stopped run resumes). ``--generate-only`` stops there.
 
-Training (:func:`estimator.gnn.train.train`): Adam on the squared error of log time,
+Training (:func:`disco_estimator.gnn.train.train`): Adam on the squared error of log time,
 ``--epochs`` passes' worth of minibatch steps (``epochs * ceil(n / batch)``), progress on
 stderr. ``--held-out MODEL`` keeps that model's samples out of training. The trained
-model is written to ``--out`` (:func:`estimator.gnn.checkpoint.save`, atomically) with
+model is written to ``--out`` (:func:`disco_estimator.gnn.checkpoint.save`, atomically) with
 the dataset's backend fingerprint and the training notes.
 
 The report compares the GNN with the fallback rule
-(:func:`estimator.interface.fallback_fused_time`, with the ``--hardware`` file's launch and
+(:func:`disco_estimator.interface.fallback_fused_time`, with the ``--hardware`` file's launch and
 memory costs) on the held-out samples (else on the training samples): their number,
 the fraction predicted within 10% and 14% of the measured time, and the median relative
 error ``|predicted - measured| / measured``.
@@ -24,7 +24,7 @@ error ``|predicted - measured| / measured``.
 This module holds the subcommand's parser (:func:`register`), :func:`resolve_dataset`,
 the zoo modules ``--generate`` measures (:func:`zoo_modules`) and the run itself
 (:func:`run`); the evaluation's pure pieces (:func:`split_samples`,
-:func:`fallback_time`, :func:`accuracy`) live in :mod:`estimator.gnn.evaluate` and are
+:func:`fallback_time`, :func:`accuracy`) live in :mod:`disco_estimator.gnn.evaluate` and are
 re-exported here.
 """
 
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from disco_estimator.gnn.evaluate import accuracy, fallback_time, split_samples
 from disco_jax.cli import UserError
-from estimator.gnn.evaluate import accuracy, fallback_time, split_samples
 
 __all__ = [
     "DEFAULT_KINDS",
@@ -70,7 +70,7 @@ EXAMPLES = """examples:
 #: Zoo models ``--generate`` draws from by default (all six, so that every model can be
 #: held out).
 DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
-#: Sample kinds ``--generate`` adds by default (see :data:`estimator.gnn.dataset.KINDS`).
+#: Sample kinds ``--generate`` adds by default (see :data:`disco_estimator.gnn.dataset.KINDS`).
 DEFAULT_KINDS = ("plan", "xla")
 #: Host devices the zoo models are built on (as ``disco demo`` does).
 _DEVICES = 4
@@ -129,9 +129,9 @@ def resolve_dataset(spec: str | os.PathLike | None, fingerprint: dict[str, Any])
     Args:
         spec: a file, a directory (its file for ``fingerprint``), or None (the file for
             ``fingerprint`` in the default directory).
-        fingerprint: the backend fingerprint (:func:`estimator.op_bench.backend_fingerprint`).
+        fingerprint: the backend fingerprint (:func:`disco_estimator.op_bench.backend_fingerprint`).
     """
-    from estimator.gnn.dataset import dataset_path
+    from disco_estimator.gnn.dataset import dataset_path
 
     if spec is None:
         return dataset_path(fingerprint)
@@ -170,8 +170,8 @@ def _check_arguments(args: argparse.Namespace) -> list[str]:
 
 def _constants(spec: str) -> Any:
     """The fallback rule's backend constants of hardware file ``spec``."""
+    from disco_estimator.hardware import HardwareError, load_hardware
     from disco_jax.costs.cost_model import BackendConstants
-    from estimator.hardware import HardwareError, load_hardware
 
     try:
         return BackendConstants.from_hardware(load_hardware(spec))
@@ -224,7 +224,7 @@ def zoo_modules(models: list[str], size: str, kinds: list[str], devices: int = _
 
 def _generate(args: argparse.Namespace, models: list[str]) -> None:
     """Adds samples of the zoo ``models`` to the ``--dataset`` directory."""
-    from estimator.gnn.dataset import generate
+    from disco_estimator.gnn.dataset import generate
 
     kinds = [k for k in args.kinds.split(",") if k]
     for kind, modules in zoo_modules(models, args.size, kinds).items():
@@ -236,7 +236,7 @@ def _generate(args: argparse.Namespace, models: list[str]) -> None:
 
 def _load(path: Path) -> list[Any]:
     """The samples of a dataset file with a positive time; raises :class:`UserError`."""
-    from estimator.gnn.dataset import load_samples
+    from disco_estimator.gnn.dataset import load_samples
 
     if not path.is_file():
         raise UserError(f"{path}: no such dataset file (add samples with --generate)")
@@ -312,10 +312,10 @@ def run(args: argparse.Namespace) -> int:
     models = _check_arguments(args)
     if args.generate:  # the zoo models are built on 4 host devices (before jax starts)
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
-    from estimator.gnn import checkpoint as ckpt_io
-    from estimator.gnn.estimator import GnnFusedEstimator
-    from estimator.gnn.train import train
-    from estimator.op_bench import backend_fingerprint
+    from disco_estimator.gnn import checkpoint as ckpt_io
+    from disco_estimator.gnn.estimator import GnnFusedEstimator
+    from disco_estimator.gnn.train import train
+    from disco_estimator.op_bench import backend_fingerprint
 
     constants = _constants(args.hardware)
     fingerprint = backend_fingerprint()

@@ -80,7 +80,7 @@ class Constants:
     @classmethod
     def from_hardware(cls, hardware: Any) -> Constants:
         """The constants a loaded hardware file
-        (:class:`estimator.hardware.HardwareConfig`) gives the cost model."""
+        (:class:`disco_estimator.hardware.HardwareConfig`) gives the cost model."""
         b = BackendConstants.from_hardware(hardware)
         ar = hardware.allreduce
         return cls(b.overlap, b.kernel_launch_s, b.mem_s_per_byte, b.compute_scale,

@@ -2,17 +2,17 @@
 
 A :class:`CostModel` gathers everything needed to cost a plan on one backend:
 
-* **single-op times** (:class:`OpTimes`), by :class:`~estimator.profiler.OpKey`: from a
+* **single-op times** (:class:`OpTimes`), by :class:`~disco_estimator.profiler.OpKey`: from a
   whole-program profile of the no-fusion program (the most faithful: measured in the real
-  program's context), then from standalone runs (:mod:`estimator.op_bench`, cached), then
-  the analytic model of :mod:`estimator.profiler` fitted on those measurements (flagged
+  program's context), then from standalone runs (:mod:`disco_estimator.op_bench`, cached), then
+  the analytic model of :mod:`disco_estimator.profiler` fitted on those measurements (flagged
   *estimated*);
-* a **fused-op estimator** (:class:`estimator.interface.FusedOpEstimator`): the time of a
+* a **fused-op estimator** (:class:`disco_estimator.interface.FusedOpEstimator`): the time of a
   fusion group from its members; by default
-  :class:`estimator.interface.FallbackFusedEstimator` over this model's
+  :class:`disco_estimator.interface.FallbackFusedEstimator` over this model's
   :meth:`CostModel.node_costs`;
 * the **AllReduce model** ``T = C * bytes + D`` of a hardware file
-  (:func:`estimator.hardware.load_hardware`);
+  (:func:`disco_estimator.hardware.load_hardware`);
 * **backend constants** (:class:`BackendConstants`): the overlap phi of the simulator,
   the per-kernel launch overhead, the per-byte memory cost and the compute scale (host
   devices sharing the host's cores), from the hardware file's optional ``[costs]`` table
@@ -20,7 +20,7 @@ A :class:`CostModel` gathers everything needed to cost a plan on one backend:
 
 Everything about a graph that no plan changes is computed once per graph in a
 :class:`GraphCosts` (node times, bytes, operand CSR, the fallback rule's
-:class:`~estimator.interface.NodeCosts`, and a cache of fused-op estimates by group).
+:class:`~disco_estimator.interface.NodeCosts`, and a cache of fused-op estimates by group).
 :mod:`disco_jax.costs.lower` turns plans into simulator graphs with it.
 
 Times are seconds and sizes bytes throughout.
@@ -38,10 +38,10 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from estimator import op_bench
-from estimator import profiler as pr
-from estimator.hardware import HardwareConfig, load_hardware
-from estimator.interface import (
+from disco_estimator import op_bench
+from disco_estimator import profiler as pr
+from disco_estimator.hardware import HardwareConfig, load_hardware
+from disco_estimator.interface import (
     FallbackFusedEstimator,
     FusedOpEstimator,
     NodeCosts,
@@ -216,7 +216,7 @@ class BackendConstants:
 
 
 class OpTimes:
-    """Single-op times by :class:`~estimator.profiler.OpKey`, with the analytic fallback.
+    """Single-op times by :class:`~disco_estimator.profiler.OpKey`, with the analytic fallback.
 
     Sources are added in priority order: the first time stored for a key wins. Times of
     multi-op fusions are never stored (a fusion is always predicted from its members);
@@ -275,7 +275,7 @@ class OpTimes:
             profile: a profile of a program compiled without fusion (``exact=True``).
             original: the module that program was compiled from. Its instructions are
                 found through the ``op_name`` XLA records (see
-                :func:`estimator.profiler.map_to_original`), so ops XLA reshaped while
+                :func:`disco_estimator.profiler.map_to_original`), so ops XLA reshaped while
                 compiling (a 3-D dot run as a 2-D one, a transpose run as a copy) still
                 get their in-context time, keyed as in ``original``. Without it, or for
                 ops not found, the compiled op's own key is used.
@@ -329,7 +329,7 @@ class OpTimes:
         """The time of one op: measured if any source has its key, else the fallback.
 
         ``library``: the op runs inside a library fusion of XLA's plan; its time as the
-        library runs it (:func:`estimator.op_bench.library_key`) is used when known,
+        library runs it (:func:`disco_estimator.op_bench.library_key`) is used when known,
         else the op's own time, as if it ran unwrapped.
         """
         info = pr.describe_instruction(view, instr)
@@ -367,7 +367,7 @@ def _map_single_ops(profile: pr.ProgramProfile, compiled: Any, original: HloModu
 
     Args:
         profile: the profile.
-        compiled: :func:`estimator.op_bench.module_view` of the compiled module.
+        compiled: :func:`disco_estimator.op_bench.module_view` of the compiled module.
         original: the module that was compiled (None: nothing is mapped).
     """
     if original is None:
@@ -503,9 +503,9 @@ class GraphCosts:
         write_bytes: ``[N]`` bytes each node writes when run alone.
         traffic: ``[N]`` bytes each node reads and writes when run alone.
         launch_s, mem_s, compute_s: ``[N]`` the split of ``time_s`` used by the fallback
-            rule (:func:`estimator.interface.split_times`).
+            rule (:func:`disco_estimator.interface.split_times`).
         nodes: the arrays above as the fallback rule reads them
-            (:class:`~estimator.interface.NodeCosts`).
+            (:class:`~disco_estimator.interface.NodeCosts`).
         persistent_bytes: parameters and constants (live for the whole iteration; a
             constant fused into a group is part of the kernel instead).
         constant_bytes: ``[N]`` bytes of each constant node (0 for other nodes).
@@ -599,7 +599,7 @@ class GraphCosts:
     def fused(self, members: Sequence[int], copies: Sequence[int] = (),
               outputs: Sequence[int] | None = None) -> tuple[float, int, str]:
         """``(seconds, output bytes, name)`` of a fusion group, cached by group (and by
-        ``outputs`` when given, see :class:`~estimator.interface.FusedOpEstimator`)."""
+        ``outputs`` when given, see :class:`~disco_estimator.interface.FusedOpEstimator`)."""
         key: tuple = (tuple(members), tuple(copies))
         if outputs is not None:
             key += (tuple(outputs),)
@@ -651,11 +651,11 @@ class CostModel:
 
     Args:
         hardware: a loaded hardware file, or its name or path
-            (:func:`estimator.hardware.load_hardware`).
+            (:func:`disco_estimator.hardware.load_hardware`).
         op_times: measured single-op times (empty: every op from the analytic model).
         constants: backend constants (default: the hardware file's ``[costs]``).
         fused: the fused-op estimator (default:
-            :class:`~estimator.interface.FallbackFusedEstimator` over this model).
+            :class:`~disco_estimator.interface.FallbackFusedEstimator` over this model).
         allreduce: ``"linear"`` (``T = C * bytes + D``) or ``"measured"`` (interpolate
             the file's measured points; linear beyond them).
 
@@ -706,7 +706,7 @@ class CostModel:
             profiled_module: the module the profiled program was compiled from (maps a
                 ``ProgramProfile``'s kernels to its instructions by name; see
                 :meth:`OpTimes.add_program_profile`).
-            bench: time the module's single ops standalone (:mod:`estimator.op_bench`).
+            bench: time the module's single ops standalone (:mod:`disco_estimator.op_bench`).
             replicas: devices running each timed op at once.
             progress: show op_bench's counter (default: when stderr is a terminal).
             **kwargs: passed to :class:`CostModel`.
@@ -768,7 +768,7 @@ class CostModel:
 
     def node_costs(self, graph: DeviceGraph) -> NodeCosts:
         """The fallback rule's node arrays of ``graph`` (makes this model an
-        :class:`estimator.interface.NodeCostSource`)."""
+        :class:`disco_estimator.interface.NodeCostSource`)."""
         return self.graph_costs(graph).nodes
 
     def view(self, module: HloModule) -> Any:

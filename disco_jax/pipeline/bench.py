@@ -157,7 +157,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     if pid == 0:
         gnn = None
         if spec.get("gnn"):
-            from estimator.gnn.estimator import GnnFusedEstimator
+            from disco_estimator.gnn.estimator import GnnFusedEstimator
 
             gnn = GnnFusedEstimator.from_checkpoint(spec["gnn"])
         costs, cal = in_context_costs(module, spec["hardware"], measured, progress=False,
@@ -311,7 +311,7 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     step, args, module, graph = program.step, program.args, program.module, program.graph
     measured = None
     if spec.get("op_times"):
-        from estimator.profiler import OpProfile
+        from disco_estimator.profiler import OpProfile
 
         measured = OpProfile.load(spec["op_times"])
     costs = CostModel.for_module(module, spec["hardware"], profile=measured, progress=False)
@@ -372,8 +372,8 @@ def run_job(spec: Mapping[str, Any], timeout_s: float = 1800.0) -> dict[str, Any
         RuntimeError: the job failed (its processes' stderr went to this one's).
         TimeoutError: it ran past ``timeout_s``.
     """
+    from disco_estimator.gloo import child_env, run_bounded
     from disco_jax.enactment.staged import POOL_THREADS
-    from estimator.gloo import child_env, run_bounded
 
     with tempfile.TemporaryDirectory(prefix="disco_bench_") as tmp:
         spec_path = Path(tmp) / "spec.json"
@@ -422,7 +422,7 @@ def _run(args: argparse.Namespace) -> None:
         _write(args.out, predict_row(spec))
         return
     if spec.get("pin_cpus") and args.coordinator:
-        from estimator.gloo import pin_to_own_cpu
+        from disco_estimator.gloo import pin_to_own_cpu
 
         pin_to_own_cpu(args.process_id)
     import jax
@@ -431,7 +431,7 @@ def _run(args: argparse.Namespace) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id, initialization_timeout=120)
-    from estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
+    from disco_estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
 
     policy = spec.get("gloo_loop", DEFAULT_LOOP_POLICY)
     quieted = None
@@ -451,7 +451,7 @@ def _run(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace) -> None:
     """Starts a multi-process job's processes (after limiting the private loopback)."""
-    from estimator.gloo import free_port, set_loopback_rate, wait_all
+    from disco_estimator.gloo import free_port, set_loopback_rate, wait_all
 
     spec = json.loads(Path(args.spec).read_text())
     setup = SETUPS[spec["setup"]]

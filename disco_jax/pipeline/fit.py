@@ -10,13 +10,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import hlo_tools
+from disco_estimator import op_bench
+from disco_estimator import profiler as pr
+from disco_estimator.hardware import HardwareConfig
+from disco_estimator.interface import FallbackFusedEstimator
+from disco_estimator.probes import tuple_buffer_latency
 from disco_jax.costs.cost_model import CostModel
 from disco_jax.pipeline.profile import InContext
-from estimator import op_bench
-from estimator import profiler as pr
-from estimator.hardware import HardwareConfig
-from estimator.interface import FallbackFusedEstimator
-from estimator.probes import tuple_buffer_latency
 from hlo_tools.ir import HloInstruction, HloModule
 
 __all__ = [
@@ -126,10 +126,10 @@ class Calibration(NamedTuple):
             (None: not measured).
         fused_predicted_s: the same, predicted after the fit (None: not measured).
         d_tuple_extra_s: the extra latency of each buffer of a variadic all-reduce
-            (:attr:`estimator.allreduce.AllReduceModel.d_tuple_extra_s`; the hardware
+            (:attr:`disco_estimator.allreduce.AllReduceModel.d_tuple_extra_s`; the hardware
             file's when the tuple probe was not measured).
         tuple_latency_s: the latency each buffer of a combined all-reduce paid in the
-            tuple probe (:func:`estimator.probes.tuple_buffer_latency`), seconds (None:
+            tuple probe (:func:`disco_estimator.probes.tuple_buffer_latency`), seconds (None:
             not measured).
         copy_s_per_byte: the bucket copies' seconds per byte
             (:func:`bucket_copy_rate`; None: not measured, the hardware file's).
@@ -217,10 +217,10 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        simulated time is affine in the scale: solved once and refined once, clamped to
        :data:`FUSED_SCALE_BOUNDS`.
     3. The extra latency of each buffer of a variadic all-reduce
-       (:attr:`~estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
+       (:attr:`~disco_estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined
        all-reduce one after the other, each paying gloo's bare latency
-       (:func:`estimator.probes.tuple_buffer_latency`), where a gradient all-reduce
+       (:func:`disco_estimator.probes.tuple_buffer_latency`), where a gradient all-reduce
        between computations pays ``D``; the extra is the difference, so each buffer's
        latency stays >= 0. (Fitting it instead to the no-fusion program with XLA's
        combiner on, as before, gave every buffer about ``D``: 0.24 ms on mixer in

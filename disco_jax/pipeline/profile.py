@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import hlo_tools
+from disco_estimator import profiler as pr
+from disco_estimator.probes import tuple_allreduce_programs
 from disco_jax.pipeline.choose import measure
 from disco_jax.pipeline.sync import Sync
-from estimator import profiler as pr
-from estimator.probes import tuple_allreduce_programs
 from hlo_tools.ir import HloModule
 
 __all__ = [
@@ -44,7 +44,7 @@ class InContext(NamedTuple):
             gradients, each its own buffer of one all-reduce, as XLA's combiner writes
             them (None: not measured).
         tuple_wall_s: seconds of that all-reduce alone in a program
-            (:func:`estimator.probes.tuple_allreduce_programs`; None: not measured).
+            (:func:`disco_estimator.probes.tuple_allreduce_programs`; None: not measured).
             Measured in multi-process jobs only: there each buffer of a combined
             collective is a network all-reduce of its own. In one process it is a
             rendezvous of the device threads (the extra fitted there, -0.02 to 0.15 ms

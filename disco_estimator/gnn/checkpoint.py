@@ -3,14 +3,14 @@
 The file is ``flax.serialization.msgpack_serialize({"header": <JSON text>, "params":
 <state dict of the parameters>})``. The header records what the parameters only make
 sense with: :data:`CHECKPOINT_SCHEMA`, the feature version, both vocabularies, the model
-sizes (:class:`~estimator.gnn.model.GnnConfig`), the backend fingerprint of the times it
+sizes (:class:`~disco_estimator.gnn.model.GnnConfig`), the backend fingerprint of the times it
 was trained on, and free-form training notes. :func:`load` refuses a file whose schema,
 feature version or vocabularies differ from this code's.
 
 A small trained model for the CPU backend ships with the package
-(``estimator/gnn/pretrained/cpu.msgpack``, package data); :func:`pretrained` finds it.
+(``disco_estimator/gnn/pretrained/cpu.msgpack``, package data); :func:`pretrained` finds it.
 It was trained by ``disco train-estimator --epochs 300 --out
-estimator/gnn/pretrained/cpu.msgpack`` on the dataset of the README (1705 fused ops of
+disco_estimator/gnn/pretrained/cpu.msgpack`` on the dataset of the README (1705 fused ops of
 the six zoo models, measured on a 2-core x86 VM, jax 0.10.2).
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 from flax import serialization
 
-from estimator.gnn.features import DTYPE_VOCAB, FEATURE_VERSION, OPCODE_VOCAB
-from estimator.gnn.model import GnnConfig
+from disco_estimator.gnn.features import DTYPE_VOCAB, FEATURE_VERSION, OPCODE_VOCAB
+from disco_estimator.gnn.model import GnnConfig
 from hlo_tools.dirs import write_atomic
 
 __all__ = ["CHECKPOINT_SCHEMA", "PRETRAINED_DIR", "Checkpoint", "load", "pretrained", "save"]
@@ -48,10 +48,10 @@ class Checkpoint:
     """A trained model and what it was trained for.
 
     Attributes:
-        params: Flax parameters of :class:`~estimator.gnn.model.FusedOpGnn`.
+        params: Flax parameters of :class:`~disco_estimator.gnn.model.FusedOpGnn`.
         config: the model sizes.
         fingerprint: backend fingerprint of the training times
-            (:func:`estimator.op_bench.backend_fingerprint`), ``{}`` if unknown.
+            (:func:`disco_estimator.op_bench.backend_fingerprint`), ``{}`` if unknown.
         notes: anything JSON-ready (dataset size, loss, command).
     """
 

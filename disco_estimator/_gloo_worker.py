@@ -1,12 +1,12 @@
-"""Child processes of the AllReduce microbenchmarks (``python -m estimator._gloo_worker``).
+"""Child processes of the AllReduce microbenchmarks (``python -m disco_estimator._gloo_worker``).
 
 ``measure``: measures psum in this process (``--devices N`` host devices, or one device
 of a gloo job with ``--coordinator/--num-processes/--process-id``) and writes the points
 as JSON; with ``--probes`` also the in-program latency and overlap probes
-(:mod:`estimator.probes`). ``launch``: starts a gloo job of ``measure`` workers on a free
+(:mod:`disco_estimator.probes`). ``launch``: starts a gloo job of ``measure`` workers on a free
 127.0.0.1 port, optionally first limiting the loopback with ``tc`` (only allowed inside a
 private network namespace, i.e. under ``unshare -n``), bounds it in time and merges the
-results. The process and network helpers are those of :mod:`estimator.gloo`.
+results. The process and network helpers are those of :mod:`disco_estimator.gloo`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from estimator.gloo import free_port, pin_to_own_cpu, set_loopback_rate, wait_all
+from disco_estimator.gloo import free_port, pin_to_own_cpu, set_loopback_rate, wait_all
 
 
 def _log(tag: str, text: str) -> None:
@@ -46,7 +46,7 @@ def _measure(args: argparse.Namespace) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id, initialization_timeout=60)
-    from estimator.allreduce import measure_psum
+    from disco_estimator.allreduce import measure_psum
 
     expected = args.num_processes if args.coordinator else args.devices
     if jax.device_count() != expected:
@@ -58,7 +58,7 @@ def _measure(args: argparse.Namespace) -> None:
                           progress=(lambda s: _log(tag, s)) if show else None)
     result = {"facts": _facts(), "processes": [[p.to_json() for p in points]]}
     if args.probes:
-        from estimator.probes import measure_probes
+        from disco_estimator.probes import measure_probes
 
         if show:
             _log(tag, "probes: in-program all-reduce latency and overlap")
@@ -98,7 +98,7 @@ def _launch(args: argparse.Namespace) -> None:
 
 
 def _worker_cmd(args: argparse.Namespace, port: int, i: int, out: Path) -> list[str]:
-    return [sys.executable, "-m", "estimator._gloo_worker", "measure", "--out", str(out),
+    return [sys.executable, "-m", "disco_estimator._gloo_worker", "measure", "--out", str(out),
             "--tag", args.tag, "--sizes", args.sizes, "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", str(args.num_processes), "--process-id", str(i)] + (
                 ["--quick"] * args.quick) + (["--silent"] * args.silent) + (
@@ -107,7 +107,7 @@ def _worker_cmd(args: argparse.Namespace, port: int, i: int, out: Path) -> list[
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m estimator._gloo_worker")
+    ap = argparse.ArgumentParser(prog="python -m disco_estimator._gloo_worker")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("measure", "launch"):
         p = sub.add_parser(name)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--pin-cpus", action="store_true",
                        help="pin each process to a CPU of its own")
         p.add_argument("--probes", action="store_true",
-                       help="also run the latency and overlap probes (estimator.probes)")
+                       help="also run the latency and overlap probes (disco_estimator.probes)")
     m = sub.choices["measure"]
     m.add_argument("--devices", type=int, default=1)
     m.add_argument("--coordinator", default="")

@@ -3,7 +3,7 @@
 The loss is the mean squared error of ``log`` time (eq. (3) of the paper read as the
 squared difference of the logs of predicted and measured time), minimised with Adam
 (optax). Each step draws a minibatch, pads it to its static bucket
-(:func:`estimator.gnn.features.pad_to_bucket`) and masks the padding graph out, so a run
+(:func:`disco_estimator.gnn.features.pad_to_bucket`) and masks the padding graph out, so a run
 compiles once per bucket.
 """
 
@@ -21,8 +21,8 @@ import jraph
 import numpy as np
 import optax
 
-from estimator.gnn.features import FusedSubgraph, encode_batch
-from estimator.gnn.model import FusedOpGnn, GnnConfig, init_params
+from disco_estimator.gnn.features import FusedSubgraph, encode_batch
+from disco_estimator.gnn.model import FusedOpGnn, GnnConfig, init_params
 
 __all__ = ["TrainResult", "log_targets", "make_batch", "train"]
 
@@ -52,7 +52,7 @@ def log_targets(times_s: Sequence[float]) -> np.ndarray:
 
 def make_batch(subgraphs: Sequence[FusedSubgraph], targets: np.ndarray | None = None
                ) -> tuple[jraph.GraphsTuple, np.ndarray, np.ndarray]:
-    """A padded batch (:func:`~estimator.gnn.features.encode_batch`), its ``[G_pad]``
+    """A padded batch (:func:`~disco_estimator.gnn.features.encode_batch`), its ``[G_pad]``
     float32 targets (0 for padding) and ``[G_pad]`` bool mask of real graphs."""
     padded = encode_batch(subgraphs)
     g = padded.n_node.shape[0]
@@ -69,7 +69,7 @@ def train(subgraphs: Sequence[FusedSubgraph], times_s: Sequence[float], *,
           seed: int = 0, config: GnnConfig | None = None, params: Any = None,
           log_every: int = 50,
           progress: Callable[[dict[str, float]], None] | None = None) -> TrainResult:
-    """Trains :class:`~estimator.gnn.model.FusedOpGnn` on measured fused ops.
+    """Trains :class:`~disco_estimator.gnn.model.FusedOpGnn` on measured fused ops.
 
     Args:
         subgraphs: the fused ops (``B`` of them).

@@ -14,7 +14,7 @@ How a CPU trace maps to instructions (checked on jax/jaxlib 0.10.2):
   The device is ``args.device_ordinal`` (local to the process) and the iteration is
   ``args.run_id`` (one id per launch, shared by all devices of that launch).
 * An all-reduce event lasts until every device has arrived at the rendezvous, so its
-  duration includes waiting for the slowest device (see :mod:`estimator.allreduce`).
+  duration includes waiting for the slowest device (see :mod:`disco_estimator.allreduce`).
 
 A GPU trace differs (read on jax/jaxlib 0.11.2 with an NVIDIA H200): each *kernel* is one
 ``ph == "X"`` event in a trace process named ``/device:GPU:<n>`` (its metadata event

@@ -1,7 +1,7 @@
 """Helpers of multi-process gloo jobs on one host: the one home of them.
 
-Used by the AllReduce microbenchmarks (:mod:`estimator.allreduce` and its worker
-``estimator._gloo_worker``) and by the simulator accuracy benchmark's worker.
+Used by the AllReduce microbenchmarks (:mod:`disco_estimator.allreduce` and its worker
+``disco_estimator._gloo_worker``) and by the simulator accuracy benchmark's worker.
 
 * processes: :func:`child_env` (the environment of a CPU-only jax child),
   :func:`run_bounded` (run a command in its own process group, bounded in time),

@@ -1,4 +1,5 @@
-"""Child process of :class:`estimator.op_bench.PinnedTimer`: ``python -m estimator._timing_worker``.
+"""Child process of :class:`disco_estimator.op_bench.PinnedTimer`:
+``python -m disco_estimator._timing_worker``.
 
 Pins itself to one CPU (``--cpu``: an index into the CPUs it may use) *before* jax
 starts, so that XLA:CPU's client and every thread it starts run on that CPU, then serves
@@ -18,13 +19,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m estimator._timing_worker")
+    parser = argparse.ArgumentParser(prog="python -m disco_estimator._timing_worker")
     parser.add_argument("--cpu", type=int, default=0)
     args = parser.parse_args(argv)
-    from estimator.gloo import pin_to_own_cpu
+    from disco_estimator.gloo import pin_to_own_cpu
 
     pin_to_own_cpu(args.cpu)  # before jax starts: XLA's threads inherit it
-    from estimator.op_bench import TimingJob, run_jobs
+    from disco_estimator.op_bench import TimingJob, run_jobs
 
     out = sys.stdout
     sys.stdout = sys.stderr  # anything else printed must not corrupt the replies

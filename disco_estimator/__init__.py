@@ -1,25 +1,25 @@
 """Cost estimation for DisCo: measured per-op times and the linear AllReduce model.
 
-* :mod:`estimator.profiler`: per-instruction times from ``jax.profiler`` traces, op keys
+* :mod:`disco_estimator.profiler`: per-instruction times from ``jax.profiler`` traces, op keys
   (opcode + shapes) so a time measured in one program serves identical ops elsewhere,
   stored JSON profiles, and an analytic fallback for ops never measured.
-* :mod:`estimator.allreduce`: ``T(bytes) = C * bytes + D`` fitted on psum
+* :mod:`disco_estimator.allreduce`: ``T(bytes) = C * bytes + D`` fitted on psum
   microbenchmarks.
-* :mod:`estimator.hardware`: hardware files (the AllReduce model and the backend's cost
+* :mod:`disco_estimator.hardware`: hardware files (the AllReduce model and the backend's cost
   constants of one setup): found in the user's config directory, else shipped in
-  ``estimator/hardware_files/``; read, validated and written atomically.
-* :mod:`estimator.probes`: probe programs for the in-program all-reduce latency and the
+  ``disco_estimator/hardware_files/``; read, validated and written atomically.
+* :mod:`disco_estimator.probes`: probe programs for the in-program all-reduce latency and the
   compute/communication overlap.
-* :mod:`estimator.gloo`: processes and the (emulated) network of gloo jobs.
-* :mod:`estimator.interface`: the fused-op estimator protocols and the fallback rule.
-* :mod:`estimator.op_bench`: every unique single op of a module timed standalone
+* :mod:`disco_estimator.gloo`: processes and the (emulated) network of gloo jobs.
+* :mod:`disco_estimator.interface`: the fused-op estimator protocols and the fallback rule.
+* :mod:`disco_estimator.op_bench`: every unique single op of a module timed standalone
   (a tiny module per op), cached on disk per backend fingerprint.
 
 Importing this package does not import jax (workers set device flags before that).
 """
 
-from estimator import gloo
-from estimator.allreduce import (
+from disco_estimator import gloo
+from disco_estimator.allreduce import (
     SETUPS,
     AllReduceFit,
     AllReduceModel,
@@ -29,7 +29,7 @@ from estimator.allreduce import (
     measure_psum,
     run_setup,
 )
-from estimator.hardware import (
+from disco_estimator.hardware import (
     HardwareConfig,
     HardwareError,
     available_hardware,
@@ -38,22 +38,22 @@ from estimator.hardware import (
     write_hardware,
     write_hardware_text,
 )
-from estimator.interface import (
+from disco_estimator.interface import (
     BatchedFusedOpEstimator,
     FallbackFusedEstimator,
     FusedOpEstimator,
     NodeCosts,
     fallback_fused_time,
 )
-from estimator.op_bench import (
+from disco_estimator.op_bench import (
     OpTimeCache,
     OpTiming,
     backend_fingerprint,
     bench_module,
     bench_ops,
 )
-from estimator.probes import ProbeResult, measure_probes
-from estimator.profiler import (
+from disco_estimator.probes import ProbeResult, measure_probes
+from disco_estimator.profiler import (
     OP_CLASSES,
     OpCostModel,
     OpEstimate,

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import jraph
 
-from estimator.gnn.features import DTYPE_VOCAB, OPCODE_VOCAB
+from disco_estimator.gnn.features import DTYPE_VOCAB, OPCODE_VOCAB
 
 __all__ = ["FusedOpGnn", "GnnConfig", "GraphAttention", "graph_index", "init_params"]
 
@@ -111,7 +111,7 @@ class FusedOpGnn(nn.Module):
 
     @nn.compact
     def __call__(self, graph: jraph.GraphsTuple) -> jnp.ndarray:
-        """Args: a batch from :func:`estimator.gnn.features.batch` (padded or not).
+        """Args: a batch from :func:`disco_estimator.gnn.features.batch` (padded or not).
         Returns: ``[G]`` float32 predicted log seconds (padding graphs included)."""
         cfg = self.config
         nodes, glob = graph.nodes, graph.globals

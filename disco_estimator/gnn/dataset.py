@@ -15,16 +15,16 @@ Generation (:func:`generate`), for one HLO module at a time:
 
    Only single-output groups are measured for now (see :func:`fused_module`).
 2. **Member times**: every member's single-op time, timed standalone by
-   :func:`estimator.op_bench.bench_ops` (cached on disk, as the cost model does), so the
+   :func:`disco_estimator.op_bench.bench_ops` (cached on disk, as the cost model does), so the
    features are those the estimator will see at search time.
 3. **Module**: each group as a standalone HLO module whose ENTRY holds one parameter
    per value read from outside and one ``fusion`` (kind ``kLoop``) of the members
    (:func:`fused_module`).
 4. **Time**: compiled with XLA's fusion passes off
    (:func:`hlo_tools.jax_bridge.compile_standalone`, ``exact=True``), fed random inputs
-   (:func:`estimator.op_bench.random_inputs`: floats in [0.5, 2), small integers; index
+   (:func:`disco_estimator.op_bench.random_inputs`: floats in [0.5, 2), small integers; index
    operands of gather/scatter/dynamic-(update-)slice are 0, always in bounds) and timed
-   by :func:`estimator.op_bench.timer` (``warmup`` untraced runs, ``repeats`` traced
+   by :func:`disco_estimator.op_bench.timer` (``warmup`` untraced runs, ``repeats`` traced
    runs, the median kept; on the CPU backend in a child process pinned to one CPU, as
    the members' single-op times are).
 
@@ -52,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from estimator import op_bench
-from estimator.gnn.features import FEATURE_VERSION, FusedSubgraph, canonical_key
-from estimator.gnn.features import subgraph_from_group as _features_of
-from estimator.interface import NodeCosts
+from disco_estimator import op_bench
+from disco_estimator.gnn.features import FEATURE_VERSION, FusedSubgraph, canonical_key
+from disco_estimator.gnn.features import subgraph_from_group as _features_of
+from disco_estimator.interface import NodeCosts
 from hlo_tools import dirs
 from hlo_tools import plan as P
 from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
@@ -80,7 +80,7 @@ __all__ = [
 
 #: Version of how samples are drawn, built and timed (part of the file name). 2: samples
 #: carry their ``kind``; XLA's own fusions are a source. 3: timed in a process pinned to
-#: one CPU (:class:`~estimator.op_bench.PinnedTimer`; v2's unpinned timings of the same op
+#: one CPU (:class:`~disco_estimator.op_bench.PinnedTimer`; v2's unpinned timings of the same op
 #: swung by up to 10x from one batch of runs to the next).
 DATASET_VERSION = 3
 #: Kinds of samples: groups of random plans, XLA's own fusions.
@@ -94,7 +94,8 @@ class Sample:
     """One measured fused op.
 
     Attributes:
-        key: hex canonical key of the subgraph (:func:`~estimator.gnn.features.canonical_key`).
+        key: hex canonical key of the subgraph
+            (:func:`~disco_estimator.gnn.features.canonical_key`).
         source: where the group was drawn (e.g. the zoo model's name).
         subgraph: the fused op's features.
         time_s: median seconds of one execution of the fused op.
@@ -436,7 +437,7 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
         directory: dataset directory (default: ``cache_dir("gnn")``).
         progress: print progress on stderr (default: when it is a terminal).
         pinned: time members and fused ops in a child pinned to one CPU (default:
-            :func:`estimator.op_bench.pinned_timing`: on the CPU backend, yes).
+            :func:`disco_estimator.op_bench.pinned_timing`: on the CPU backend, yes).
 
     Returns:
         ``(dataset file, samples added)``.
@@ -500,8 +501,8 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
     """Times fusion groups as standalone fused ops, the way the dataset's samples are.
 
     Each group is built by :func:`fused_module`, compiled with XLA's fusion passes off,
-    fed :func:`estimator.op_bench.random_inputs` and timed (median of ``repeats`` traced
-    runs) by :func:`estimator.op_bench.timer`: on the CPU backend in a process pinned to
+    fed :func:`disco_estimator.op_bench.random_inputs` and timed (median of ``repeats`` traced
+    runs) by :func:`disco_estimator.op_bench.timer`: on the CPU backend in a process pinned to
     one CPU.
 
     Args:
@@ -512,7 +513,7 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
         warmup: untraced runs first.
         replicas: devices running each at once.
         pinned: time in a child pinned to one CPU (default:
-            :func:`estimator.op_bench.pinned_timing`).
+            :func:`disco_estimator.op_bench.pinned_timing`).
 
     Returns:
         Per group ``{"time_s", "p25_s", "p75_s", "samples"}`` (seconds), or

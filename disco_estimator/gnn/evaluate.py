@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from estimator.interface import split_times
+from disco_estimator.interface import split_times
 
 __all__ = [
     "CDF_POINTS",
@@ -52,13 +52,13 @@ def split_samples(samples: Sequence[Any], held_out: str | None
 def fallback_time(sub: Any, kernel_launch_s: float, mem_s_per_byte: float) -> float:
     """The fallback rule's time of a fused op described only by its subgraph, seconds.
 
-    :func:`estimator.interface.fallback_fused_time` on the subgraph's own arrays: each
-    node's time is split by :func:`estimator.interface.split_times` over its traffic
+    :func:`disco_estimator.interface.fallback_fused_time` on the subgraph's own arrays: each
+    node's time is split by :func:`disco_estimator.interface.split_times` over its traffic
     (bytes read, plus bytes written for ops that run a kernel, i.e. take time), and the
     fused op's ``io`` is the subgraph's ``input_bytes + output_bytes``.
 
     Args:
-        sub: an :class:`estimator.gnn.features.FusedSubgraph`.
+        sub: an :class:`disco_estimator.gnn.features.FusedSubgraph`.
         kernel_launch_s: fixed cost of one kernel, seconds.
         mem_s_per_byte: seconds per byte of memory traffic.
     """

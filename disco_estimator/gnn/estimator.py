@@ -1,12 +1,12 @@
 """The GNN as a fused-op estimator: :class:`GnnFusedEstimator`.
 
-It implements :class:`~estimator.interface.FusedOpEstimator` and
-:class:`~estimator.interface.BatchedFusedOpEstimator`. Member single-op times come from
-the same :class:`~estimator.interface.NodeCostSource` as the fallback rule's
+It implements :class:`~disco_estimator.interface.FusedOpEstimator` and
+:class:`~disco_estimator.interface.BatchedFusedOpEstimator`. Member single-op times come from
+the same :class:`~disco_estimator.interface.NodeCostSource` as the fallback rule's
 (``source.node_costs(graph)``, e.g. the cost model itself), so both estimators see the
 same measurements. Predictions are cached by the fused subgraph's canonical form
-(:func:`~estimator.gnn.features.canonical_key`), and the uncached ones of a batch are
-encoded at once (:func:`~estimator.gnn.features.encode_batch`) and run through one
+(:func:`~disco_estimator.gnn.features.canonical_key`), and the uncached ones of a batch are
+encoded at once (:func:`~disco_estimator.gnn.features.encode_batch`) and run through one
 jitted forward pass per chunk, padded to static buckets (one compilation per bucket).
 ``benchmarks/gnn_inference_speed.py`` measures the throughput.
 """
@@ -19,15 +19,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from estimator.gnn import checkpoint as ckpt_io
-from estimator.gnn.features import (
+from disco_estimator.gnn import checkpoint as ckpt_io
+from disco_estimator.gnn.features import (
     FusedSubgraph,
     canonical_key,
     encode_batch,
     subgraph_from_group,
 )
-from estimator.gnn.model import FusedOpGnn, GnnConfig
-from estimator.interface import NodeCostSource
+from disco_estimator.gnn.model import FusedOpGnn, GnnConfig
+from disco_estimator.interface import NodeCostSource
 from hlo_tools.graph import DeviceGraph
 
 __all__ = ["GnnFusedEstimator"]
@@ -37,9 +37,9 @@ class GnnFusedEstimator:
     """Fused-op times predicted by the GNN of section 4.3 of the paper.
 
     Args:
-        params: parameters of :class:`~estimator.gnn.model.FusedOpGnn`.
+        params: parameters of :class:`~disco_estimator.gnn.model.FusedOpGnn`.
         config: its sizes.
-        source: gives the :class:`~estimator.interface.NodeCosts` of a graph (the member
+        source: gives the :class:`~disco_estimator.interface.NodeCosts` of a graph (the member
             times), e.g. ``disco_jax.costs.cost_model.CostModel``; may be set later with
             :meth:`bind` (a cost model that needs the estimator at construction).
         chunk: fused ops per forward pass (511 fills the 512-graph bucket with the
@@ -60,7 +60,7 @@ class GnnFusedEstimator:
     @classmethod
     def from_checkpoint(cls, path: str, source: NodeCostSource | None = None,
                         **kwargs: Any) -> GnnFusedEstimator:
-        """An estimator from a file written by :func:`estimator.gnn.checkpoint.save`."""
+        """An estimator from a file written by :func:`disco_estimator.gnn.checkpoint.save`."""
         ck = ckpt_io.load(path)
         return cls(ck.params, ck.config, source, **kwargs)
 
@@ -103,7 +103,7 @@ class GnnFusedEstimator:
     def predict(self, graph: DeviceGraph, members: Sequence[int],
                 copies: Sequence[int] = (), outputs: Sequence[int] | None = None) -> float:
         """Seconds of one execution of the fused op (see
-        :class:`~estimator.interface.FusedOpEstimator`)."""
+        :class:`~disco_estimator.interface.FusedOpEstimator`)."""
         return float(self.predict_subgraphs([self._subgraph(graph, members, copies,
                                                             outputs)])[0])
 

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import jraph
 import numpy as np
 
-from estimator.interface import NodeCosts
+from disco_estimator.interface import NodeCosts
 from hlo_tools.graph import DeviceGraph
 from hlo_tools.opcodes import HLO_OPCODES
 from hlo_tools.plan import group_outputs

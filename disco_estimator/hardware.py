@@ -10,7 +10,7 @@ Where a hardware *name* is looked up, first match wins:
 1. the user's config directory, :func:`user_hardware_dir`
    (``$DISCO_CONFIG_DIR/hardware``, else ``~/.config/disco_jax/hardware`` on Linux);
 2. the files shipped with the package, :func:`shipped_hardware_dir`
-   (``estimator/hardware_files/*.toml``, package data).
+   (``disco_estimator/hardware_files/*.toml``, package data).
 
 A spec that is a path (an ``os.PathLike``, or a string ending in ``.toml`` or holding a
 path separator) is read as that path. Importing this module does not import jax.
@@ -30,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from estimator.allreduce import AllReduceModel, MeasuredAllReduce
+from disco_estimator.allreduce import AllReduceModel, MeasuredAllReduce
 from hlo_tools.dirs import config_dir, write_atomic
 
 if TYPE_CHECKING:
-    from estimator.allreduce import SetupResult
+    from disco_estimator.allreduce import SetupResult
 
 __all__ = [
     "HARDWARE_SCHEMA",
@@ -85,8 +85,8 @@ def user_hardware_dir() -> Path:
 
 def shipped_hardware_dir() -> Path:
     """The folder of the hardware files shipped with the package (package data,
-    ``estimator/hardware_files``), located with :mod:`importlib.resources`."""
-    return Path(str(importlib.resources.files("estimator") / "hardware_files"))
+    ``disco_estimator/hardware_files``), located with :mod:`importlib.resources`."""
+    return Path(str(importlib.resources.files("disco_estimator") / "hardware_files"))
 
 
 def _names_in(directory: Path) -> set[str]:
@@ -350,7 +350,7 @@ def hardware_toml(result: SetupResult,
           "interconnect": s.description, "host_cpus": int(facts.get("host_cpus", 0)),
           "jax_version": facts.get("jax_version", ""),
           "measured_on": datetime.date.today().isoformat(),
-          "source": "measured by benchmarks/allreduce_fit.py (estimator.allreduce)"}
+          "source": "measured by benchmarks/allreduce_fit.py (disco_estimator.allreduce)"}
     ar = {"model": "linear", "c_s_per_byte": f.model.c_s_per_byte, "d_s": f.model.d_s,
           "time_metric": "op", "time_statistic": result.stat, "fit_weighting": f.weighting,
           "mean_rel_err": f.mean_rel_err, "max_rel_err": f.max_rel_err,
@@ -360,7 +360,8 @@ def hardware_toml(result: SetupResult,
         ar.update(d_s=latency,
                   time_metric="program", microbenchmark_c_s_per_byte=f.model.c_s_per_byte,
                   microbenchmark_d_s=f.model.d_s)
-        hw["source"] = "measured by disco calibrate (estimator.allreduce, estimator.probes)"
+        hw["source"] = ("measured by disco calibrate (disco_estimator.allreduce, "
+                        "disco_estimator.probes)")
     wall = {"c_s_per_byte": w.model.c_s_per_byte, "d_s": w.model.d_s,
             "mean_rel_err": w.mean_rel_err, "max_rel_err": w.max_rel_err}
     pts = {"bytes": [p.bytes for p in result.points],

@@ -5,7 +5,7 @@ array of ``bytes`` bytes *per device* (the size the ``all-reduce`` instruction h
 per-device HLO). Two times are taken per call:
 
 * ``op``: the all-reduce instruction's own duration from a profiler trace (see
-  :mod:`estimator.profiler`). An all-reduce event lasts until every participant has
+  :mod:`disco_estimator.profiler`). An all-reduce event lasts until every participant has
   arrived, so each participant's duration includes waiting for the late ones; per
   iteration the *minimum* over participants (the last to arrive) is the collective's cost,
   and the model is fitted on the median over iterations. This is the time the simulator
@@ -18,8 +18,8 @@ configuration; ``gloo2-1gbit`` runs inside a private network namespace (``unshar
 whose loopback is limited with ``tc``, so the host's network is never touched.
 
 The fitted model is stored in hardware files, read and written by
-:mod:`estimator.hardware`; the process and network helpers of the child processes are in
-:mod:`estimator.gloo`. Times are seconds and sizes bytes throughout.
+:mod:`disco_estimator.hardware`; the process and network helpers of the child processes are in
+:mod:`disco_estimator.gloo`. Times are seconds and sizes bytes throughout.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from estimator.gloo import child_env, run_bounded
+from disco_estimator.gloo import child_env, run_bounded
 
 __all__ = [
     "AllReduceModel",
@@ -64,7 +64,7 @@ __all__ = [
 FULL_SIZES: tuple[int, ...] = tuple(4 * 4**k for k in range(13))
 #: 4 B .. 64 MiB in powers of 16 (7 sizes).
 QUICK_SIZES: tuple[int, ...] = tuple(4 * 16**k for k in range(7))
-_WORKER = "estimator._gloo_worker"
+_WORKER = "disco_estimator._gloo_worker"
 
 
 # --------------------------------------------------------------------------- model and fit
@@ -306,7 +306,7 @@ class _Case:
 
 def _make_case(mesh: Any, nbytes: int, quick: bool) -> _Case:
     import hlo_tools
-    from estimator.profiler import module_name
+    from disco_estimator.profiler import module_name
 
     n = max(1, nbytes // 4)
     x = _global_input(mesh, n)
@@ -329,7 +329,7 @@ def _call(case: _Case) -> float:
 
 def _op_times(case: _Case, events: Sequence[Any]) -> list[float]:
     """Per iteration, the all-reduce time of the participant that waited least."""
-    from estimator.profiler import op_events, per_device_samples
+    from disco_estimator.profiler import op_events, per_device_samples
 
     evs = [e for e in op_events(events, case.module) if e.name in case.ar_names]
     per_dev = per_device_samples(evs)
@@ -357,7 +357,7 @@ def measure_psum(sizes: Sequence[int], quick: bool = False, warmup: int = 2,
     import jax
     from jax.sharding import Mesh
 
-    from estimator.profiler import find_trace_file, read_trace_events
+    from disco_estimator.profiler import find_trace_file, read_trace_events
 
     mesh = Mesh(np.array(jax.devices()), ("d",))
     cases = [_make_case(mesh, b, quick) for b in sizes]
@@ -444,7 +444,7 @@ class SetupResult:
         wall_fit: fit of the wall times (reference).
         facts: measured facts about the run (jax version, devices, qdisc, ...).
         stat: statistic over iterations that was fitted (see :data:`STATISTICS`).
-        probes: per process, :meth:`estimator.probes.ProbeResult.to_json` (or None).
+        probes: per process, :meth:`disco_estimator.probes.ProbeResult.to_json` (or None).
     """
 
     setup: Setup
@@ -503,8 +503,8 @@ def run_gloo(num_processes: int, sizes: Sequence[int], rate: str | None = None,
         timeout_s: the whole job is killed after this many seconds.
         tag: label of the progress lines.
         pin_cpus: pin each process to a CPU of its own
-            (:func:`estimator.gloo.pin_to_own_cpu`).
-        probes: also run :mod:`estimator.probes` in every process.
+            (:func:`disco_estimator.gloo.pin_to_own_cpu`).
+        probes: also run :mod:`disco_estimator.probes` in every process.
 
     Returns:
         The launcher's JSON: ``{"facts": {...}, "processes": [[point, ...], ...]}``
@@ -535,7 +535,7 @@ def run_setup(setup: Setup | str, sizes: Sequence[int] | None = None, quick: boo
         timeout_s: bound on the whole setup's run, seconds.
         stat: statistic over iterations to fit (see :data:`STATISTICS`).
         probes: also measure the in-program all-reduce latency and the overlap
-            (:mod:`estimator.probes`; ``SetupResult.probes``).
+            (:mod:`disco_estimator.probes`; ``SetupResult.probes``).
         pin_cpus: gloo setups: pin each process to a CPU of its own.
     """
     s = SETUPS[setup] if isinstance(setup, str) else setup

@@ -1,6 +1,6 @@
 """Per-op times from standalone runs: one tiny module per unique single op, cached on disk.
 
-Every unique single op of a module (same :class:`~estimator.profiler.OpKey`: opcode,
+Every unique single op of a module (same :class:`~disco_estimator.profiler.OpKey`: opcode,
 operand shapes, result shape, dtype and a hash of the attributes that change what it
 computes) is materialized as a small module of its own -- one parameter per operand,
 the op as ROOT, plus the computations it calls (reduce regions, sort comparators,
@@ -13,7 +13,7 @@ scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_standalo
   inside the bounds of the indexed operand, so the op does the work it does in the
   real program (an out-of-bounds scatter update is skipped). Small constant operands
   stay constants, as in the program.
-* Times come from a ``jax.profiler`` trace, like :mod:`estimator.profiler`'s
+* Times come from a ``jax.profiler`` trace, like :mod:`disco_estimator.profiler`'s
   whole-program profiles: each executed thunk is one event, and an op's time in one
   run is the sum of its module's events (host dispatch is not included). After
   ``warmup`` untraced runs, ``repeats`` runs are traced; the median is kept. All ops of
@@ -33,7 +33,7 @@ number generators and other side effects, and ``fusion`` (a fusion's time is alw
 predicted from its members, never measured). Ops that run no kernel (parameters,
 constants, tuples, ``get-tuple-element``, ``bitcast``, and ``reshape``, which XLA:CPU
 turns into a bitcast under its default layouts) cost zero. Both fall back to the
-analytic model of :mod:`estimator.profiler` (see ``disco_jax.costs.cost_model``).
+analytic model of :mod:`disco_estimator.profiler` (see ``disco_jax.costs.cost_model``).
 
 The cache is one JSON file per backend fingerprint (jax/jaxlib version, platform,
 device kind, host CPU count, replicas) under ``$DISCO_CACHE_DIR/ops`` (default
@@ -64,7 +64,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from estimator import profiler as pr
+from disco_estimator import profiler as pr
 from hlo_tools import dirs
 from hlo_tools.ir import NUMPY_DTYPES, HloComputation, HloInstruction, HloModule, Shape
 from hlo_tools.opcodes import (
@@ -136,7 +136,7 @@ def module_view(module: HloModule) -> Any:
 
 
 def op_key(view: Any, instr: HloInstruction) -> pr.OpKey:
-    """The :class:`~estimator.profiler.OpKey` of one instruction (name- and layout-free).
+    """The :class:`~disco_estimator.profiler.OpKey` of one instruction (name- and layout-free).
 
     Args:
         view: :func:`module_view` of the module holding ``instr``.
@@ -675,7 +675,7 @@ class PinnedTimer(Timer):
     one CPU before jax started. Pinning every thread of a process whose jax has already
     started does not reproduce that (10-29 us): the CPU client sizes its pool when it
     starts, so the pin has to come first. The child is started by the first
-    :meth:`run` (``python -m estimator._timing_worker``, well under a second) and serves
+    :meth:`run` (``python -m disco_estimator._timing_worker``, well under a second) and serves
     every batch until :meth:`close`; it runs without ``NPROC`` so its pool is the one
     the pin gives it, as the GNN's dataset is timed (``disco train-estimator
     --generate``).
@@ -700,7 +700,7 @@ class PinnedTimer(Timer):
             env = {k: v for k, v in os.environ.items() if k != "NPROC"}
             self._stderr = tempfile.TemporaryFile(mode="w+", prefix="disco_timer_")
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "estimator._timing_worker", "--cpu", str(self.cpu)],
+                [sys.executable, "-m", "disco_estimator._timing_worker", "--cpu", str(self.cpu)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                 text=True, env=env)
         return self._proc
