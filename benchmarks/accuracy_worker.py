@@ -57,11 +57,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from disco_estimator.gloo import free_port, in_private_netns, set_loopback_rate, wait_all
+from disco_estimator.gloo import in_private_netns, run_local_job, set_loopback_rate
 from hlo_tools.opcodes import is_collective
 
 __all__ = ["build_variant", "iteration_stats", "main", "plan_for", "plan_json"]
@@ -420,17 +420,14 @@ def _launch(args: argparse.Namespace) -> None:
         raise SystemExit("launch must run in a private network namespace (unshare -n)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
     spec = json.loads(Path(args.spec).read_text())
-    port = free_port()
     outs = [Path(args.out_dir) / f"p{i}.json" for i in range(int(spec["num_processes"]))]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "run",
-                               "--spec", args.spec, "--out", str(o),
-                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i),
-                               "--parent-netns", args.parent_netns])
-             for i, o in enumerate(outs)]
     spinners = _start_spinners(args.timeout) if spec.get("keep_awake") else []
     try:
-        deadline = time.monotonic() + args.timeout
-        rcs = wait_all(procs, deadline, _first_failure_grace(procs), grace_s=10.0)
+        rcs = run_local_job(
+            lambda i, coordinator: [sys.executable, str(WORKER), "run", "--spec", args.spec,
+                                    "--out", str(outs[i]), "--coordinator", coordinator,
+                                    "--process-id", str(i), "--parent-netns", args.parent_netns],
+            len(outs), timeout_s=args.timeout, grace_s=10.0)
     finally:
         for sp in spinners:
             sp.kill()
@@ -457,11 +454,6 @@ def _start_spinners(seconds: float) -> list[subprocess.Popen]:
     """
     code = _SPIN.format(seconds=float(seconds))
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 1)]
-
-
-def _first_failure_grace(procs: Sequence[subprocess.Popen]) -> Callable[[], bool]:
-    """True once any process has failed (the others are then given a few seconds)."""
-    return lambda: any(p.poll() not in (None, 0) for p in procs)
 
 
 # --------------------------------------------------------------------------- screen

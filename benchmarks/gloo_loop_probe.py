@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -141,15 +140,14 @@ def worker(process_id: int, port: int, out: str) -> None:
 def run_workers(script: str, extra: list[str], env: dict, timeout_s: float) -> dict | None:
     """Runs ``script --worker <pid> <port> <out> *extra`` as a 2-process job; returns what
     process 0 wrote to ``out`` (JSON), or None (said on stderr) when a worker failed."""
-    from disco_estimator.gloo import free_port, wait_all
+    from disco_estimator.gloo import run_local_job
 
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="gloo_loop_") as tmp:
         part = Path(tmp) / "p0.json"
-        procs = [subprocess.Popen([sys.executable, script, "--worker", str(i), str(port),
-                                   str(part), *extra], env=env) for i in range(2)]
-        rcs = wait_all(procs, time.monotonic() + timeout_s,
-                       lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+        rcs = run_local_job(
+            lambda i, coordinator: [sys.executable, script, "--worker", str(i),
+                                    coordinator.rsplit(":", 1)[1], str(part), *extra],
+            2, timeout_s=timeout_s, env=env, grace_s=20.0)
         if any(rcs):
             print(f"workers exited with {rcs}", file=sys.stderr)
             return None

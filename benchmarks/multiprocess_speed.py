@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -111,19 +110,18 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace) -> None:
     """Inside ``unshare -n``: limits the loopback, starts the two workers."""
-    from disco_estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
+    from disco_estimator.gloo import child_env, run_local_job, set_loopback_rate
     from disco_jax.enactment.staged import POOL_THREADS
 
     print(set_loopback_rate("1gbit", args.parent_netns, "128kb"), file=sys.stderr)
-    port = free_port()
-    env = child_env(1, {"NPROC": str(POOL_THREADS)})
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", "--model", args.model,
-                               "--size", args.size, "--time-budget", str(args.time_budget),
-                               "--rounds", str(args.rounds), "--tmp", args.tmp,
-                               "--out", args.out, "--coordinator", f"127.0.0.1:{port}",
-                               "--process-id", str(i)], env=env) for i in range(2)]
-    rcs = wait_all(procs, time.monotonic() + args.timeout,
-                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=30.0)
+    rcs = run_local_job(
+        lambda i, coordinator: [sys.executable, __file__, "worker", "--model", args.model,
+                                "--size", args.size, "--time-budget", str(args.time_budget),
+                                "--rounds", str(args.rounds), "--tmp", args.tmp,
+                                "--out", args.out, "--coordinator", coordinator,
+                                "--process-id", str(i)],
+        2, timeout_s=args.timeout, env=child_env(1, {"NPROC": str(POOL_THREADS)}),
+        grace_s=30.0)
     if any(rcs):
         raise SystemExit(f"workers exited with {rcs}")
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,17 +74,14 @@ def _worker(a: argparse.Namespace) -> None:
 
 
 def _launch(a: argparse.Namespace) -> None:
-    from disco_estimator.gloo import child_env, free_port, set_loopback_rate, wait_all
+    from disco_estimator.gloo import child_env, run_local_job, set_loopback_rate
 
     print(set_loopback_rate("1gbit", a.parent_netns, "128kb"), file=sys.stderr)
-    port = free_port()
-    env = child_env(1, {"NPROC": a.nproc})
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", "--model", a.model,
-                               "--size", a.size, "--chunk", a.chunk, "--out", a.out,
-                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i)],
-                              env=env) for i in range(2)]
-    if any(wait_all(procs, time.monotonic() + 900, lambda: any(
-            p.poll() not in (None, 0) for p in procs), grace_s=30.0)):
+    if any(run_local_job(
+            lambda i, coordinator: [sys.executable, __file__, "worker", "--model", a.model,
+                                    "--size", a.size, "--chunk", a.chunk, "--out", a.out,
+                                    "--coordinator", coordinator, "--process-id", str(i)],
+            2, timeout_s=900, env=child_env(1, {"NPROC": a.nproc}), grace_s=30.0)):
         raise SystemExit("workers failed")
 
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from disco_estimator.gloo import free_port, pin_to_own_cpu, set_loopback_rate, wait_all
+from disco_estimator.gloo import free_port, pin_to_own_cpu, run_local_job, set_loopback_rate
 
 
 def _log(tag: str, text: str) -> None:
@@ -81,10 +79,11 @@ def _launch(args: argparse.Namespace) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="disco_gloo_") as tmp:
         outs = [Path(tmp) / f"p{i}.json" for i in range(args.num_processes)]
-        procs = [subprocess.Popen(_worker_cmd(args, port, i, outs[i]))
-                 for i in range(args.num_processes)]
         try:
-            rcs = wait_all(procs, time.monotonic() + args.timeout, raise_on_timeout=True)
+            rcs = run_local_job(lambda i, coordinator: _worker_cmd(args, coordinator, i, outs[i]),
+                                args.num_processes, timeout_s=args.timeout,
+                                failed=lambda procs: False, raise_on_timeout=True,
+                                port=port)
         except TimeoutError:
             raise SystemExit(124) from None
         if any(rcs):
@@ -97,9 +96,9 @@ def _launch(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(merged))
 
 
-def _worker_cmd(args: argparse.Namespace, port: int, i: int, out: Path) -> list[str]:
+def _worker_cmd(args: argparse.Namespace, coordinator: str, i: int, out: Path) -> list[str]:
     return [sys.executable, "-m", "disco_estimator._gloo_worker", "measure", "--out", str(out),
-            "--tag", args.tag, "--sizes", args.sizes, "--coordinator", f"127.0.0.1:{port}",
+            "--tag", args.tag, "--sizes", args.sizes, "--coordinator", coordinator,
             "--num-processes", str(args.num_processes), "--process-id", str(i)] + (
                 ["--quick"] * args.quick) + (["--silent"] * args.silent) + (
                 ["--pin-cpus"] * args.pin_cpus) + (["--probes"] * args.probes)

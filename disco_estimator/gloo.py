@@ -37,6 +37,7 @@ __all__ = [
     "pin_to_own_cpu",
     "quiet_gloo_loops",
     "run_bounded",
+    "run_local_job",
     "set_loopback_rate",
     "wait_all",
 ]
@@ -274,6 +275,46 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_local_job(argv: Callable[[int, str], Sequence[str]], num_processes: int, *,
+                  timeout_s: float, env: Mapping[str, str] | None = None,
+                  grace_s: float = 20.0,
+                  failed: Callable[[Sequence[subprocess.Popen]], bool] | None = None,
+                  raise_on_timeout: bool = False, cwd: str | Path | None = None,
+                  port: int | None = None) -> list[int]:
+    """Runs a ``jax.distributed`` job of ``num_processes`` processes on this machine and
+    waits for it: process ``i`` runs ``argv(i, coordinator)``, the coordinator on
+    ``127.0.0.1`` and a free port. The one launcher of every local job (``disco bench``'s,
+    the benchmarks', ``disco calibrate``'s); a slow link is the caller's to set up first
+    (:func:`set_loopback_rate`).
+
+    Args:
+        argv: the command of process ``i`` given the coordinator address.
+        num_processes: processes of the job.
+        timeout_s: the whole job's bound, seconds; the processes left are then killed.
+        env: their environment (None: this process's).
+        grace_s: once a process has failed, how long the others may still run.
+        failed: when the others get ``grace_s`` (given the processes; default: one of
+            them exited with a non-zero status).
+        raise_on_timeout: raise instead of returning when processes were killed.
+        cwd: their working directory.
+        port: the coordinator's port (default: a free one, :func:`free_port`).
+
+    Returns:
+        Each process's exit status (``-9`` for those killed).
+
+    Raises:
+        TimeoutError: ``raise_on_timeout`` and some process had to be killed.
+    """
+    coordinator = f"127.0.0.1:{port or free_port()}"
+    # each in its own session: a signal to the caller's process group does not reach the
+    # job half-way; the caller ends it (the deadline, the grace after a failure)
+    procs = [subprocess.Popen(list(argv(i, coordinator)), env=None if env is None else dict(env),
+                              cwd=cwd, start_new_session=True) for i in range(num_processes)]
+    check = failed or (lambda ps: any(p.poll() not in (None, 0) for p in ps))
+    return wait_all(procs, time.monotonic() + timeout_s, lambda: check(procs),
+                    grace_s=grace_s, raise_on_timeout=raise_on_timeout)
 
 
 def in_private_netns(parent_netns: str) -> bool:

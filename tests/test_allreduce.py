@@ -206,6 +206,20 @@ def test_wait_all_grace_after_first_failure() -> None:
     assert rcs == [2, -9] and time.monotonic() - t0 < 10
 
 
+def test_run_local_job_shares_one_coordinator_and_bounds_a_failed_job(tmp_path) -> None:
+    """Every process gets the same coordinator on 127.0.0.1; when one fails, the others
+    get the grace and are killed."""
+    code = ("import sys, time; i, c, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]; "
+            "open(out + str(i), 'w').write(c); sys.exit(3) if i == 1 else time.sleep(60)")
+    t0 = time.monotonic()
+    rcs = gloo.run_local_job(
+        lambda i, coordinator: [sys.executable, "-c", code, str(i), coordinator,
+                                str(tmp_path / "p")], 2, timeout_s=60, grace_s=0.5)
+    assert rcs == [-9, 3] and time.monotonic() - t0 < 30
+    seen = {(tmp_path / f"p{i}").read_text() for i in range(2)}
+    assert len(seen) == 1 and seen.pop().startswith("127.0.0.1:")
+
+
 def test_child_env_and_network_helpers(monkeypatch) -> None:
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4 --foo=1")
     env = gloo.child_env(2, extra={"PYTHONHASHSEED": "0"})

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,18 +31,14 @@ def test_no_gloo_loop_in_a_process_without_gloo():
 
 @pytest.mark.parametrize("policy, want", [("batch", os.SCHED_BATCH), ("idle", os.SCHED_IDLE)])
 def test_quiet_gloo_loop_in_a_two_process_job(tmp_path, policy, want):
-    from disco_estimator.gloo import child_env, free_port, wait_all
+    from disco_estimator.gloo import child_env, run_local_job
 
-    port = free_port()
     outs = [tmp_path / f"p{i}.json" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "--coordinator",
-                               f"127.0.0.1:{port}", "--process-id", str(i), "--out",
-                               str(outs[i]), "--policy", policy], env=child_env(1),
-                              cwd=str(ROOT),
-                              start_new_session=True)
-             for i in range(2)]
-    rcs = wait_all(procs, time.monotonic() + 180,
-                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    rcs = run_local_job(
+        lambda i, coordinator: [sys.executable, str(WORKER), "--coordinator", coordinator,
+                                "--process-id", str(i), "--out", str(outs[i]),
+                                "--policy", policy],
+        2, timeout_s=180, env=child_env(1), grace_s=20.0, cwd=ROOT)
     assert rcs == [0, 0], f"workers exited with {rcs}"
     for out in outs:
         row = json.loads(out.read_text())

@@ -11,10 +11,8 @@ import argparse
 import hashlib
 import json
 import re
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -216,18 +214,14 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def test_staged_gloo_two_processes(tmp_path):
-    from disco_estimator.gloo import child_env, free_port, wait_all
+    from disco_estimator.gloo import child_env, run_local_job
 
-    env = child_env(1)
-    port = free_port()
     outs = [tmp_path / f"p{i}.json" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
-                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i),
-                               "--model", "vgg", "--buckets", "2", "--out", str(outs[i])],
-                              env=env, cwd=str(ROOT), start_new_session=True)
-             for i in range(2)]
-    rcs = wait_all(procs, time.monotonic() + 300,
-                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    rcs = run_local_job(
+        lambda i, coordinator: [sys.executable, __file__, "--worker", "--coordinator",
+                                coordinator, "--process-id", str(i), "--model", "vgg",
+                                "--buckets", "2", "--out", str(outs[i])],
+        2, timeout_s=300, env=child_env(1), grace_s=20.0, cwd=ROOT)
     assert rcs == [0, 0], f"gloo workers exited with {rcs}"
     rows = [json.loads(p.read_text()) for p in outs]
     for row in rows:

@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,20 +22,17 @@ WORKER = Path(__file__).with_name("staged_gloo_worker.py")
 
 def _job(tmp_path: Path, mode: str, *, pin: bool = False, timeout_s: float = 300.0,
          env_extra: dict | None = None, extra: tuple[str, ...] = ()) -> list[dict]:
-    from disco_estimator.gloo import child_env, free_port, wait_all
+    from disco_estimator.gloo import child_env, run_local_job
 
     env = child_env(1, env_extra)
     if pin:  # one CPU and no NPROC: one thread in XLA:CPU's pool
         env.pop("NPROC", None)
-    port = free_port()
     outs = [tmp_path / f"{mode}{i}.json" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "--mode", mode,
-                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(i),
-                               "--out", str(outs[i]), *extra] + (["--pin"] if pin else []),
-                              env=env, cwd=str(ROOT), start_new_session=True)
-             for i in range(2)]
-    rcs = wait_all(procs, time.monotonic() + timeout_s,
-                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=30.0)
+    rcs = run_local_job(
+        lambda i, coordinator: [sys.executable, str(WORKER), "--mode", mode, "--coordinator",
+                                coordinator, "--process-id", str(i), "--out", str(outs[i]),
+                                *extra] + (["--pin"] if pin else []),
+        2, timeout_s=timeout_s, env=env, grace_s=30.0, cwd=ROOT)
     assert rcs == [0, 0], f"{mode} workers exited with {rcs}"
     return [json.loads(p.read_text()) for p in outs]
 

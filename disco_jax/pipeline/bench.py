@@ -37,7 +37,6 @@ import argparse
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -451,22 +450,21 @@ def _run(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace) -> None:
     """Starts a multi-process job's processes (after limiting the private loopback)."""
-    from disco_estimator.gloo import free_port, set_loopback_rate, wait_all
+    from disco_estimator.gloo import run_local_job, set_loopback_rate
 
     spec = json.loads(Path(args.spec).read_text())
     setup = SETUPS[spec["setup"]]
     if setup.rate:
         qdisc = set_loopback_rate(setup.rate, args.parent_netns, setup.burst)
         print(f"[{spec['model']} {setup.name}] lo: {qdisc}", file=sys.stderr, flush=True)
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "disco_jax.pipeline.bench", "run",
-                               "--spec", args.spec, "--out", str(Path(args.out_dir) / "p0.json"),
-                               "--coordinator", f"127.0.0.1:{port}",
-                               "--num-processes", str(setup.processes),
-                               "--process-id", str(i)])
-             for i in range(setup.processes)]
-    rcs = wait_all(procs, time.monotonic() + args.timeout,
-                   lambda: any(p.poll() not in (None, 0) for p in procs), grace_s=20.0)
+    rcs = run_local_job(
+        lambda i, coordinator: [sys.executable, "-m", "disco_jax.pipeline.bench", "run",
+                                "--spec", args.spec,
+                                "--out", str(Path(args.out_dir) / "p0.json"),
+                                "--coordinator", coordinator,
+                                "--num-processes", str(setup.processes),
+                                "--process-id", str(i)],
+        setup.processes, timeout_s=args.timeout, grace_s=20.0)
     if any(rcs):
         raise SystemExit(f"bench workers exited with {rcs}")
 
