@@ -81,8 +81,8 @@ def time_program(fn, seconds: float, tag: str) -> dict:
     it); returns ``calls``, ``median_s`` and ``p90_s`` per call.
 
     Every process makes the same number of calls (process 0's count from 5 pilot calls):
-    a deadline read on each process's own clock let one process start a call with a
-    collective that the other never joined, and the job hung (session 20's hangs).
+    with a deadline read on each process's own clock, one process could start a call
+    whose collective the other never joins, and the job would hang.
     """
     import numpy as np
     from jax.experimental import multihost_utils

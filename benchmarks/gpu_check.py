@@ -129,7 +129,7 @@ def _route_checks(step, args, want) -> dict:
     module = hlo_tools.parse(jb.extract(step, *args))
     graph = hlo_tools.device_graph(module)
     space = P.FusionSpace(graph)
-    fused = P.random_moves(space, P.initial_plan(graph), __import__("random").Random(0), 200)
+    fused = hlo_tools.random_plan(module, seed=0, moves=200)
     plans = {"fused_plan": (fused, {"exact": True, "library": True}),
              "bucket_plan": (P.bucket_plan(space, 4 << 20), plan_compile_options(route))}
     out = {"route": route.to_json()}

@@ -379,14 +379,10 @@ class DiscoJitted:
 
         try:
             entry = self._first_call_unguarded(args, kwargs, dyn, lowered)
-        except ActivatorError:
-            raise  # the job itself is broken (a process never came): jax.jit would hang
-        except ValueError as err:
-            if str(err).startswith((FLAG_ENV, BUDGET_ENV, MEMORY_ENV, GLOO_LOOP_ENV)):
-                raise  # the user's setting is malformed: say so, do not guess
-            entry = self._fallback(_failure("DisCo failed on the first call", err), None,
-                                   None)
         except Exception as err:  # noqa: BLE001 - never a traceback out of the user's step
+            if isinstance(err, ActivatorError) or (isinstance(err, ValueError) and str(
+                    err).startswith((FLAG_ENV, BUDGET_ENV, MEMORY_ENV, GLOO_LOOP_ENV))):
+                raise  # the job is broken (jax.jit would hang), or a setting is malformed
             entry = self._fallback(_failure("DisCo failed on the first call", err), None,
                                    None)
         return self._with_fast_path(entry, lowered, kwargs)
@@ -441,9 +437,8 @@ class DiscoJitted:
         try:
             run, dynamic_only = self._build(lookup.entry.enactment, args, kwargs, dyn)
         except Exception as err:  # XLA rejected it, or it does not fit the arguments
-            first = (str(err).strip().splitlines() or [""])[0][:300]
-            return self._fallback(f"the stored plan does not compile here "
-                                  f"({type(err).__name__}: {first})", source_fp, source_fp)
+            return self._fallback(_failure("the stored plan does not compile here", err),
+                                  source_fp, source_fp)
         record = lookup.entry.record
         if st.verification(record) is None:  # first trust: run it next to jax.jit once
             why = self._verify_stored(run, lookup.entry, args, kwargs, dyn)
@@ -492,9 +487,7 @@ class DiscoJitted:
         try:
             ok, worst, detail = self._run_both(run, args, kwargs, dyn)
         except Exception as err:  # noqa: BLE001 - it cannot run here: not trusted
-            first = (str(err).strip().splitlines() or [""])[0][:300]
-            return (f"the stored plan failed when run once to verify it "
-                    f"({type(err).__name__}: {first})")
+            return _failure("the stored plan failed when run once to verify it", err)
         where = (self._record_verdict(entry.key, entry.record, ok, worst, detail)
                  or "refused in the store")
         if ok:
@@ -517,8 +510,7 @@ class DiscoJitted:
         try:
             ok, worst, detail = self._run_both(run, args, kwargs, dyn)
         except Exception as err:  # noqa: BLE001 - it cannot run here: vote no
-            first = (str(err).strip().splitlines() or [""])[0][:200]
-            ok, worst, detail = False, None, f"it failed when run ({type(err).__name__}: {first})"
+            ok, worst, detail = False, None, _failure("it failed when run", err, limit=200)
         all_ok, reason = unanimous(ok, "" if ok else detail, step="vote on the verification")
         if jax.process_index() == 0 and key is not None:
             unrecorded = self._record_verdict(key, record, all_ok, worst, reason or detail)
@@ -686,10 +678,10 @@ class DiscoJitted:
             self._donate_dyn)
 
 
-def _failure(what: str, err: BaseException) -> str:
-    """``what`` and the error in one line (its type and first line, at most 300
+def _failure(what: str, err: BaseException, limit: int = 300) -> str:
+    """``what`` and the error in one line (its type and first line, at most ``limit``
     characters)."""
-    first = (str(err).strip().splitlines() or [""])[0][:300]
+    first = (str(err).strip().splitlines() or [""])[0][:limit]
     return f"{what} ({type(err).__name__}: {first})" if first else \
         f"{what} ({type(err).__name__})"
 

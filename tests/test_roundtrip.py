@@ -55,7 +55,7 @@ RTOL, ATOL = 1e-5, 1e-6
 # (6.8e-5 absolute on the momentum trace; the float64 result agrees with the default
 # compile to 1e-7). Compiling jax's own lowering with exact=True gives the same, bitwise:
 # it is not a round-trip error, which test_execution_round_trip checks. It depends on the
-# CPU: on the AMD EPYC VM of session 3 XLA's exact compile matched jax.jit (1.2e-7).
+# CPU: on an AMD EPYC VM XLA's exact compile matched jax.jit (1.2e-7).
 XLA_EXACT_DEVIATES = {"resnet"}
 
 pytestmark = pytest.mark.skipif(

@@ -269,8 +269,8 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     plan_file = plan_path(out)
     route = _route(args)
     resumed = _load_resume(plan_file, graph) if args.resume else None
-    if resumed is not None and route.name != EXACT and len(resumed.groups()) > _singletons(
-            graph, resumed):
+    if resumed is not None and route.name != EXACT and (
+            resumed.dups or _fusions_and_buckets(graph, resumed)[0]):
         raise UserError(f"{plan_file}: --resume: the plan fuses ops, which "
                         f"{route.platform} cannot compile ({route.reason})")
     costs, in_context = cost_model_in_context(module, args)
@@ -335,11 +335,11 @@ def _route(args: argparse.Namespace) -> Any:
     return route
 
 
-def _singletons(graph: Any, plan: Any) -> int:
-    """How many groups of ``plan`` hold one op, or are AllReduce buckets (what a plan
-    of buckets only has)."""
-    return sum(1 for ms in plan.groups().values()
-               if len(ms) == 1 or graph.opcodes[ms[0]] == "all-reduce")
+def _fusions_and_buckets(graph: Any, plan: Any) -> tuple[int, int]:
+    """How many groups of ``plan`` are fusions of ops, and how many AllReduce buckets."""
+    groups = plan.groups()
+    buckets = sum(1 for ms in groups.values() if graph.opcodes[ms[0]] == "all-reduce")
+    return len(groups) - buckets, buckets
 
 
 def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
@@ -370,8 +370,7 @@ def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> d
     from disco_jax.costs.lower import simulate_plan
     from hlo_tools.plan import initial_plan
 
-    groups = outcome.plan.groups()
-    buckets = sum(1 for ms in groups.values() if graph.opcodes[ms[0]] == "all-reduce")
+    fusions, buckets = _fusions_and_buckets(graph, outcome.plan)
     stats = outcome.stats
     return {
         "file": str(args.file),
@@ -387,7 +386,7 @@ def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> d
                                                          costs).peak_bytes,
                    "budget_bytes": outcome.memory_budget_bytes,
                    "refused": stats.over_budget},
-        "plan": {"fusions": len(groups) - buckets, "buckets": buckets,
+        "plan": {"fusions": fusions, "buckets": buckets,
                  "duplicated_producers": len(outcome.plan.dups)},
         "search": {"seed": outcome.seed, "evaluated": stats.evaluated, "pops": stats.pops,
                    "duplicates": stats.duplicates, "seconds": stats.seconds,

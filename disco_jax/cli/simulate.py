@@ -293,11 +293,8 @@ def cost_model(module: Any, args: argparse.Namespace) -> Any:
 
 
 def _apply_overlap(costs: Any, args: argparse.Namespace) -> None:
-    import dataclasses
-
     if getattr(args, "overlap", None) is not None:
-        costs.constants = dataclasses.replace(costs.constants, overlap=args.overlap,
-                                              source="--overlap")
+        costs.set_overlap(args.overlap, "--overlap")
 
 
 def _setup_mismatch(hardware: Any, platform: str) -> str | None:

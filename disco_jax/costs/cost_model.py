@@ -749,6 +749,12 @@ class CostModel:
         rate = c.mem_s_per_byte if c.copy_s_per_byte is None else c.copy_s_per_byte
         return c.kernel_launch_s + 2.0 * rate * float(nbytes)
 
+    def set_overlap(self, overlap: float, source: str) -> None:
+        """Sets the compute/communication overlap phi over the hardware file's (e.g. a
+        user's ``--overlap``); ``source`` says where it came from in :meth:`describe`."""
+        self.constants = dataclasses.replace(self.constants, overlap=float(overlap),
+                                             source=source)
+
     def set_fused_estimator(self, estimator: FusedOpEstimator) -> None:
         """Swaps in another fused-op estimator (e.g. the GNN) and drops cached costs."""
         self.fused = estimator

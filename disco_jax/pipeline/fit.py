@@ -91,8 +91,7 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         costs.op_times.add_program_profile(measured.one_bucket_profile,
                                            original=measured.one_bucket)
     if overlap is not None:
-        costs.constants = dataclasses.replace(costs.constants, overlap=overlap,
-                                              source="overlap given")
+        costs.set_overlap(overlap, "overlap given")
     if fused is not None:
         costs.set_fused_estimator(fused.bind(costs) if hasattr(fused, "bind") else fused)
     if not calibrate or measured is None:
@@ -240,7 +239,6 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     Returns:
         The calibrated cost model (same op times) and the :class:`Calibration`.
     """
-    import dataclasses
 
     import numpy as np
 
