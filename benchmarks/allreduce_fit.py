@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from disco_estimator.allreduce import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import write_result  # noqa: E402
+from disco_estimator.allreduce import (  # noqa: E402
     FULL_SIZES,
     QUICK_SIZES,
     SETUPS,
@@ -31,7 +34,7 @@ from disco_estimator.allreduce import (
     SetupResult,
     run_setup,
 )
-from disco_estimator.hardware import write_hardware
+from disco_estimator.hardware import write_hardware  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "allreduce_fit.json"
 
@@ -73,15 +76,11 @@ def _print_table(results: list[SetupResult]) -> None:
           "wall time per call (includes ~0.1-0.4 ms launch overhead).")
 
 
-def _write_json(path: Path, results: list[SetupResult], failures: dict[str, str],
-                quick: bool) -> None:
-    data = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
+def _record(results: list[SetupResult], failures: dict[str, str],
+            quick: bool) -> dict:
+    return {"created": datetime.datetime.now().isoformat(timespec="seconds"),
             "quick": quick, "host_cpus": os.cpu_count(),
             "setups": {r.setup.name: r.to_json() for r in results}, "failures": failures}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_config:
             print(f"   wrote {write_hardware(results[-1], args.config_dir)}", flush=True)
     _print_table(results)
-    _write_json(args.out, results, failures, args.quick)
+    write_result(args.out, _record(results, failures, args.quick))
     print(f"\nwrote {args.out}")
     return 1 if failures else 0
 

@@ -25,17 +25,20 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES_FLAG).strip()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from hlo_tools import baselines as bl  # noqa: E402
 from hlo_tools.jax_bridge import CompiledHlo  # noqa: E402
@@ -162,14 +165,6 @@ def _print_table(results: dict[str, dict[str, Any]]) -> None:
                   f"{s['all_reduces']:>11} {s['all_reduced_tensors']:>7}")
 
 
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    """Writes ``record`` to ``path`` atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "size": args.size, "devices": NUM_DEVICES, "repeats": args.repeats,
@@ -199,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
     meta["load_avg_end"] = os.getloadavg()
     _print_table(results)
-    _write_json(args.out, {"meta": meta, "models": results, "failures": failures})
+    write_result(args.out, {"meta": meta, "models": results, "failures": failures})
     print(f"wrote {args.out}")
     return 1 if failures else 0
 

@@ -38,6 +38,9 @@ import numpy as np
 
 from disco_estimator.gnn.evaluate import SMALL_OP_S, breakdown, fallback_time, split_samples
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import write_result  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results" / "estimator_accuracy.json"
 SPEED = Path(__file__).parent / "results" / "gnn_inference_speed.json"
 MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
@@ -185,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     from disco_estimator.hardware import load_hardware
     from disco_estimator.op_bench import backend_fingerprint
     from disco_jax.costs.cost_model import BackendConstants
-    from hlo_tools.dirs import write_atomic
 
     t0 = time.perf_counter()
     path = Path(args.dataset) if args.dataset else dataset_path(backend_fingerprint())
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print_table(report)
     print(f"total {report['seconds']:.0f} s")
-    write_atomic(args.out, json.dumps(report, indent=1, sort_keys=True) + "\n")
+    write_result(args.out, report, sort_keys=True)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -30,7 +30,6 @@ kernels of one execution (:func:`disco_estimator.profiler.op_events` reads GPU t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -44,6 +43,7 @@ from typing import Any
 from benchmarks.estimator_accuracy import MODELS
 from benchmarks.estimator_retest import agreement as _agreement
 from benchmarks.estimator_retest import times_of
+from benchmarks.provenance import write_result
 
 #: Seed of the random plans per zoo size (any fixed choice; both passes use it).
 SEEDS = {"tiny": 0, "small": 1, "medium": 1, "large": 1}
@@ -115,7 +115,7 @@ def run(hlo_dir: Path, out: Path, args: argparse.Namespace) -> int:
         report["stages"][name]["seconds"] = time.monotonic() - t
         print(f"[{time.monotonic() - t0:5.0f} s] {name}: "
               f"{'error' if 'error' in report['stages'][name] else 'done'}", file=sys.stderr)
-        (out / "estimator_gpu.json").write_text(json.dumps(report, indent=1))
+        write_result(out / "estimator_gpu.json", report)
         return report["stages"][name].get("result")
 
     stage("backend", lambda: {"jax": jax.__version__, "backend": jax.default_backend(),

@@ -26,7 +26,6 @@ Writes ``benchmarks/results/estimator_retest.json``. Run from the repository roo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.estimator_accuracy import MODELS
+from benchmarks.provenance import write_result
 from disco_estimator.gnn.evaluate import SMALL_OP_S
 
 RESULTS = Path(__file__).parent / "results" / "estimator_retest.json"
@@ -91,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     from disco_estimator import op_bench
     from disco_estimator.gnn.dataset import dataset_path, generate
     from disco_jax.cli.train_estimator import zoo_modules
-    from hlo_tools.dirs import write_atomic
 
     fingerprint = op_bench.backend_fingerprint(1)
     stored_path = dataset_path(fingerprint)
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for n, t in passes.items() if t},
               "times_s": {n: {f"{k}/{h}": t for (k, h), t in sorted(ts.items())}
                           for n, ts in passes.items()}}
-    write_atomic(args.out, json.dumps(report, indent=1))
+    write_result(args.out, report)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

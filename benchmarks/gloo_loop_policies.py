@@ -93,8 +93,8 @@ def worker(process_id: int, port: int, out: str, policies: list[str]) -> None:
 
 def run(rate: str, parent_netns: str, policies: str) -> int:
     from benchmarks.gloo_loop_probe import run_workers
+    from benchmarks.provenance import write_result
     from disco_estimator.gloo import child_env, set_loopback_rate
-    from hlo_tools.dirs import write_atomic
 
     qdisc = set_loopback_rate(rate, parent_netns, burst="128kb") if rate else ""
     result = run_workers(__file__, [policies], child_env(1, {"NPROC": "2"}), 900)
@@ -106,7 +106,7 @@ def run(rate: str, parent_netns: str, policies: str) -> int:
         print(f"{r['pass']:>4} {r['policy']:7} {r['program']:8} {r['median_s'] * 1e3:>10.2f} "
               f"{r['p90_s'] * 1e3:>8.2f}")
     out = RESULTS / f"gloo_loop_policies_{rate or 'lo'}.json"
-    write_atomic(out, json.dumps(result, indent=1))
+    write_result(out, result)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -155,8 +155,8 @@ def run_workers(script: str, extra: list[str], env: dict, timeout_s: float) -> d
 
 
 def main() -> int:
+    from benchmarks.provenance import write_result
     from disco_estimator.gloo import child_env
-    from hlo_tools.dirs import write_atomic
 
     result = run_workers(__file__, [], child_env(1), 600)
     if result is None:
@@ -165,7 +165,7 @@ def main() -> int:
     for r in result["rows"]:
         print(f"{r['pass']:>4} {r['loop']:11} {r['program']:8} {r['median_s'] * 1e3:>10.2f} "
               f"{r['p90_s'] * 1e3:>8.2f}")
-    write_atomic(OUT, json.dumps(result, indent=1))
+    write_result(OUT, result)
     print(f"wrote {OUT}", file=sys.stderr)
     return 0
 

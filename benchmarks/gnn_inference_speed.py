@@ -28,7 +28,6 @@ Run from the repository root: ``python -m benchmarks.gnn_inference_speed``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -39,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import write_result  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "gnn_inference_speed.json"
 FIXTURE = Path(__file__).parents[1] / "tests" / "fixtures" / "shard_map_mlp.pre.hlo"
@@ -166,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.reps < 1:
         p.error("--n and --reps must be >= 1")
-    from hlo_tools.dirs import write_atomic
 
     random.seed(args.seed)
     r = measure(args.n, args.reps, args.dataset, args.checkpoint, args.seed)
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{x['per_cpu_s']:>11,.0f}")
     ok = r["cold"]["per_s"] >= TARGET_PER_S
     print(f"target {TARGET_PER_S:,}/s (cold, distinct): {'met' if ok else 'NOT met'}")
-    write_atomic(args.out, json.dumps(r, indent=2, sort_keys=True) + "\n")
+    write_result(args.out, r, indent=2, sort_keys=True)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

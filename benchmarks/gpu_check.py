@@ -50,6 +50,7 @@ import numpy as np  # noqa: E402
 
 import disco_jax  # noqa: E402
 import hlo_tools  # noqa: E402
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from disco_jax.jit import DiscoFallbackWarning  # noqa: E402
 from disco_jax.pipeline.candidates import plan_compile_options  # noqa: E402
@@ -296,7 +297,7 @@ def main() -> None:
                 row = {"model": model, "size": size, "error": repr(err)[:500],
                        "traceback": traceback.format_exc()[-3000:]}
             result["rows"].append(row)
-            write_atomic(args.out, json.dumps(result, indent=1))
+            write_result(args.out, result)
             _say(json.dumps({k: row.get(k) for k in ("measured_s", "speedup", "same_as_jax_jit",
                                                      "search_first_call_s", "error")}))
     if args.overhead_calls:
@@ -306,7 +307,7 @@ def main() -> None:
                                                 args.rounds, args.overhead_calls, args.budget)
         except Exception as err:  # noqa: BLE001
             result["overhead"] = {"error": repr(err)[:500]}
-        write_atomic(args.out, json.dumps(result, indent=1))
+        write_result(args.out, result)
     print(f"{'model':12s} {'size':7s} {'xla ms':>9s} {'disco ms':>9s} {'x':>6s} {'same':>5s} "
           f"{'search s':>9s} {'route':>8s}")
     for r in result["rows"]:

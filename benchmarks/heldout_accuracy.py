@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.heldout_steps import STEPS  # noqa: E402
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES  # noqa: E402
 from disco_jax.pipeline.bench import SETUPS, run_job  # noqa: E402
-from hlo_tools.dirs import write_atomic  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"
 
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["errors"], row["repeat"] = errors(row), repeats(row)
                 row["errors_at_start"] = errors(row, "predicted_at_start_s")
         setups = list(dict.fromkeys(row["setup"] for row in rows))
-        write_atomic(args.out, json.dumps({"rows": rows, "summary": summarize(rows, setups),
-                                           "meta": old.get("meta", vars(args))}, indent=1))
+        write_result(args.out, {"rows": rows, "summary": summarize(rows, setups),
+                                "meta": old.get("meta", vars(args))})
         print(f"wrote {args.out}", file=sys.stderr)
         return 0
     rows = []
@@ -172,10 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             row["repeat"] = repeats(row)
             row["wall_s"] = time.perf_counter() - t0
             rows.append(row)
-            write_atomic(args.out, json.dumps({"rows": rows}, indent=1))
+            write_result(args.out, {"rows": rows})
     summary = summarize(rows, args.setups.split(","))
-    write_atomic(args.out, json.dumps({"rows": rows, "summary": summary,
-                                       "meta": vars(args)}, indent=1))
+    write_result(args.out, {"rows": rows, "summary": summary, "meta": vars(args)})
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -19,7 +19,6 @@ wrapper). Prints a table and writes ``benchmarks/results/jit_overhead.json`` ato
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -34,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 import disco_jax  # noqa: E402
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import store as st  # noqa: E402
 from disco_jax.enactment import Enactment, build  # noqa: E402
 from disco_jax.jit import DiscoFallbackWarning  # noqa: E402
 from hlo_tools import baselines as bl  # noqa: E402
-from hlo_tools.dirs import write_atomic  # noqa: E402
 from hlo_tools.jax_bridge import fresh_function, lowered_text  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "jit_overhead.json"
@@ -155,9 +154,8 @@ def main() -> None:
               f"{m['disco_jax.jit'] * 1e3:14.3f}ms{m['compiled'] * 1e3:8.3f}ms"
               f"{m['jax.jit'] * 1e3:7.3f}ms{lc['wrapper_over_compiled']:8.3f}"
               f"{lc['added_us_per_call']:8.1f}us")
-    write_atomic(a.out, json.dumps({"rows": rows, "settings": vars(a),
-                                    "setup": st.Setup.current()._asdict(),
-                                    "host_cpus": os.cpu_count()}, indent=1))
+    write_result(a.out, {"rows": rows, "settings": vars(a),
+                         "setup": st.Setup.current()._asdict(), "host_cpus": os.cpu_count()})
     print(f"\nwrote {a.out}")
 
 

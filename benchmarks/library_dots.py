@@ -24,16 +24,19 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES_FLAG).strip()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import random  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hlo_tools  # noqa: E402
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from hlo_tools import jax_bridge as jb  # noqa: E402
 from hlo_tools import plan as P  # noqa: E402
@@ -131,13 +134,6 @@ def measure_rnnlm_dot(repeats: int, warmup: int, min_sample_s: float) -> dict[st
             "library_fusions": _library_fusions(runs["exact+library"].as_text())}
 
 
-def _write(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="small", help="zoo size (tiny, small)")
@@ -164,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rnnlm backward dot {dot['shape']}: exact {e['median_s']*1e6:.1f} us "
           f"({e['p25_s']*1e6:.1f}-{e['p75_s']*1e6:.1f}), library {lib['median_s']*1e6:.1f} us "
           f"({lib['p25_s']*1e6:.1f}-{lib['p75_s']*1e6:.1f}), speedup {dot['speedup']:.2f}")
-    _write(a.out, {"backend": jb.backend_info(), "rows": rows, "rnnlm_dot": dot,
-                   "repeats": a.repeats, "min_sample_ms": a.min_sample_ms})
+    write_result(a.out, {"backend": jb.backend_info(), "rows": rows, "rnnlm_dot": dot,
+                         "repeats": a.repeats, "min_sample_ms": a.min_sample_ms})
     return 0
 
 

@@ -17,16 +17,18 @@ moves, as ``DISCO_PLAN_BACKEND=python`` selects them); the backend is recorded t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
 import random
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import hlo_tools  # noqa: E402
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from hlo_tools import plan as P  # noqa: E402
 
@@ -126,17 +128,13 @@ def main() -> None:
               f"{r['moves_per_cpu_s']:>9.0f} {r['changed']:>8}")
     print(f"apply_plan + to_text of a 500-move plan: {apply_s * 1e3:.1f} ms "
           f"({len(text.splitlines())} lines)")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "moves_speed.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({
+    write_result(RESULTS / "moves_speed.json", {
         "model": f"{args.model}-{args.size}", "nodes": graph.num_nodes,
         "gradient_allreduces": len(space.allreduces), "repeat": args.repeat,
         "backend": backend,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "load_avg_1min": os.getloadavg()[0], "python": platform.python_version()},
-        "rows": rows, "apply_plan_s": apply_s}, indent=2))
-    os.replace(tmp, out)
+        "rows": rows, "apply_plan_s": apply_s}, indent=2)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ after every model)::
 ``--compare BENCH.json`` (nothing measured) sets these rows beside ``disco bench``'s rows of
 the same size and setup (``disco bench --setups gloo2-1gbit --size medium --staged auto``):
 per model DisCo's measured step in both, and its speed-up over XLA's default (``jax.jit``)
-in both; writes ``benchmarks/results/multiprocess_vs_bench.json``.
+in both; writes ``benchmarks/results/multiprocess_speed_vs_bench.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "multiprocess_speed.json"
 MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
 
@@ -194,20 +195,19 @@ def main() -> None:
                     help="set the rows of --out beside disco bench's rows (measures nothing)")
     args = ap.parse_args()
     if args.compare:
-        from hlo_tools.dirs import write_atomic
+        from benchmarks.provenance import write_result
 
         result = _compare(args.out, args.compare)
-        write_atomic(RESULTS.with_name("multiprocess_vs_bench.json"),
-                     json.dumps(result, indent=1))
+        write_result(RESULTS.with_name("multiprocess_speed_vs_bench.json"), result)
         print(_compare_table(result))
         return None
     if args.mode == "worker":
         return _worker(args)
     if args.mode == "launch":
         return _launch(args)
+    from benchmarks.provenance import write_result
     from disco_estimator.gloo import child_env, run_bounded
     from disco_jax.enactment.staged import POOL_THREADS
-    from hlo_tools.dirs import write_atomic
 
     rows = []
     for model in args.models.split(","):
@@ -221,10 +221,10 @@ def main() -> None:
                          "--parent-netns", os.readlink("/proc/self/ns/net")],
                         child_env(1), args.timeout + 60)
             rows.append(json.loads(out.read_text()))
-        write_atomic(args.out, json.dumps({"rows": rows, "meta": {
+        write_result(args.out, {"rows": rows, "meta": {
             "size": args.size, "time_budget_s": args.time_budget, "rounds": args.rounds,
             "setup": f"2 gloo processes, each pinned to a CPU, NPROC={POOL_THREADS}, tc tbf "
-                     "1gbit burst 128kb"}}, indent=1))
+                     "1gbit burst 128kb"}})
         print(_table(rows), flush=True)
 
 

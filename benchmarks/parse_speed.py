@@ -14,14 +14,16 @@ that ran (``c``: the fast mode's C kernel; ``python``: the pure-Python loop), wh
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import hlo_tools  # noqa: E402
+from benchmarks.provenance import write_result  # noqa: E402
 from hlo_tools.parser import parse_backend  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -98,6 +100,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (best kept)")
     parser.add_argument("--backend", choices=["auto", "c", "python"],
                         help="parser backend (default: $DISCO_PARSE_BACKEND, else auto)")
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS / "parse_speed.json",
+                        help="JSON output (default: %(default)s)")
     args = parser.parse_args()
     if args.backend:
         os.environ["DISCO_PARSE_BACKEND"] = args.backend
@@ -112,12 +116,8 @@ def main() -> None:
               f"{r['parse_s']:>8.4f} {r['print_s']:>8.4f} "
               f"{r['parse_instr_per_s']:>9.0f} {r['parse_cpu_instr_per_s']:>11.0f} "
               f"{r['print_instr_per_s']:>9.0f} {r['print_cpu_instr_per_s']:>11.0f}")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "parse_speed.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rows": rows}, indent=2))
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_result(args.out, {"rows": rows}, indent=2)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ import pathlib
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import write_result  # noqa: E402
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 PROGRAM = r'''
@@ -125,11 +128,8 @@ def main() -> None:
             status = "error: " + proc.stderr.strip().splitlines()[-1][-90:]
         rows.append({"program": args.zoo or "builtin", "pair": label, "status": status})
         print(f"{label:32} {status}", flush=True)
-    RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"cpu_fusion_probe{'_' + args.zoo if args.zoo else ''}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rows": rows}, indent=2))
-    os.replace(tmp, out)
+    write_result(out, {"rows": rows}, indent=2)
 
 
 if __name__ == "__main__":

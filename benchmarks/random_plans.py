@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 import time
 
-from disco_jax.enactment.plan_check import run_isolated
-from disco_jax.zoo import MODELS
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.provenance import write_result  # noqa: E402
+from disco_jax.enactment.plan_check import run_isolated  # noqa: E402
+from disco_jax.zoo import MODELS  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -83,14 +85,11 @@ def main() -> None:
             _print(summaries[-1])
     if args.report:
         out = out.with_name(out.stem + "_so_far.json")
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"plans_per_model": args.plans, "moves": args.moves,
-                               "seconds_this_run": round(time.time() - t0, 1),
-                               "plan_seconds": round(sum(
-                                   r.get("seconds", 0.0) for m in seen.values()
-                                   for r in m.values()), 1),
-                               "log": log.name, "models": summaries}, indent=2))
-    os.replace(tmp, out)
+    write_result(out, {"plans_per_model": args.plans, "moves": args.moves,
+                       "seconds_this_run": round(time.time() - t0, 1),
+                       "plan_seconds": round(sum(r.get("seconds", 0.0) for m in seen.values()
+                                                 for r in m.values()), 1),
+                       "log": log.name, "models": summaries}, indent=2)
     print(f"wrote {out}", file=sys.stderr)
 
 

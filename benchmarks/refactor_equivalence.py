@@ -32,6 +32,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.provenance import write_result  # noqa: E402
+
 WORKER = Path(__file__).with_name("equivalence_worker.py")
 OUT = ROOT / "benchmarks" / "results" / "refactor_equivalence.json"
 
@@ -135,14 +138,10 @@ def main() -> None:
     for key in best["before"]:
         b, a = best["before"][key], best["after"][key]
         print(f"{key:32} {b:>12.0f} {a:>12.0f} {a / b:>13.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"before": args.before, "seeds": args.seeds,
-                               "moves": args.moves, "size": args.size,
-                               "repeats": args.repeats, "comparison": rows,
-                               "throughput_best": best, "throughput_samples": speeds},
-                              indent=2))
-    os.replace(tmp, args.out)
+    write_result(args.out, {"before": args.before, "seeds": args.seeds,
+                            "moves": args.moves, "size": args.size,
+                            "repeats": args.repeats, "comparison": rows,
+                            "throughput_best": best, "throughput_samples": speeds}, indent=2)
 
 
 if __name__ == "__main__":

@@ -14,18 +14,20 @@ writes ``benchmarks/results/roundtrip.json``. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from hlo_tools import HloModule, parse, to_text  # noqa: E402
 from hlo_tools.jax_bridge import compile_hlo, extract, xla_canonical_text  # noqa: E402
@@ -144,15 +146,10 @@ def print_table(rows: list[dict]) -> None:
 
 
 def write_json(rows: list[dict], size: str) -> pathlib.Path:
-    """Writes the rows atomically (tmp file + os.replace) and returns the path."""
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "roundtrip.json"
-    tmp = out.with_suffix(".json.tmp")
+    """Writes the rows atomically (with their provenance) and returns the path."""
     meta = {"size": size, "devices": NUM_DEVICES, "jax": jax.__version__,
             "rtol": RTOL, "atol": ATOL, "parse_print_repeats": REPEATS}
-    tmp.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
-    os.replace(tmp, out)
-    return out
+    return write_result(RESULTS / "roundtrip.json", {**meta, "rows": rows}, indent=2)
 
 
 def main() -> None:

@@ -14,14 +14,17 @@ start plan's time, the search seconds and stop reasons, and writes
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
 import platform
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.provenance import write_result  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -90,12 +93,11 @@ def main() -> None:
     print(f"max gap {summary['max_gap_pct']:.2f}%, longest default search "
           f"{summary['max_default_search_s']:.1f} s")
     out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    write_result(out, {
         "command": "python benchmarks/search_quality.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "seconds": time.time() - t0, "summary": summary, "rows": rows}, indent=2) + "\n")
+        "seconds": time.time() - t0, "summary": summary, "rows": rows}, indent=2)
     print(f"wrote {out}")
 
 

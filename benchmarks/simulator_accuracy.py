@@ -99,6 +99,9 @@ from disco_jax.costs.constants_fit import (
 )
 from hlo_tools import dirs
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import write_result  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 #: The child processes' script, run by path (the repository on ``PYTHONPATH``).
 WORKER = Path(__file__).resolve().with_name("accuracy_worker.py")
@@ -870,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
         result["regimes"][regime] = analyse(raws, args, primary=regime == args.regimes[0])
     result["meta"] = _meta(args, all_raws)
     result["meta"]["total_seconds"] = time.monotonic() - t_start
-    write_json(args.out, result)
+    write_result(args.out, result)
     for regime, res in result["regimes"].items():
         print(f"\n=== regime: {regime} ===")
         print_table(res)

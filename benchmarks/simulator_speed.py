@@ -19,17 +19,20 @@ Run from the repository root: ``python benchmarks/simulator_speed.py [--max-node
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from disco_jax.costs import simulator as sim
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.provenance import write_result  # noqa: E402
+from disco_jax.costs import simulator as sim  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "simulator_speed.json"
 FIXTURE = Path(__file__).parents[1] / "tests" / "fixtures" / "shard_map_mlp.pre.hlo"
@@ -139,10 +142,7 @@ def main() -> None:
         "rows": rows,
         "recost": recost,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_result(RESULTS, record, indent=2)
     print(f"wrote {RESULTS}")
 
 

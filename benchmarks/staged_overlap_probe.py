@@ -103,8 +103,8 @@ def main() -> None:
         return _worker(a)
     if a.mode == "launch":
         return _launch(a)
+    from benchmarks.provenance import write_result
     from disco_estimator.gloo import child_env, run_bounded
-    from hlo_tools.dirs import write_atomic
 
     rows = []
     print(f"{'setting':14s} {'staged':>7s} {'jax.jit':>8s} {'first':>6s} {'comm':>6s} "
@@ -125,7 +125,7 @@ def main() -> None:
               f"{r['bound_s'] * 1e3:6.0f} {(r['staged_s'] - r['bound_s']) * 1e3:+6.0f}  "
               f"{st['together_s'] * 1e3:.0f}/{(st['wait_s'] + st['compute_s']) * 1e3:.0f}",
               flush=True)
-        write_atomic(a.out, json.dumps({"rows": rows, "meta": vars(a)}, indent=1))
+        write_result(a.out, {"rows": rows, "meta": vars(a)})
 
 
 if __name__ == "__main__":

@@ -241,11 +241,11 @@ def quiet_gloo_loops(policy: str = DEFAULT_LOOP_POLICY, attempts: int = 50) -> l
             preempts on wakeup; it runs when the CPU is free or the running thread's
             slice ends. Collectives in flight beside compute keep going: at 1 Gbit/s
             staged rnnlm and bert large keep their 1.27x and 1.32x over hand bucketing
-            (``benchmarks/results/bench_large_1gbit_gloo_loop.json``).
+            (``benchmarks/results/bench_large_1gbit_loop-batch.json``).
         ``"idle"``: the loop runs only when nothing else of the CPU wants to. Quietest,
             but a collective in flight beside compute stalls: at 1 Gbit/s the same
-            models went to 1.00x and 0.99x (``bench_large_1gbit_quiet_gloo.json``), and
-            an exact no-fusion program ran 129 ms against 44 ms.
+            models went to 1.00x and 0.99x (``bench_large_1gbit_loop-asis-vs-idle.json``),
+            and an exact no-fusion program ran 129 ms against 44 ms.
 
     Call it after the backend has started (e.g. after ``jax.devices()``) in a process
     of a gloo job. Returns the loops it moved: an empty list where no loop was found

@@ -221,9 +221,19 @@ def run_bench(args: argparse.Namespace) -> int:
 def _document(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace,
               budget: float) -> dict[str, Any]:
     import platform
+    import subprocess
 
     import jax
 
+    commit = None  # git HEAD when the package runs from a git checkout
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"],
+                                    capture_output=True, text=True,
+                                    timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
     return {"rows": list(rows),
             "meta": {"command": "disco " + " ".join(sys.argv[2:]) if len(sys.argv) > 1
                      else "disco bench", "size": args.size, "time_budget_s": budget,
@@ -231,7 +241,7 @@ def _document(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace,
                      "top_k": args.top_k, "pin_cpus": not args.no_pin,
                      "gloo_loop": args.gloo_loop,
                      **_staged_settings(args), "jax_version": jax.__version__,
-                     "machine": platform.platform(),
+                     "machine": platform.platform(), "commit": commit,
                      "written": time.strftime("%Y-%m-%dT%H:%M:%S")}}
 
 
