@@ -256,7 +256,7 @@ def _union_s(spans: Sequence[tuple[float, float]]) -> float:
 def iteration_stats(events: Sequence[Any], comm: frozenset[str]) -> list[dict[str, float]]:
     """Per iteration (run id, in start order): span, busy compute (union of kernel
     intervals), summed compute and all-reduce durations, kernel and all-reduce counts."""
-    from disco_estimator.profiler import iteration_order
+    from disco_estimator.ops import iteration_order
 
     by_run: dict[str, list[Any]] = {}
     for ev in events:
@@ -289,7 +289,7 @@ def _trace_calls(run: Any, args: Sequence[Any], n: int, coord: Any,
     """Traces ``n`` blocked calls; returns the program's instruction events."""
     import jax
 
-    from disco_estimator.profiler import find_trace_file, module_name, op_events, read_trace_events
+    from disco_estimator.ops import find_trace_file, module_name, op_events, read_trace_events
 
     tmp = tempfile.mkdtemp(prefix="disco_acc_trace_")
     try:
@@ -313,7 +313,7 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
     """Traced iterations of every variant: per-iteration stats, the no-fusion program's
     per-instruction profile (from ``spread``, the iterations traced between the timed
     rounds, when there are any), and (on request) one iteration's events."""
-    from disco_estimator.profiler import iteration_order, summarize
+    from disco_estimator.ops import iteration_order, summarize
 
     out: dict[str, Any] = {"stats": {}}
     n = int(spec["profile_iterations"])
@@ -336,7 +336,7 @@ def _profile(runs: Mapping[str, Any], args: Sequence[Any], spec: Mapping[str, An
 
 
 def _profile_json(prof: Any) -> dict[str, Any]:
-    """A :class:`~disco_estimator.profiler.ProgramProfile` as JSON (device keys as strings)."""
+    """A :class:`~disco_estimator.ops.ProgramProfile` as JSON (device keys as strings)."""
     return {"module": prof.module, "hlo_text": prof.hlo_text, "times_s": prof.times_s,
             "per_device_s": {str(d): v for d, v in prof.per_device_s.items()},
             "samples_s": {str(d): v for d, v in prof.samples_s.items()},

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from disco_estimator.gnn.dataset import DATASET_VERSION, dataset_path, load_samples
     from disco_estimator.hardware import load_hardware
-    from disco_estimator.op_bench import backend_fingerprint
+    from disco_estimator.ops import backend_fingerprint
     from disco_jax.costs.cost_model import BackendConstants
 
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ On jaxlib other than the pinned 0.10.2, XLA cannot compile the dataset's hand-wr
 ``fusion`` from MLIR (jaxlib 0.11.2: ``mhlo.fusion`` does not legalize to StableHLO), so
 there each group is compiled as a ``call`` of its computation with XLA's passes on, and
 XLA:GPU fuses it as it would (:func:`fusion_as_call`); the time is the sum of the
-kernels of one execution (:func:`disco_estimator.profiler.op_events` reads GPU traces).
+kernels of one execution (:func:`disco_estimator.ops.op_events` reads GPU traces).
 """
 
 from __future__ import annotations

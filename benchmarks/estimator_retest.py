@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-    from disco_estimator import op_bench
     from disco_estimator.gnn.dataset import dataset_path, generate
+    from disco_estimator.ops import backend_fingerprint
     from disco_jax.cli.train_estimator import zoo_modules
 
-    fingerprint = op_bench.backend_fingerprint(1)
+    fingerprint = backend_fingerprint(1)
     stored_path = dataset_path(fingerprint)
     stored = times_of(stored_path) if stored_path.is_file() else {}
     modules = zoo_modules(list(MODELS), args.size, args.kinds.split(","))

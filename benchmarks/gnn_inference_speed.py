@@ -63,7 +63,7 @@ def base_subgraphs(dataset: str | None) -> tuple[list[Any], str]:
     """Subgraphs to scale: the dataset's, else the fixture's groups; and where from."""
     from disco_estimator.gnn.dataset import dataset_path, load_samples
     from disco_estimator.gnn.features import subgraph_from_group
-    from disco_estimator.op_bench import backend_fingerprint
+    from disco_estimator.ops import backend_fingerprint
 
     path = Path(dataset) if dataset else dataset_path(backend_fingerprint())
     samples = load_samples(path)

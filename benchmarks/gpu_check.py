@@ -13,7 +13,7 @@ Per zoo model and size (on every local device of the backend):
 * **speed**: XLA's default (``jax.jit``) and the stored program, interleaved rounds;
   ``measured_s`` holds their medians (DisCo must not be slower by more than 2%).
 * **op times** (``--profiles DIR``): the step's ops timed in its no-fusion program here
-  (an :class:`disco_estimator.profiler.OpProfile`), for ``disco bench --predict-only
+  (an :class:`disco_estimator.ops.OpProfile`), for ``disco bench --predict-only
   --profile`` with the shipped GPU hardware files.
 
 Then the wrapper's cost per call on a small step (``examples/train.py``'s MLP): ``jax.jit``
@@ -188,7 +188,7 @@ def check_model(model: str, size: str, budget: float, rounds: int, min_sample_s:
     row["speedup"] = medians["xla_default"] / medians["disco"]
     row["not_slower"] = medians["disco"] <= 1.02 * medians["xla_default"]
     if profiles is not None:
-        from disco_estimator.profiler import profile_ops
+        from disco_estimator.ops import profile_ops
 
         text = jb.extract(jb.fresh_function(step), *args)
         run = jb.compile_hlo(jb.fresh_function(step), args, text, exact=True, library=True)

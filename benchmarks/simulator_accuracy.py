@@ -18,7 +18,7 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    hardware file: single-op times from the in-context profile of the no-fusion program
    (measured in the same job and setup: one traced iteration after each timed round,
    median over rounds, then over processes), then standalone timings
-   (:mod:`disco_estimator.op_bench`, cached) for ops only XLA's plan has (the ops of its
+   (:mod:`disco_estimator.ops.standalone`, cached) for ops only XLA's plan has (the ops of its
    library fusions as the library runs them); plans through
    :func:`disco_jax.costs.lower.sim_graph`, XLA's default from its post-optimization HLO as
    written (:func:`disco_jax.costs.lower.sim_graph_from_module`).
@@ -55,7 +55,7 @@ Run from the repository root (as root: ``unshare -n`` and ``tc``)::
 Traces: ``--trace-model vgg --trace-setup gloo2 --trace-variant xla_default`` (the
 default) also writes ``benchmarks/results/trace_measured_vgg.json`` (one measured
 iteration, from the profiler trace of process 0, via
-:func:`disco_estimator.profiler.measured_chrome_trace`) and
+:func:`disco_estimator.ops.measured_chrome_trace`) and
 ``benchmarks/results/trace_simulated_vgg.json`` (the simulation of the same program with
 the calibrated constants, via :func:`disco_jax.costs.trace.write_trace`): open both in
 https://ui.perfetto.dev (per device: tid 0 compute, tid 1 communication).
@@ -313,7 +313,7 @@ def _plan_from_json(data: Mapping[str, Any]) -> Any:
 
 
 def _program_profile(data: Mapping[str, Any]) -> Any:
-    from disco_estimator.profiler import ProgramProfile
+    from disco_estimator.ops import ProgramProfile
 
     return ProgramProfile(
         data["module"], data["hlo_text"], dict(data["times_s"]),
@@ -364,18 +364,17 @@ def load_measured(raw: Mapping[str, Any]) -> list[Measured]:
 def _missing_ops(module: Any, times: Any) -> list[Any]:
     """Benchable kernel instructions of ``module`` whose op key has no time yet (one
     per key)."""
-    from disco_estimator import op_bench
+    from disco_estimator.ops import benchable_ops
 
-    return [instr for key, (instr, _) in op_bench.benchable_ops(module).items()
+    return [instr for key, (instr, _) in benchable_ops(module).items()
             if key not in times.times]
 
 
 def op_times_for(m: Measured, bench: bool = True) -> Any:
     """Single-op times: the in-context no-fusion profile, then standalone timings
-    (:mod:`disco_estimator.op_bench`, cached) of the ops the profile lacks (both modules; the
-    ops inside XLA's library fusions are timed as the library runs them)."""
-    from disco_estimator import op_bench
-    from disco_jax.costs.cost_model import OpTimes
+    (:mod:`disco_estimator.ops.standalone`, cached) of the ops the profile lacks (both
+    modules; the ops inside XLA's library fusions are timed as the library runs them)."""
+    from disco_estimator.ops import OpTimes, bench_ops
 
     times = OpTimes()
     if m.profile is not None:
@@ -386,8 +385,7 @@ def op_times_for(m: Measured, bench: bool = True) -> Any:
                 continue
             todo = _missing_ops(module, times)
             if todo:
-                times.add_timings(op_bench.bench_ops(module, todo, replicas=1,
-                                                     progress=False))
+                times.add_timings(bench_ops(module, todo, replicas=1, progress=False))
     return times
 
 
@@ -642,7 +640,7 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
                  setup: str) -> list[Path]:
     """``trace_measured_<model>.json`` (process 0's traced iteration) and
     ``trace_simulated_<model>.json`` (the same program simulated with ``c``)."""
-    from disco_estimator.profiler import OpEvent, measured_chrome_trace
+    from disco_estimator.ops import OpEvent, measured_chrome_trace
     from disco_jax.costs.trace import write_trace
 
     trace = raw["processes"][0]["setups"].get(setup, {}).get("trace")

@@ -1,8 +1,11 @@
 """Cost estimation for DisCo: measured per-op times and the linear AllReduce model.
 
-* :mod:`disco_estimator.profiler`: per-instruction times from ``jax.profiler`` traces, op keys
-  (opcode + shapes) so a time measured in one program serves identical ops elsewhere,
-  stored JSON profiles, and an analytic fallback for ops never measured.
+* :mod:`disco_estimator.ops`: op times in one place: op keys (opcode + shapes) so a time
+  measured in one program serves identical ops elsewhere (``ops.keys``), per-instruction
+  times from ``jax.profiler`` traces (``ops.trace``), every unique single op of a module
+  timed standalone (``ops.standalone``) and cached on disk per backend fingerprint
+  (``ops.cache``), and the op-time table with stored JSON profiles and an analytic
+  fallback for ops never measured (``ops.table``).
 * :mod:`disco_estimator.allreduce`: ``T(bytes) = C * bytes + D`` fitted on psum
   microbenchmarks.
 * :mod:`disco_estimator.hardware`: hardware files (the AllReduce model and the backend's cost
@@ -12,8 +15,6 @@
   compute/communication overlap.
 * :mod:`disco_estimator.gloo`: processes and the (emulated) network of gloo jobs.
 * :mod:`disco_estimator.interface`: the fused-op estimator protocols and the fallback rule.
-* :mod:`disco_estimator.op_bench`: every unique single op of a module timed standalone
-  (a tiny module per op), cached on disk per backend fingerprint.
 
 Importing this package does not import jax (workers set device flags before that).
 """
@@ -45,29 +46,27 @@ from disco_estimator.interface import (
     NodeCosts,
     fallback_fused_time,
 )
-from disco_estimator.op_bench import (
-    OpTimeCache,
-    OpTiming,
-    backend_fingerprint,
-    bench_module,
-    bench_ops,
-)
-from disco_estimator.probes import ProbeResult, measure_probes
-from disco_estimator.profiler import (
+from disco_estimator.ops import (
     OP_CLASSES,
     OpCostModel,
     OpEstimate,
     OpInfo,
     OpKey,
     OpProfile,
+    OpTimeCache,
+    OpTiming,
     ProgramProfile,
     analyze_module,
+    backend_fingerprint,
+    bench_module,
+    bench_ops,
     build_op_profile,
     describe_instruction,
     map_to_original,
     profile_ops,
     profile_program,
 )
+from disco_estimator.probes import ProbeResult, measure_probes
 
 __all__ = [
     "OP_CLASSES",

@@ -1,4 +1,4 @@
-"""Child process of :class:`disco_estimator.op_bench.PinnedTimer`:
+"""Child process of :class:`disco_estimator.ops.standalone.PinnedTimer`:
 ``python -m disco_estimator._timing_worker``.
 
 Pins itself to one CPU (``--cpu``: an index into the CPUs it may use) *before* jax
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from disco_estimator.gloo import pin_to_own_cpu
 
     pin_to_own_cpu(args.cpu)  # before jax starts: XLA's threads inherit it
-    from disco_estimator.op_bench import TimingJob, run_jobs
+    from disco_estimator.ops.standalone import TimingJob, run_jobs
 
     out = sys.stdout
     sys.stdout = sys.stderr  # anything else printed must not corrupt the replies

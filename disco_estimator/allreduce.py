@@ -5,7 +5,7 @@ array of ``bytes`` bytes *per device* (the size the ``all-reduce`` instruction h
 per-device HLO). Two times are taken per call:
 
 * ``op``: the all-reduce instruction's own duration from a profiler trace (see
-  :mod:`disco_estimator.profiler`). An all-reduce event lasts until every participant has
+  :mod:`disco_estimator.ops.trace`). An all-reduce event lasts until every participant has
   arrived, so each participant's duration includes waiting for the late ones; per
   iteration the *minimum* over participants (the last to arrive) is the collective's cost,
   and the model is fitted on the median over iterations. This is the time the simulator
@@ -306,7 +306,7 @@ class _Case:
 
 def _make_case(mesh: Any, nbytes: int, quick: bool) -> _Case:
     import hlo_tools
-    from disco_estimator.profiler import module_name
+    from disco_estimator.ops import module_name
 
     n = max(1, nbytes // 4)
     x = _global_input(mesh, n)
@@ -329,7 +329,7 @@ def _call(case: _Case) -> float:
 
 def _op_times(case: _Case, events: Sequence[Any]) -> list[float]:
     """Per iteration, the all-reduce time of the participant that waited least."""
-    from disco_estimator.profiler import op_events, per_device_samples
+    from disco_estimator.ops import op_events, per_device_samples
 
     evs = [e for e in op_events(events, case.module) if e.name in case.ar_names]
     per_dev = per_device_samples(evs)
@@ -357,7 +357,7 @@ def measure_psum(sizes: Sequence[int], quick: bool = False, warmup: int = 2,
     import jax
     from jax.sharding import Mesh
 
-    from disco_estimator.profiler import find_trace_file, read_trace_events
+    from disco_estimator.ops import find_trace_file, read_trace_events
 
     mesh = Mesh(np.array(jax.devices()), ("d",))
     cases = [_make_case(mesh, b, quick) for b in sizes]

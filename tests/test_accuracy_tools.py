@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_estimator import op_bench as ob
 from disco_estimator.hardware import load_hardware, shipped_hardware_dir
-from disco_estimator.profiler import OpEvent, measured_chrome_trace
+from disco_estimator.ops import OpEvent, OpTimes, measured_chrome_trace, module_view, op_key
 from disco_jax.costs import constants_fit as CAL
-from disco_jax.costs.cost_model import BackendConstants, OpTimes
+from disco_jax.costs.cost_model import BackendConstants
 from disco_jax.costs.simulator import SimGraph, simulate
 from disco_jax.costs.trace import to_chrome_trace
 from hlo_tools import plan as P
@@ -176,10 +175,10 @@ def _op_times(*texts: str) -> OpTimes:
     times = OpTimes()
     for text in texts:
         module = hlo_tools.parse(text)
-        view = ob.module_view(module)
+        view = module_view(module)
         for _, instr in module.instructions():
             if instr.name in TIMES:
-                times.add(ob.op_key(view, instr).encode(), TIMES[instr.name], "test")
+                times.add(op_key(view, instr).encode(), TIMES[instr.name], "test")
     return times
 
 

@@ -6,8 +6,8 @@
 * jax internals (``jax._src``, ``jaxlib`` beyond its version) only in
   ``hlo_tools/jax_bridge/internals.py``.
 * No private name (``_x``) of one package is used by another, neither imported
-  (``from disco_estimator.profiler import _summarize``) nor reached through a module alias
-  (``pr._summarize``).
+  (``from disco_estimator.ops.standalone import _summarize``) nor reached through a module
+  alias (``standalone._summarize``).
 """
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ def test_disco_bench_gloo_loop_idle_runs_the_gloo_loops_idle(tmp_path):
 def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
     """The predicted table of a GPU hardware file, its ops priced at times measured
     elsewhere (``--op-times``: here a profile of this CPU stands in for a GPU's)."""
-    from disco_estimator.profiler import profile_ops
+    from disco_estimator.ops import profile_ops
     from hlo_tools.jax_bridge import compile_hlo, extract, fresh_function
 
     step, args = zoo.get("vgg")(4, "tiny")

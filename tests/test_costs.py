@@ -1,6 +1,6 @@
 """Tests of the cost model (disco_jax.costs.cost_model), plans to SimGraphs (disco_jax.costs.lower),
-the fallback fused-op rule (disco_estimator.interface), disco_estimator.op_bench and
-jax_bridge.compile_standalone."""
+the fallback fused-op rule (disco_estimator.interface), disco_estimator.ops (keys,
+standalone timing, the op-time table) and jax_bridge.compile_standalone."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_estimator import op_bench as ob
+from disco_estimator import ops
 from disco_estimator.hardware import load_hardware, shipped_hardware_dir
 from disco_estimator.interface import (
     BatchedFusedOpEstimator,
@@ -25,7 +25,6 @@ from disco_estimator.interface import (
     fallback_fused_time,
 )
 from disco_jax.costs import cost_model as C
-from disco_jax.costs.cost_model import _wrapped_key
 from disco_jax.costs.lower import sim_graph, sim_graph_from_module
 from disco_jax.costs.simulator import check_graph, simulate
 from hlo_tools import plan as P
@@ -68,11 +67,11 @@ def _model(text: str, times: dict[str, float], constants: C.BackendConstants = E
            ) -> tuple[C.CostModel, hlo_tools.HloModule]:
     """A cost model whose op times are ``times`` (instruction name -> seconds)."""
     module = hlo_tools.parse(text)
-    view = ob.module_view(module)
-    op_times = C.OpTimes()
+    view = ops.module_view(module)
+    op_times = ops.OpTimes()
     for _, instr in module.instructions():
         if instr.name in times:
-            assert op_times.add(ob.op_key(view, instr).encode(), times[instr.name], "test")
+            assert op_times.add(ops.op_key(view, instr).encode(), times[instr.name], "test")
     return C.CostModel("inproc4", op_times=op_times, constants=constants), module
 
 
@@ -443,7 +442,7 @@ def test_fused_scale_from_hardware_and_its_range(tmp_path) -> None:
 
 def test_bucket_copies_are_priced_at_the_rate_profiled_in_context(tmp_path) -> None:
     """The one-bucket program's concatenate and slices, at their profiled times, give
-    the copies' seconds per byte (launch taken out; op_bench times do not count); plans'
+    the copies' seconds per byte (launch taken out; standalone times do not count); plans'
     buckets are then priced at it, and a hardware file may set it."""
     from disco_jax.pipeline import fit as enact
 
@@ -457,12 +456,12 @@ def test_bucket_copies_are_priced_at_the_rate_profiled_in_context(tmp_path) -> N
     bucket = next(i for i in device_graph(one).computation.instructions
                   if i.opcode == "all-reduce")
     assert bucket.operands == [copies[0].name], one
-    view = ob.module_view(one)
-    times = C.OpTimes()
+    view = ops.module_view(one)
+    times = ops.OpTimes()
     # 1280 + 1024 bytes, read and written once: 2 * 2304 bytes in 9.216e-8 s of copying
     for instr, extra in zip(copies[:2], (5.12e-8, 4.096e-8)):
-        assert times.add(ob.op_key(view, instr).encode(), L + extra, "profile")
-    assert times.add(ob.op_key(view, copies[2]).encode(), 1.0, "op_bench")  # not counted
+        assert times.add(ops.op_key(view, instr).encode(), L + extra, "profile")
+    assert times.add(ops.op_key(view, copies[2]).encode(), 1.0, "op_bench")  # not counted
     costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
     rate = enact.bucket_copy_rate(costs, one)
     assert rate == pytest.approx(2e-11)
@@ -523,13 +522,13 @@ def test_op_keys_ignore_names_layouts_and_metadata() -> None:
     b = hlo_tools.parse(CHAIN.replace("a = f32[256] add(p0, p1)",
                                       'q = f32[256]{0} add(p0, p1), metadata={op_name="x"}')
                         .replace("(a, a)", "(q, q)").replace("(c, a)", "(c, q)"))
-    ka = ob.op_key(ob.module_view(a), a.entry.instruction("a"))
-    kb = ob.op_key(ob.module_view(b), b.entry.instruction("q"))
+    ka = ops.op_key(ops.module_view(a), a.entry.instruction("a"))
+    kb = ops.op_key(ops.module_view(b), b.entry.instruction("q"))
     assert ka == kb and ka.encode() == "add|f32[256];f32[256]|f32[256]|f32|"
-    assert ob.op_status(a.entry.instruction("p0"))[0] == "free"
-    assert ob.op_status(a.entry.instruction("c"))[0] == "bench"
+    assert ops.op_status(a.entry.instruction("p0"))[0] == "free"
+    assert ops.op_status(a.entry.instruction("c"))[0] == "bench"
     grads = hlo_tools.parse(GRADS)
-    assert ob.op_status(grads.entry.instruction("r1"))[0] == "skip"
+    assert ops.op_status(grads.entry.instruction("r1"))[0] == "skip"
 
 
 def test_standalone_op_has_valid_index_operands() -> None:
@@ -547,13 +546,13 @@ ENTRY e {{
 }}
 """
     module = hlo_tools.parse(text)
-    gather = ob.standalone_op(module, module.entry.instruction("rows"))
+    gather = ops.standalone_op(module, module.entry.instruction("rows"))
     assert [s.index_high for s in gather.inputs] == [0, 50]
-    (ids,) = [x for x in ob.random_inputs(gather) if x.dtype == np.int32]
+    (ids,) = [x for x in ops.random_inputs(gather) if x.dtype == np.int32]
     assert ids.min() >= 0 and ids.max() < 50
-    part = ob.standalone_op(module, module.entry.instruction("part"))
+    part = ops.standalone_op(module, module.entry.instruction("part"))
     assert [s.index_high for s in part.inputs] == [0, 47, 1]  # the constant start stays a param
-    assert part.key == ob.op_key(ob.module_view(module), module.entry.instruction("part"))
+    assert part.key == ops.op_key(ops.module_view(module), module.entry.instruction("part"))
     hlo_tools.parse(part.hlo_text)  # our own parser accepts it
 
 
@@ -599,54 +598,54 @@ def test_wrapped_key_matches_xla_fusion_wrapper() -> None:
 
     module = hlo_tools.parse(CHAIN)
     compiled = hlo_tools.parse(jax_bridge.compile_standalone(CHAIN).as_text())
-    view = ob.module_view(compiled)
-    wrapped = {ob.op_key(view, i).encode() for i in compiled.entry.instructions
+    view = ops.module_view(compiled)
+    wrapped = {ops.op_key(view, i).encode() for i in compiled.entry.instructions
                if i.opcode == "fusion"}
-    mine = ob.module_view(module)
+    mine = ops.module_view(module)
     for name in ("a", "b", "c", "d"):
-        assert _wrapped_key(mine, module.entry.instruction(name)) in wrapped, name
+        assert ops.table._wrapped_key(mine, module.entry.instruction(name)) in wrapped, name
 
 
-def test_op_bench_times_and_caches(tmp_path, monkeypatch) -> None:
+def test_standalone_times_and_caches(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
     module = hlo_tools.parse(GRADS)
-    timings = ob.bench_ops(module, repeats=5, warmup=1, progress=False)
-    view = ob.module_view(module)
-    want = {ob.op_key(view, view.instr[n]).encode() for n in ("g1", "g2", "u1", "u2")}
+    timings = ops.bench_ops(module, repeats=5, warmup=1, progress=False)
+    view = ops.module_view(module)
+    want = {ops.op_key(view, view.instr[n]).encode() for n in ("g1", "g2", "u1", "u2")}
     assert set(timings) == want
     assert all(t.ok and t.time_s > 0 and t.samples == 5 for t in timings.values())
     files = list((tmp_path / "ops").glob("*.json"))
     assert len(files) == 1 and not list((tmp_path / "ops").glob("*.tmp"))
     data = json.loads(files[0].read_text())
-    assert data["fingerprint"] == ob.backend_fingerprint(1) and set(data["ops"]) == want
+    assert data["fingerprint"] == ops.backend_fingerprint(1) and set(data["ops"]) == want
 
     def boom(*args, **kwargs):
         raise AssertionError("cached ops must not be timed again")
 
-    monkeypatch.setattr(ob, "_measure_chunk", boom)
-    assert ob.bench_ops(module, progress=False) == timings
-    cache = ob.OpTimeCache.for_backend(1)
+    monkeypatch.setattr(ops.standalone, "_measure_chunk", boom)
+    assert ops.bench_ops(module, progress=False) == timings
+    cache = ops.OpTimeCache.for_backend(1)
     assert {k: cache.get(k) for k in want} == timings
-    other = ob.OpTimeCache({**ob.backend_fingerprint(1), "cpu_count": -1})
+    other = ops.OpTimeCache({**ops.backend_fingerprint(1), "cpu_count": -1})
     assert len(other) == 0 and other.path != cache.path  # another machine, another file
     files[0].write_text("{not json")
-    assert len(ob.OpTimeCache.for_backend(1)) == 0  # corrupt file reads as empty
-    failed = ob.OpTiming(math.nan, math.nan, math.nan, 0, "other", 4, 0.0, "boom")
+    assert len(ops.OpTimeCache.for_backend(1)) == 0  # corrupt file reads as empty
+    failed = ops.OpTiming(math.nan, math.nan, math.nan, 0, "other", 4, 0.0, "boom")
     cache.update({"k": failed})
     cache.save()
-    assert ob.OpTimeCache.for_backend(1).get("k") == ob.OpTiming.from_json(failed.to_json())
+    assert ops.OpTimeCache.for_backend(1).get("k") == ops.OpTiming.from_json(failed.to_json())
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity")
 def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
-    assert ob.pinned_timing(replicas=4) is False  # devices sharing the cores: in place
-    assert ob.pinned_timing() is True
+    assert ops.pinned_timing(replicas=4) is False  # devices sharing the cores: in place
+    assert ops.pinned_timing() is True
     module = hlo_tools.parse(GRADS)
-    view = ob.module_view(module)
-    op = ob.standalone_op(module, view.instr["g1"], view)
-    job = ob.TimingJob(op.module_name, op.hlo_text, op.inputs, seed=3)
-    bad = ob.TimingJob("bad", "HloModule bad\nENTRY e { ROOT x = f32[] nonsense() }", ())
-    with ob.PinnedTimer(repeats=4, warmup=1) as clock:
+    view = ops.module_view(module)
+    op = ops.standalone_op(module, view.instr["g1"], view)
+    job = ops.TimingJob(op.module_name, op.hlo_text, op.inputs, seed=3)
+    bad = ops.TimingJob("bad", "HloModule bad\nENTRY e { ROOT x = f32[] nonsense() }", ())
+    with ops.PinnedTimer(repeats=4, warmup=1) as clock:
         samples, errors = clock.run([job, bad])
         assert len(clock.child_cpus) == 1
         assert set(clock.child_cpus) <= os.sched_getaffinity(0)
@@ -660,7 +659,7 @@ def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
         assert not errors and len(samples[op.module_name]) == 4
         # a child that dies (here: on a request it cannot read) fails its batch with the
         # error it wrote on stderr; the next batch starts a new child
-        broken = ob.TimingJob("broken", op.hlo_text, (ob.InputSpec("not a shape"),))
+        broken = ops.TimingJob("broken", op.hlo_text, (ops.InputSpec("not a shape"),))
         samples, errors = clock.run([broken])
         assert not samples and errors["broken"].startswith("pinned timing process exited")
         assert "HloParseError" in errors["broken"], errors
@@ -670,12 +669,12 @@ def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
 def test_pinned_and_in_place_timings_are_cached_apart(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
     module = hlo_tools.parse(GRADS)
-    pinned = ob.bench_ops(module, repeats=3, warmup=1, progress=False, pinned=True)
+    pinned = ops.bench_ops(module, repeats=3, warmup=1, progress=False, pinned=True)
     assert pinned and all(t.ok and t.time_s > 0 for t in pinned.values())
-    assert set(ob.OpTimeCache.for_backend(1, pinned=True).entries) == set(pinned)
-    assert len(ob.OpTimeCache.for_backend(1)) == 0  # the program's regime: not timed yet
-    fingerprint = ob.backend_fingerprint(1, pinned=True)
-    assert fingerprint.pop("pinned") is True and fingerprint == ob.backend_fingerprint(1)
+    assert set(ops.OpTimeCache.for_backend(1, pinned=True).entries) == set(pinned)
+    assert len(ops.OpTimeCache.for_backend(1)) == 0  # the program's regime: not timed yet
+    fingerprint = ops.backend_fingerprint(1, pinned=True)
+    assert fingerprint.pop("pinned") is True and fingerprint == ops.backend_fingerprint(1)
 
 
 def test_cost_model_for_module_uses_measured_times(tmp_path, monkeypatch) -> None:
@@ -693,7 +692,6 @@ def test_profiles_give_in_context_times() -> None:
     import jax
     import jax.numpy as jnp
 
-    from disco_estimator import profiler as pr
     from hlo_tools import jax_bridge
 
     def f(x, w, b):
@@ -705,22 +703,22 @@ def test_profiles_give_in_context_times() -> None:
     text = jax_bridge.extract(jax.jit(f), *args)
     module = hlo_tools.parse(text)
     compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True)
-    prof = pr.profile_program(compiled, *args, iterations=3, warmup=1)
-    view = ob.module_view(module)
-    ops = [i for i in module.entry.instructions if ob.op_status(i)[0] == "bench"]
-    assert {i.opcode for i in ops} >= {"dot", "tanh", "multiply", "reduce", "add"}
-    by_name = C.OpTimes()
+    prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
+    view = ops.module_view(module)
+    benched = [i for i in module.entry.instructions if ops.op_status(i)[0] == "bench"]
+    assert {i.opcode for i in benched} >= {"dot", "tanh", "multiply", "reduce", "add"}
+    by_name = ops.OpTimes()
     assert by_name.add_program_profile(prof, original=module) > 0
-    stored = C.OpTimes()
-    stored.add_op_profile(pr.build_op_profile(prof))
-    for instr in ops:
+    stored = ops.OpTimes()
+    stored.add_op_profile(ops.build_op_profile(prof))
+    for instr in benched:
         est = by_name.estimate(view, instr)
         assert not est.estimated and est.source == "profile" and est.time_s > 0, instr
         # XLA:CPU runs this reduce as a reduce-window plus a reduce: no key can match it
         if instr.opcode != "reduce":
             est = stored.estimate(view, instr)
             assert not est.estimated and est.source == "profile" and est.time_s > 0, instr
-    reduce = next(i for i in ops if i.opcode == "reduce")
+    reduce = next(i for i in benched if i.opcode == "reduce")
     split = [n for n in prof.times_s if "reduce" in n]
     assert len(split) == 2  # both kernels of the split reduce count for it
     assert by_name.estimate(view, reduce).time_s == pytest.approx(
@@ -798,27 +796,27 @@ ENTRY %e (p0: f32[8,512], p1: f32[128,512]) -> (f32[8,128], f32[8,128]) {
 
 def test_ops_in_library_fusions_cost_their_library_time() -> None:
     module = hlo_tools.parse(LIBRARY)
-    view = ob.module_view(module)
+    view = ops.module_view(module)
     dot = module.computation("lib_body").root
-    plain = ob.op_key(view, dot)
-    assert ob.timing_key(view, dot, library=True) == ob.library_key(plain).encode()
-    assert ob.library_key(plain).opcode == "dot@library"
+    plain = ops.op_key(view, dot)
+    assert ops.timing_key(view, dot, library=True) == ops.library_key(plain).encode()
+    assert ops.library_key(plain).opcode == "dot@library"
     assert {i.name for _, i in module.instructions()
-            if id(i) in ob.library_instructions(module)} == {"a", "b", "d"}
-    times = C.OpTimes()
+            if id(i) in ops.library_instructions(module)} == {"a", "b", "d"}
+    times = ops.OpTimes()
     times.add(plain.encode(), 200e-6, "profile")
     costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
     sg = sim_graph_from_module(module, costs)
     dur = dict(zip(sg.names, sg.duration_s))
     assert dur["ynn"] == dur["loop"] == pytest.approx(200e-6)  # no library time: as unwrapped
-    times.add(ob.library_key(plain).encode(), 20e-6, "op_bench")
+    times.add(ops.library_key(plain).encode(), 20e-6, "op_bench")
     costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
     sg = sim_graph_from_module(module, costs)
     dur = dict(zip(sg.names, sg.duration_s))
     assert dur["ynn"] == pytest.approx(20e-6) and dur["loop"] == pytest.approx(200e-6)
 
 
-def test_op_bench_times_library_ops_as_the_library_runs_them(tmp_path, monkeypatch) -> None:
+def test_standalone_times_library_ops_as_the_library_runs_them(tmp_path, monkeypatch) -> None:
     from hlo_tools import jax_bridge
 
     assert "dot-library-rewriter" in jax_bridge.exact_compiler_options("cpu")[
@@ -827,16 +825,16 @@ def test_op_bench_times_library_ops_as_the_library_runs_them(tmp_path, monkeypat
         "cpu", library=True)["xla_disable_hlo_passes"].split(",")
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path))
     module = hlo_tools.parse(LIBRARY)
-    view = ob.module_view(module)
-    timings = ob.bench_ops(module, repeats=3, warmup=1, progress=False)
-    plain = ob.op_key(view, module.computation("lib_body").root)
-    assert set(timings) == {plain.encode(), ob.library_key(plain).encode()}
+    view = ops.module_view(module)
+    timings = ops.bench_ops(module, repeats=3, warmup=1, progress=False)
+    plain = ops.op_key(view, module.computation("lib_body").root)
+    assert set(timings) == {plain.encode(), ops.library_key(plain).encode()}
     assert all(t.ok and t.time_s > 0 for t in timings.values())
-    lib = ob.standalone_op(module, module.computation("lib_body").root, view, library=True)
+    lib = ops.standalone_op(module, module.computation("lib_body").root, view, library=True)
     exe = jax_bridge.compile_standalone(lib.hlo_text, exact=True, library=True)
     plain_exe = jax_bridge.compile_standalone(lib.hlo_text, exact=True)
     assert "kind=kCustom" in exe.as_text() and "kind=kCustom" not in plain_exe.as_text()
-    a, b = ob.random_inputs(lib, seed=1)
+    a, b = ops.random_inputs(lib, seed=1)
     np.testing.assert_allclose(exe(a, b)[0], a @ b.T, rtol=1e-4, atol=1e-4)
 
 
@@ -848,7 +846,6 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     import jax
     import jax.numpy as jnp
 
-    from disco_estimator import profiler as pr
     from hlo_tools import jax_bridge
 
     @jax.jit
@@ -867,16 +864,16 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     body = module.computation(calls[0].called_computations[0])
     mul = next(i for i in body.instructions if i.opcode == "multiply")
     compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True)
-    prof = pr.profile_program(compiled, *args, iterations=3, warmup=1)
+    prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
     kernels = hlo_tools.parse(prof.hlo_text)
     sites = {}
     for instr in kernels.entry.instructions:
         if instr.name in prof.times_s and (instr.op_name or "").endswith("/" + mul.name):
             sites[instr.op_name] = prof.times_s[instr.name]
     assert len(sites) == 3, (sites, prof.hlo_text)
-    times = C.OpTimes()
+    times = ops.OpTimes()
     times.add_program_profile(prof, original=module)
-    view = ob.module_view(module)
+    view = ops.module_view(module)
     est = times.estimate(view, mul)
     assert est.source == "profile" and est.time_s == pytest.approx(
         float(np.median(list(sites.values())))), (est, sites)
@@ -885,7 +882,7 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     kernel = next(i for i in kernels.entry.instructions if i.opcode == "dot")
     assert kernel.op_name == transpose.name, prof.hlo_text  # XLA folded it
     assert times.estimate(view, dot).time_s == pytest.approx(prof.times_s[kernel.name])
-    assert times.estimate(view, transpose) == pr.OpEstimate(0.0, False, "profile")
+    assert times.estimate(view, transpose) == ops.OpEstimate(0.0, False, "profile")
 
 
 def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
@@ -895,7 +892,6 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     import jax
     import jax.numpy as jnp
 
-    from disco_estimator import profiler as pr
     from hlo_tools import jax_bridge
 
     def f(x, w):
@@ -905,13 +901,13 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     text = jax_bridge.extract(jax.jit(f), *args)
     module = hlo_tools.parse(text)
     compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True, library=True)
-    prof = pr.profile_program(compiled, *args, iterations=3, warmup=1)
+    prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
     kernels = hlo_tools.parse(prof.hlo_text)
-    on_library = [i for i in kernels.entry.instructions if ob.is_library_fusion(i)]
+    on_library = [i for i in kernels.entry.instructions if ops.is_library_fusion(i)]
     assert len(on_library) == 1, prof.hlo_text
-    times = C.OpTimes()
+    times = ops.OpTimes()
     times.add_program_profile(prof, original=module)
-    view = ob.module_view(module)
+    view = ops.module_view(module)
     dot = next(i for i in module.entry.instructions if i.opcode == "dot")
     want = prof.times_s[on_library[0].name]
     for library in (False, True):

@@ -187,7 +187,7 @@ def test_model_output_is_the_base_plus_a_correction(setup) -> None:
 
 def test_dataset_node_arrays_match_the_cost_model(setup) -> None:
     from disco_estimator.gnn import dataset as D
-    from disco_estimator.op_bench import op_status
+    from disco_estimator.ops import op_status
 
     graph, costs, groups, subs, _ = setup
     ref = costs.node_costs(graph)
@@ -227,6 +227,6 @@ def test_dataset_generation_times_fused_modules_and_resumes(tmp_path, monkeypatc
 
 
 def ob_inputs(specs):
-    from disco_estimator.op_bench import random_inputs
+    from disco_estimator.ops import random_inputs
 
     return random_inputs(specs, seed=0)

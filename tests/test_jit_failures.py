@@ -74,7 +74,7 @@ def _raising_candidates(real):
 @pytest.mark.parametrize("stage, target, replace, words", [
     ("compile error", "disco_jax.pipeline.candidates.plan_compile_options", _bad_plan_options,
      "HloCompileError"),
-    ("profiler error", "disco_estimator.profiler.profile_program",
+    ("profiler error", "disco_estimator.ops.trace.profile_program",
      lambda _: _raise("injected: the profiler failed"), "the profiler failed"),
     ("a candidate that raises", "hlo_tools.baselines.bucketed_candidates",
      _raising_candidates, "the candidate failed"),

@@ -69,7 +69,7 @@ def test_plan_library_options():
     assert set(disabled) == set(exact) - {"dot-library-rewriter"}
     assert options["xla_cpu_experimental_ynn_fusion_type"] == (
         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION")
-    # op_bench's library timing keeps the library's default choice of ops
+    # standalone library timing (disco_estimator.ops) keeps the library's default choice of ops
     assert "xla_cpu_experimental_ynn_fusion_type" not in jb.exact_compiler_options(
         "cpu", library=True)
 

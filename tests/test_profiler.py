@@ -1,4 +1,4 @@
-"""Tests of disco_estimator.profiler: trace reading, op keys, stored profiles, fallback model."""
+"""Tests of disco_estimator.ops: trace intake, op keys, stored profiles, fallback model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import hlo_tools
-from disco_estimator import profiler as pr
+from disco_estimator import ops
 
 # Opcodes that never run as a thunk of their own on XLA:CPU.
 _NO_EVENT = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
@@ -33,12 +33,12 @@ def _program() -> tuple[object, tuple[jax.Array, jax.Array]]:
 
 
 @pytest.fixture(scope="module")
-def profile() -> pr.ProgramProfile:
+def profile() -> ops.ProgramProfile:
     fn, args = _program()
-    return pr.profile_program(fn, *args, iterations=4, warmup=1)
+    return ops.profile_program(fn, *args, iterations=4, warmup=1)
 
 
-def test_every_executed_instruction_has_a_positive_time(profile: pr.ProgramProfile) -> None:
+def test_every_executed_instruction_has_a_positive_time(profile: ops.ProgramProfile) -> None:
     module = hlo_tools.parse(profile.hlo_text)
     entry = [i for i in module.entry.instructions if i.opcode not in _NO_EVENT]
     assert entry, "the compiled entry should run some instructions"
@@ -53,8 +53,8 @@ def test_every_executed_instruction_has_a_positive_time(profile: pr.ProgramProfi
         assert all(len(s) == 4 for s in dev.values())
 
 
-def test_op_profile_keys_and_json_round_trip(profile: pr.ProgramProfile, tmp_path) -> None:
-    op = pr.build_op_profile(profile)
+def test_op_profile_keys_and_json_round_trip(profile: ops.ProgramProfile, tmp_path) -> None:
+    op = ops.build_op_profile(profile)
     assert op.records and op.module == profile.module
     for name, rec in op.instructions.items():
         assert rec["time_s"] > 0 and rec["key"] in op.records, name
@@ -62,11 +62,11 @@ def test_op_profile_keys_and_json_round_trip(profile: pr.ProgramProfile, tmp_pat
     path = tmp_path / "sub" / "profile.json"
     op.save(path)
     assert [p.name for p in path.parent.iterdir()] == ["profile.json"]  # no temp file left
-    loaded = pr.OpProfile.load(path)
+    loaded = ops.OpProfile.load(path)
     assert loaded.to_json() == op.to_json()
     assert json.loads(path.read_text())["backend"] == jax.default_backend()
-    info = pr.analyze_module(hlo_tools.parse(profile.hlo_text))[next(iter(op.instructions))]
-    assert loaded.estimate(info) == pr.OpEstimate(op.records[info.key.encode()].time_s,
+    info = ops.analyze_module(hlo_tools.parse(profile.hlo_text))[next(iter(op.instructions))]
+    assert loaded.estimate(info) == ops.OpEstimate(op.records[info.key.encode()].time_s,
                                                   False, "measured")
 
 
@@ -75,9 +75,9 @@ def test_map_back_to_the_hlo_text_that_was_compiled() -> None:
     fn, args = _program()
     text = jax_bridge.extract(fn, *args)
     compiled = jax_bridge.compile_hlo(fn, args, text, exact=True)
-    prof = pr.profile_program(compiled, *args, iterations=2, warmup=1)
-    infos = pr.analyze_module(hlo_tools.parse(prof.hlo_text))
-    mapping = pr.map_to_original({n: infos[n].op_names for n in prof.times_s},
+    prof = ops.profile_program(compiled, *args, iterations=2, warmup=1)
+    infos = ops.analyze_module(hlo_tools.parse(prof.hlo_text))
+    mapping = ops.map_to_original({n: infos[n].op_names for n in prof.times_s},
                                  hlo_tools.parse(text))
     mapped = {o for names in mapping.values() for o in names}
     original = hlo_tools.parse(text)
@@ -97,12 +97,12 @@ ENTRY %main{tag} (p{tag}: f32[8,16]) -> f32[8,16] {{
 
 
 def test_identical_ops_in_different_programs_share_a_key() -> None:
-    a = pr.analyze_module(hlo_tools.parse(_HLO.format(tag="a")))
-    b = pr.analyze_module(hlo_tools.parse(_HLO.format(tag="b")))
+    a = ops.analyze_module(hlo_tools.parse(_HLO.format(tag="a")))
+    b = ops.analyze_module(hlo_tools.parse(_HLO.format(tag="b")))
     assert a["ta"].key == b["tb"].key and a["aa"].key == b["ab"].key
     assert a["ta"].key != a["aa"].key
     assert a["ta"].cls == "elementwise" and a["ta"].bytes == 2 * 8 * 16 * 4
-    assert pr.OpKey.decode(a["aa"].key.encode()) == a["aa"].key
+    assert ops.OpKey.decode(a["aa"].key.encode()) == a["aa"].key
     assert a["ta"].op_names == ("ta",)
 
 
@@ -116,9 +116,9 @@ def test_trace_events_by_device_and_iteration() -> None:
            ev("a", 1, "r1", 1, 3), ev("a", 0, "r2", 90, 4), ev("x", 0, "r1", 0, 9, "other"),
            {"ph": "X", "pid": 1, "tid": 7, "ts": 6, "dur": 1, "name": "end: a",
             "args": {"_src": "thunk_executor.cc"}}]
-    events = pr.op_events(raw, "jit_f")
-    assert pr.iteration_order(events) == ["r1", "r2"]
-    s = pr.per_device_samples(events)
+    events = ops.op_events(raw, "jit_f")
+    assert ops.iteration_order(events) == ["r1", "r2"]
+    s = ops.per_device_samples(events)
     assert s[0]["a"] == pytest.approx([10e-6, 4e-6])  # same op twice in one run: summed
     assert s[0]["b"] == pytest.approx([2e-6]) and s[1]["a"] == pytest.approx([3e-6])
 
@@ -129,39 +129,39 @@ def test_gpu_trace_events_are_the_device_kernels_by_scope() -> None:
     execution. A host-side event naming an op is not a kernel time and is left out."""
     path = Path(__file__).parent / "fixtures" / "gpu_trace_h200.json"
     raw = json.loads(path.read_text())["traceEvents"]
-    events = pr.op_events(raw, "jit__lambda")
+    events = ops.op_events(raw, "jit__lambda")
     assert [(e.name, e.device) for e in events] == [("loop_add_fusion", 0)] * 3
-    assert len(pr.iteration_order(events)) == 3  # three calls, three launches
-    assert pr.per_device_samples(events)[0]["loop_add_fusion"] == pytest.approx(
+    assert len(ops.iteration_order(events)) == 3  # three calls, three launches
+    assert ops.per_device_samples(events)[0]["loop_add_fusion"] == pytest.approx(
         [2.623e-6, 2.496e-6, 2.496e-6])
     kernel = next(e for e in raw if e.get("ph") == "X")
     host = {**kernel, "pid": 701, "dur": 500.0}  # pid 701 is /host:CPU in the fixture
     second = {**kernel, "ts": kernel["ts"] + 5.0, "dur": 1.0,  # a 2nd kernel, same launch
               "args": {**kernel["args"], "hlo_op": "loop_tanh_fusion"}}
-    events = pr.op_events([*raw, host, second], "jit__lambda")
-    assert len(events) == 4 and len(pr.iteration_order(events)) == 3
-    assert pr.per_device_samples(events)[0]["loop_tanh_fusion"] == pytest.approx([1e-6])
+    events = ops.op_events([*raw, host, second], "jit__lambda")
+    assert len(events) == 4 and len(ops.iteration_order(events)) == 3
+    assert ops.per_device_samples(events)[0]["loop_tanh_fusion"] == pytest.approx([1e-6])
 
 
-def test_module_name_and_summarize_are_public(profile: pr.ProgramProfile) -> None:
-    assert pr.module_name(profile.hlo_text) == profile.module
+def test_module_name_and_summarize_are_public(profile: ops.ProgramProfile) -> None:
+    assert ops.module_name(profile.hlo_text) == profile.module
     with pytest.raises(ValueError, match="HloModule header"):
-        pr.module_name("ENTRY main {}")
-    events = [pr.OpEvent(n, profile.module, d, f"r{k}", 1, float(k), t)
+        ops.module_name("ENTRY main {}")
+    events = [ops.OpEvent(n, profile.module, d, f"r{k}", 1, float(k), t)
               for d, names in profile.samples_s.items()
               for n, ts in names.items() for k, t in enumerate(ts)]
-    again = pr.summarize(profile.module, profile.hlo_text, events, profile.wall_times_s)
+    again = ops.summarize(profile.module, profile.hlo_text, events, profile.wall_times_s)
     assert again.times_s == pytest.approx(profile.times_s)
     assert again.per_device_s == profile.per_device_s
 
 
 def test_measured_trace_uses_the_shared_thread_ids() -> None:
-    assert (pr.COMPUTE_TID, pr.COMM_TID) == (0, 1)
-    evs = [pr.OpEvent("fusion", "m", 0, "r", 1, 0.0, 1e-3),
-           pr.OpEvent("all-reduce.1", "m", 0, "r", 1, 1e-3, 2e-3)]
-    trace = pr.measured_chrome_trace(evs)
+    assert (ops.COMPUTE_TID, ops.COMM_TID) == (0, 1)
+    evs = [ops.OpEvent("fusion", "m", 0, "r", 1, 0.0, 1e-3),
+           ops.OpEvent("all-reduce.1", "m", 0, "r", 1, 1e-3, 2e-3)]
+    trace = ops.measured_chrome_trace(evs)
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert [e["tid"] for e in xs] == [pr.COMPUTE_TID, pr.COMM_TID]
+    assert [e["tid"] for e in xs] == [ops.COMPUTE_TID, ops.COMM_TID]
 
 
 def test_fallback_is_positive_flagged_and_monotone() -> None:
@@ -169,18 +169,18 @@ def test_fallback_is_positive_flagged_and_monotone() -> None:
     samples = [("elementwise", b, b / 8, 1e-6 + b * 1e-10 * rng.uniform(0.9, 1.1))
                for b in (1e3, 1e4, 1e5, 1e6)]
     samples.append(("dot-conv", 1e5, 1e8, 2e-3))
-    model = pr.OpCostModel.fit(samples)
-    for cls in pr.OP_CLASSES:
+    model = ops.OpCostModel.fit(samples)
+    for cls in ops.OP_CLASSES:
         assert model.predict(cls, 0, 0) > 0
     sizes = [0, 1e2, 1e4, 1e6, 1e8]
     preds = [model.predict("elementwise", b, 0) for b in sizes]
     assert all(x <= y for x, y in zip(preds, preds[1:], strict=False)) and preds[-1] > preds[0]
-    for m in (pr.OpCostModel.fit([]), pr.OpCostModel.fit([("reduce", 100, 10, 1e-6)])):
+    for m in (ops.OpCostModel.fit([]), ops.OpCostModel.fit([("reduce", 100, 10, 1e-6)])):
         preds = [m.predict("reduce", b, 0) for b in sizes]
         assert min(preds) > 0 and preds[-1] > preds[0]
-    key = pr.OpKey("exponential", ("f32[4]",), "f32[4]", "f32")
-    prof = pr.OpProfile("cpu", "cpu", jax.__version__, "0", "m", "now", {}, {}, [], [])
-    est = prof.estimate(pr.OpInfo(key, "elementwise", 32, 4))
+    key = ops.OpKey("exponential", ("f32[4]",), "f32[4]", "f32")
+    prof = ops.OpProfile("cpu", "cpu", jax.__version__, "0", "m", "now", {}, {}, [], [])
+    est = prof.estimate(ops.OpInfo(key, "elementwise", 32, 4))
     assert est.estimated and est.time_s > 0 and est.source == "model:elementwise"
 
 
@@ -193,10 +193,10 @@ def test_loop_body_ops_are_counted_per_execution() -> None:
 
     x = jnp.ones((32, 32))
     run = hlo_tools.compile_hlo(f, (x,), None, exact=True)
-    prof = pr.profile_program(run, x, iterations=2, warmup=1)
+    prof = ops.profile_program(run, x, iterations=2, warmup=1)
     body = [n for n, c in prof.counts.items() if c == 5]
     assert body, prof.counts  # the loop body ran 5 times per iteration
-    op = pr.build_op_profile(prof)
+    op = ops.build_op_profile(prof)
     name = body[0]
     rec = op.records[op.instructions[name]["key"]]
     assert rec.time_s == pytest.approx(prof.times_s[name] / 5)

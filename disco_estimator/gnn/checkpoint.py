@@ -51,7 +51,7 @@ class Checkpoint:
         params: Flax parameters of :class:`~disco_estimator.gnn.model.FusedOpGnn`.
         config: the model sizes.
         fingerprint: backend fingerprint of the training times
-            (:func:`disco_estimator.op_bench.backend_fingerprint`), ``{}`` if unknown.
+            (:func:`disco_estimator.ops.backend_fingerprint`), ``{}`` if unknown.
         notes: anything JSON-ready (dataset size, loss, command).
     """
 

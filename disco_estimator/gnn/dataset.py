@@ -15,16 +15,16 @@ Generation (:func:`generate`), for one HLO module at a time:
 
    Only single-output groups are measured for now (see :func:`fused_module`).
 2. **Member times**: every member's single-op time, timed standalone by
-   :func:`disco_estimator.op_bench.bench_ops` (cached on disk, as the cost model does), so the
+   :func:`disco_estimator.ops.bench_ops` (cached on disk, as the cost model does), so the
    features are those the estimator will see at search time.
 3. **Module**: each group as a standalone HLO module whose ENTRY holds one parameter
    per value read from outside and one ``fusion`` (kind ``kLoop``) of the members
    (:func:`fused_module`).
 4. **Time**: compiled with XLA's fusion passes off
    (:func:`hlo_tools.jax_bridge.compile_standalone`, ``exact=True``), fed random inputs
-   (:func:`disco_estimator.op_bench.random_inputs`: floats in [0.5, 2), small integers; index
+   (:func:`disco_estimator.ops.random_inputs`: floats in [0.5, 2), small integers; index
    operands of gather/scatter/dynamic-(update-)slice are 0, always in bounds) and timed
-   by :func:`disco_estimator.op_bench.timer` (``warmup`` untraced runs, ``repeats`` traced
+   by :func:`disco_estimator.ops.timer` (``warmup`` untraced runs, ``repeats`` traced
    runs, the median kept; on the CPU backend in a child process pinned to one CPU, as
    the members' single-op times are).
 
@@ -52,10 +52,21 @@ from typing import Any
 
 import numpy as np
 
-from disco_estimator import op_bench
 from disco_estimator.gnn.features import FEATURE_VERSION, FusedSubgraph, canonical_key
 from disco_estimator.gnn.features import subgraph_from_group as _features_of
 from disco_estimator.interface import NodeCosts
+from disco_estimator.ops import (
+    InputSpec,
+    TimingJob,
+    backend_fingerprint,
+    bench_ops,
+    called_closure,
+    module_view,
+    op_status,
+    standalone_attrs,
+    timer,
+    timing_key,
+)
 from hlo_tools import dirs
 from hlo_tools import plan as P
 from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
@@ -80,7 +91,7 @@ __all__ = [
 
 #: Version of how samples are drawn, built and timed (part of the file name). 2: samples
 #: carry their ``kind``; XLA's own fusions are a source. 3: timed in a process pinned to
-#: one CPU (:class:`~disco_estimator.op_bench.PinnedTimer`; v2's unpinned timings of the same op
+#: one CPU (:class:`~disco_estimator.ops.PinnedTimer`; v2's unpinned timings of the same op
 #: swung by up to 10x from one batch of runs to the next).
 DATASET_VERSION = 3
 #: Kinds of samples: groups of random plans, XLA's own fusions.
@@ -305,7 +316,7 @@ def _unbitcast(graph: DeviceGraph, node: int) -> str:
 
 
 def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[int] = (),
-                 name: str = "disco_fused") -> tuple[str, list[op_bench.InputSpec]]:
+                 name: str = "disco_fused") -> tuple[str, list[InputSpec]]:
     """A single-output group as a standalone module holding one ``fusion``.
 
     Layouts are dropped (the module is compiled with default layouts) and post-layout
@@ -331,7 +342,7 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
                          "multi-output fusion)")
     params: list[HloInstruction] = []
     entry_params: list[HloInstruction] = []
-    specs: list[op_bench.InputSpec] = []
+    specs: list[InputSpec] = []
     inner: dict[int, str] = {}
     body: list[HloInstruction] = []
     for node in inside:
@@ -346,10 +357,10 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
                                                    payload=str(k)))
                 index = src.opcode in _INDEXED and pos > 0 and shape.element_type.startswith(
                     ("s", "u"))
-                specs.append(op_bench.InputSpec(shape, 1 if index else 0))
+                specs.append(InputSpec(shape, 1 if index else 0))
                 inner[o] = f"p{k}"
             ops.append(inner[o])
-        body.append(src.copy(name=f"n{node}", operands=ops, attrs=op_bench.standalone_attrs(src),
+        body.append(src.copy(name=f"n{node}", operands=ops, attrs=standalone_attrs(src),
                              shape=src.shape.without_layout(),
                              opcode=_unbitcast(graph, node)))
         inner[node] = f"n{node}"
@@ -358,7 +369,7 @@ def fused_module(graph: DeviceGraph, members: Sequence[int], copies: Sequence[in
     fusion = HloInstruction("fusion", "fusion", shape, [p.name for p in entry_params],
                             {"kind": "kLoop", "calls": "fused_group"})
     entry = HloComputation("main", [*entry_params, fusion], "fusion", is_entry=True)
-    comps = [*op_bench.called_closure(graph.module, (instrs[i] for i in inside)), fused, entry]
+    comps = [*called_closure(graph.module, (instrs[i] for i in inside)), fused, entry]
     return to_text(HloModule(name, {}, comps, percent_names=False)), specs
 
 
@@ -372,9 +383,8 @@ def _member_times(module: HloModule, graphs: Sequence[tuple[DeviceGraph, Iterabl
     ``nodes``) and ``[N]`` free flags; every op is timed in one :func:`bench_ops` call."""
     wanted = [(graph, sorted(set(nodes))) for graph, nodes in graphs]
     instrs = [graph.computation.instructions[i] for graph, nodes in wanted for i in nodes]
-    timings = op_bench.bench_ops(module, instrs, replicas=replicas, progress=progress,
-                                 pinned=pinned)
-    view = op_bench.module_view(module)
+    timings = bench_ops(module, instrs, replicas=replicas, progress=progress, pinned=pinned)
+    view = module_view(module)
     out = []
     for graph, nodes in wanted:
         body = graph.computation.instructions
@@ -382,11 +392,11 @@ def _member_times(module: HloModule, graphs: Sequence[tuple[DeviceGraph, Iterabl
         free = np.zeros(graph.num_nodes, np.bool_)
         chosen = set(nodes)
         for i in range(graph.num_nodes):
-            status = op_bench.op_status(body[i])[0]
+            status = op_status(body[i])[0]
             if status == "free":
                 t[i], free[i] = 0.0, True
             elif status == "bench" and i in chosen:
-                hit = timings.get(op_bench.timing_key(view, body[i]))
+                hit = timings.get(timing_key(view, body[i]))
                 if hit is not None and hit.ok:
                     t[i] = hit.time_s
         out.append((t, free))
@@ -437,7 +447,7 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
         directory: dataset directory (default: ``cache_dir("gnn")``).
         progress: print progress on stderr (default: when it is a terminal).
         pinned: time members and fused ops in a child pinned to one CPU (default:
-            :func:`disco_estimator.op_bench.pinned_timing`: on the CPU backend, yes).
+            :func:`disco_estimator.ops.pinned_timing`: on the CPU backend, yes).
 
     Returns:
         ``(dataset file, samples added)``.
@@ -450,7 +460,7 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
     if kind not in KINDS:
         raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(KINDS)}")
     shown = sys.stderr.isatty() if progress is None else progress
-    fingerprint = op_bench.backend_fingerprint(replicas)
+    fingerprint = backend_fingerprint(replicas)
     path = dataset_path(fingerprint, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     known = {(s.kind, s.key) for s in load_samples(path)}
@@ -501,8 +511,8 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
     """Times fusion groups as standalone fused ops, the way the dataset's samples are.
 
     Each group is built by :func:`fused_module`, compiled with XLA's fusion passes off,
-    fed :func:`disco_estimator.op_bench.random_inputs` and timed (median of ``repeats`` traced
-    runs) by :func:`disco_estimator.op_bench.timer`: on the CPU backend in a process pinned to
+    fed :func:`disco_estimator.ops.random_inputs` and timed (median of ``repeats`` traced
+    runs) by :func:`disco_estimator.ops.timer`: on the CPU backend in a process pinned to
     one CPU.
 
     Args:
@@ -513,7 +523,7 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
         warmup: untraced runs first.
         replicas: devices running each at once.
         pinned: time in a child pinned to one CPU (default:
-            :func:`disco_estimator.op_bench.pinned_timing`).
+            :func:`disco_estimator.ops.pinned_timing`).
 
     Returns:
         Per group ``{"time_s", "p25_s", "p75_s", "samples"}`` (seconds), or
@@ -524,15 +534,15 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
                                                    for k in range(len(groups))]
     seeds = list(seeds) if seeds is not None else list(range(len(groups)))
     out: list[dict[str, Any]] = [{} for _ in groups]
-    jobs: dict[int, op_bench.TimingJob] = {}
+    jobs: dict[int, TimingJob] = {}
     for k, ((graph, ms, cs), name, in_seed) in enumerate(zip(groups, names, seeds)):
         try:
             text, specs = fused_module(graph, ms, cs, name=name)
         except Exception as err:  # the group cannot be built as one fusion: no time
             out[k] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
             continue
-        jobs[k] = op_bench.TimingJob(name, text, tuple(specs), in_seed)
-    with op_bench.timer(replicas, repeats, warmup, pinned=pinned) as clock:
+        jobs[k] = TimingJob(name, text, tuple(specs), in_seed)
+    with timer(replicas, repeats, warmup, pinned=pinned) as clock:
         runs, errors = clock.run(list(jobs.values()))
     for k, job in jobs.items():
         got = runs.get(job.module_name, [])

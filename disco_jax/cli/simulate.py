@@ -238,7 +238,7 @@ def default_hardware_here() -> str:
 def _profile(spec: str | None) -> Any:
     if spec is None:
         return None
-    from disco_estimator.profiler import OpProfile
+    from disco_estimator.ops import OpProfile
 
     try:
         return OpProfile.load(spec)

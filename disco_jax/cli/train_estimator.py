@@ -315,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     from disco_estimator.gnn import checkpoint as ckpt_io
     from disco_estimator.gnn.estimator import GnnFusedEstimator
     from disco_estimator.gnn.train import train
-    from disco_estimator.op_bench import backend_fingerprint
+    from disco_estimator.ops import backend_fingerprint
 
     constants = _constants(args.hardware)
     fingerprint = backend_fingerprint()

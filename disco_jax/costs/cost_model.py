@@ -2,11 +2,11 @@
 
 A :class:`CostModel` gathers everything needed to cost a plan on one backend:
 
-* **single-op times** (:class:`OpTimes`), by :class:`~disco_estimator.profiler.OpKey`: from a
-  whole-program profile of the no-fusion program (the most faithful: measured in the real
-  program's context), then from standalone runs (:mod:`disco_estimator.op_bench`, cached), then
-  the analytic model of :mod:`disco_estimator.profiler` fitted on those measurements (flagged
-  *estimated*);
+* **single-op times** (:class:`disco_estimator.ops.OpTimes`), by
+  :class:`~disco_estimator.ops.keys.OpKey`: from a whole-program profile of the no-fusion
+  program (the most faithful: measured in the real program's context), then from
+  standalone runs (:mod:`disco_estimator.ops.standalone`, cached), then the analytic model
+  of :mod:`disco_estimator.ops.table` fitted on those measurements (flagged *estimated*);
 * a **fused-op estimator** (:class:`disco_estimator.interface.FusedOpEstimator`): the time of a
   fusion group from its members; by default
   :class:`disco_estimator.interface.FallbackFusedEstimator` over this model's
@@ -30,22 +30,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from disco_estimator import op_bench
-from disco_estimator import profiler as pr
 from disco_estimator.hardware import HardwareConfig, load_hardware
 from disco_estimator.interface import (
     FallbackFusedEstimator,
     FusedOpEstimator,
     NodeCosts,
     split_times,
+)
+from disco_estimator.ops import (
+    OpProfile,
+    OpTimes,
+    ProgramProfile,
+    bench_ops,
+    library_computations,
+    module_view,
+    op_status,
 )
 from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
@@ -57,7 +63,6 @@ __all__ = [
     "BackendConstants",
     "CostModel",
     "GraphCosts",
-    "OpTimes",
 ]
 
 _K = TypeVar("_K")
@@ -165,8 +170,8 @@ class BackendConstants:
     #: Defaults per platform family: ``(overlap, kernel_launch_s, mem_s_per_byte)``.
     #: CPU: phi ~ 0 (with XLA:CPU's default scheduler an AllReduce of M = 135 ms next to
     #: independent matmuls of C = 33 ms took 170 ms ~ M + C); ~1 us per thunk and
-    #: ~10 GB/s per core from op_bench runs (scalar ops take 0.9-1.1 us, a 4 MiB f32 add
-    #: ~1 ms for 12 MiB of traffic). GPU: NCCL streams overlap fully; ~5 us per kernel
+    #: ~10 GB/s per core from standalone op timings (scalar ops take 0.9-1.1 us, a 4 MiB
+    #: f32 add ~1 ms for 12 MiB of traffic). GPU: NCCL streams overlap fully; ~5 us per kernel
     #: launch; HBM-class bandwidth (not measured).
     DEFAULTS = {
         "cpu": (0.0, 1e-6, 1e-10),
@@ -210,278 +215,6 @@ class BackendConstants:
                 or (out.copy_s_per_byte is not None and out.copy_s_per_byte < 0)):
             raise ValueError(f"invalid [costs] in hardware {hardware.name!r}: {out}")
         return out
-
-
-# --------------------------------------------------------------------------- op times
-
-
-class OpTimes:
-    """Single-op times by :class:`~disco_estimator.profiler.OpKey`, with the analytic fallback.
-
-    Sources are added in priority order: the first time stored for a key wins. Times of
-    multi-op fusions are never stored (a fusion is always predicted from its members);
-    a profiled single-op fusion (XLA:CPU's ``wrapped_<op>``) counts as its op.
-    """
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-        self.sources: dict[str, str] = {}
-        self._rows: list[tuple[str, float, float, float]] = []
-        self._wrapped: dict[str, float] = {}
-        self._fallback: pr.OpCostModel | None = None
-
-    def add(self, key: str, time_s: float, source: str, cls: str = "other",
-            nbytes: float = 0.0, flops: float = 0.0) -> bool:
-        """Stores a measured time unless the key has one; returns whether it was stored."""
-        if key in self.times or not math.isfinite(time_s) or time_s < 0:
-            return False
-        self.times[key] = float(time_s)
-        self.sources[key] = source
-        if time_s > 0:
-            self._rows.append((cls, float(nbytes), float(flops), float(time_s)))
-        self._fallback = None
-        return True
-
-    def add_timings(self, timings: Mapping[str, op_bench.OpTiming],
-                    source: str = "op_bench") -> int:
-        """Adds standalone timings (failed ones are skipped); returns how many were new."""
-        return sum(self.add(k, t.time_s, source, t.cls, t.bytes, t.flops)
-                   for k, t in timings.items() if t.ok)
-
-    def add_op_profile(self, profile: pr.OpProfile, source: str = "profile") -> int:
-        """Adds the records of a stored profile (``disco profile`` / ``OpProfile.save``).
-
-        Plain ops are stored by key; single-op fusions are matched later, when an op is
-        looked up, by the key its XLA:CPU wrapper fusion would have (multi-op fusions
-        can never match: their bodies differ from every wrapper's).
-        """
-        added = 0
-        for key, rec in profile.records.items():
-            if not rec.key.opcode.startswith("fusion"):
-                added += self.add(key, rec.time_s, source, rec.cls, rec.bytes, rec.flops)
-            elif key not in self._wrapped and rec.time_s > 0:
-                self._wrapped[key] = rec.time_s
-                self._rows.append((rec.cls, float(rec.bytes), float(rec.flops), rec.time_s))
-                added += 1
-        self._fallback = None
-        return added
-
-    def add_program_profile(self, profile: pr.ProgramProfile,
-                            original: HloModule | None = None, source: str = "profile") -> int:
-        """Adds the per-execution times of a whole-program profile, each keyed by the
-        single op it ran (multi-op fusions are skipped).
-
-        Args:
-            profile: a profile of a program compiled without fusion (``exact=True``).
-            original: the module that program was compiled from. Its instructions are
-                found through the ``op_name`` XLA records (see
-                :func:`disco_estimator.profiler.map_to_original`), so ops XLA reshaped while
-                compiling (a 3-D dot run as a 2-D one, a transpose run as a copy) still
-                get their in-context time, keyed as in ``original``. Without it, or for
-                ops not found, the compiled op's own key is used.
-
-        Returns:
-            How many keys got a time.
-        """
-        import hlo_tools
-
-        compiled = hlo_tools.parse(profile.hlo_text)
-        view = op_bench.module_view(compiled)
-        by_key: dict[str, list[float]] = {}
-        infos: dict[str, pr.OpInfo] = {}
-        # an op the program ran on the kernel library: its time as the library runs it,
-        # and, unless the program also ran it on XLA's emitter, as the op's own time --
-        # a plan compiled like this program (library dots) runs it the same way
-        on_library: dict[str, list[float]] = {}
-        for key_info, one, library in _map_single_ops(profile, view, original):
-            if library:
-                on_library.setdefault(key_info.key.encode(), []).append(one)
-                infos.setdefault(key_info.key.encode(), key_info)
-                key_info = op_bench.library_info(key_info)
-            by_key.setdefault(key_info.key.encode(), []).append(one)
-            infos.setdefault(key_info.key.encode(), key_info)
-        for name, total in profile.times_s.items():
-            instr = view.instr.get(name)
-            inner = _single_op(compiled, instr) if instr is not None else None
-            if inner is None or op_bench.op_status(inner)[0] != "bench":
-                continue
-            info = pr.describe_instruction(view, inner)
-            if op_bench.is_library_fusion(instr):
-                info = op_bench.library_info(info)
-            one = total / max(profile.counts.get(name, 1.0), 1.0)
-            by_key.setdefault(info.key.encode(), []).append(one)
-            infos.setdefault(info.key.encode(), info)
-        added = 0
-        for key, times in [*by_key.items(), *on_library.items()]:
-            info = infos[key]
-            added += self.add(key, float(np.median(times)), source, info.cls, info.bytes,
-                              info.flops)
-        return added
-
-    def fallback_model(self) -> pr.OpCostModel:
-        """The analytic model fitted on every measured time (cached)."""
-        if self._fallback is None:
-            self._fallback = pr.OpCostModel.fit(self._rows)
-        return self._fallback
-
-    def estimate(self, view: Any, instr: HloInstruction, library: bool = False
-                 ) -> pr.OpEstimate:
-        """The time of one op: measured if any source has its key, else the fallback.
-
-        ``library``: the op runs inside a library fusion of XLA's plan; its time as the
-        library runs it (:func:`disco_estimator.op_bench.library_key`) is used when known,
-        else the op's own time, as if it ran unwrapped.
-        """
-        info = pr.describe_instruction(view, instr)
-        if library:
-            key = op_bench.library_key(info.key).encode()
-            if key in self.times:
-                return pr.OpEstimate(self.times[key], False, self.sources[key])
-        key = info.key.encode()
-        t = self.times.get(key)
-        if t is not None:
-            return pr.OpEstimate(t, False, self.sources[key])
-        if self._wrapped:
-            t = self._wrapped.get(_wrapped_key(view, instr))
-            if t is not None:
-                return pr.OpEstimate(t, False, "profile")
-        return pr.OpEstimate(self.fallback_model().predict(info.cls, info.bytes, info.flops),
-                             True, f"model:{info.cls}")
-
-    def __len__(self) -> int:
-        return len(self.times)
-
-
-def _map_single_ops(profile: pr.ProgramProfile, compiled: Any, original: HloModule | None
-                    ) -> list[tuple[pr.OpInfo, float, bool]]:
-    """``(info of the original op, seconds per execution, whether it ran on the kernel
-    library)`` for every instance of an op of ``original`` that ran as single-op
-    kernels.
-
-    An instance is one ``op_name`` path: a computation called from several call sites is
-    inlined once per site, and each copy of its op (``"jit_norm_.168/reduce_sum.5"``,
-    ``"jit_norm_.170/reduce_sum.5"``) is one execution of ``reduce_sum.5``; the kernels of
-    one instance (e.g. the ``reduce-window`` and ``reduce`` of a tree reduction) are
-    summed. (Summing every instance instead priced an optimizer's norm, called once per
-    parameter, at 36 times its cost, and pushed the fitted compute scale down.)
-
-    Args:
-        profile: the profile.
-        compiled: :func:`disco_estimator.op_bench.module_view` of the compiled module.
-        original: the module that was compiled (None: nothing is mapped).
-    """
-    if original is None:
-        return []
-    view = op_bench.module_view(original)
-    users: dict[str, list[str]] = {}
-    for _, instr in compiled.module.instructions():
-        for o in instr.operands:
-            users.setdefault(o, []).append(instr.name)
-    totals: dict[str, float] = {}
-    library: set[str] = set()
-    for name, total in profile.times_s.items():
-        path = _original_path(compiled, users, name)
-        if path is None or _target(path) not in view.instr:
-            continue
-        folded = _folded_producer(view, path, _single_op(compiled.module,
-                                                         compiled.instr[name]))
-        if folded is not None:
-            totals.setdefault(path, 0.0)  # it ran inside its producer's kernel
-            path = folded
-        one = total / max(profile.counts.get(name, 1.0), 1.0)
-        totals[path] = totals.get(path, 0.0) + one
-        if op_bench.is_library_fusion(compiled.instr[name]):
-            library.add(path)
-    out = []
-    for path, one in totals.items():
-        instr = view.instr[_target(path)]
-        if op_bench.op_status(instr)[0] == "bench":
-            out.append((pr.describe_instruction(view, instr), one, path in library))
-    return out
-
-
-def _target(path: str) -> str:
-    """The original instruction's name in an ``op_name`` path (its last component)."""
-    return path.rsplit("/", 1)[-1]
-
-
-def _folded_producer(view: Any, path: str, kernel: HloInstruction) -> str | None:
-    """The instance of the producer an op was folded into, when the kernel that carries
-    the op's ``op_name`` runs its operand's opcode instead: XLA's simplifier rewrites
-    ``transpose(dot(a, b))`` as one dot with the transpose's metadata, so that kernel's
-    time is the dot's and the transpose took none. None: the kernel runs the op itself
-    (or something else: a divide run as a multiply by the reciprocal)."""
-    op = view.instr[_target(path)]
-    if kernel.opcode == op.opcode:
-        return None
-    found = [o for o in dict.fromkeys(op.operands)
-             if o in view.instr and view.instr[o].opcode == kernel.opcode]
-    if len(found) != 1:
-        return None
-    return path[:path.rfind("/") + 1] + found[0]  # same call sites, the producer
-
-
-def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str) -> str | None:
-    """The ``op_name`` of the original op instance a compiled single-op kernel came from:
-    the original instruction's name prefixed by the call sites it was inlined through.
-
-    A kernel without ``op_name`` that XLA split off an op (e.g. the ``reduce-window``
-    of a tree reduction) belongs to the op of its only user chain."""
-    for _ in range(8):
-        instr = compiled.instr.get(name)
-        inner = _single_op(compiled.module, instr) if instr is not None else None
-        if inner is None:
-            return None
-        if inner.op_name:
-            return inner.op_name
-        if len(users.get(name, ())) != 1:
-            return None
-        name = users[name][0]
-    return None
-
-
-def _single_op(module: HloModule, instr: HloInstruction) -> HloInstruction | None:
-    """The op a compiled instruction runs: itself, or the only op of a wrapper fusion."""
-    if instr.opcode != "fusion":
-        return instr
-    comps = [module.computation(c) for c in instr.called_computations]
-    body = [i for c in comps for i in c.instructions if i.opcode != "parameter"]
-    if len(body) != 1 or body[0].opcode == "fusion":
-        return None
-    return body[0]
-
-
-def _wrapped_key(view: Any, instr: HloInstruction) -> str:
-    """The key XLA:CPU's ``fusion-wrapper`` gives the single-op fusion around ``instr``.
-
-    The wrapper's computation has one parameter per distinct operand followed by the op;
-    the fusion is ``kind=kLoop`` with the distinct operands.
-    """
-    Instr = HloInstruction
-    by_name = view.instr
-    distinct = list(dict.fromkeys(instr.operands))
-    params = [Instr(f"w.p{k}", "parameter", by_name[o].shape, payload=str(k))
-              for k, o in enumerate(distinct)]
-    rename = {o: p.name for o, p in zip(distinct, params)}
-    op = instr.copy(name="w.op", operands=[rename[o] for o in instr.operands])
-    body = HloComputation("w.body", [*params, op], "w.op")
-    outer = [Instr(o, "parameter", by_name[o].shape, payload=str(k))
-             for k, o in enumerate(distinct)]
-    fusion = Instr("w.fusion", "fusion", instr.shape, distinct,
-                   {"kind": "kLoop", "calls": "w.body"})
-    entry = HloComputation("w.entry", [*outer, fusion], "w.fusion", is_entry=True)
-    callees = [view.comps[c] for c in dict.fromkeys(_callees(view.comps, instr))]
-    wrapper = HloModule("w", {}, [*callees, body, entry])
-    return pr.describe_instruction(wrapper, fusion).key.encode()
-
-
-def _callees(comps: Mapping[str, HloComputation], instr: HloInstruction) -> Iterable[str]:
-    stack = list(instr.called_computations)
-    while stack:
-        name = stack.pop()
-        if name in comps:
-            yield name
-            stack.extend(n for i in comps[name].instructions for n in i.called_computations)
 
 
 # --------------------------------------------------------------------------- graph costs
@@ -688,7 +421,7 @@ class CostModel:
 
     @classmethod
     def for_module(cls, module: HloModule, hardware: HardwareConfig | str = "inproc4", *,
-                   profile: pr.OpProfile | pr.ProgramProfile | None = None,
+                   profile: OpProfile | ProgramProfile | None = None,
                    profiled_module: HloModule | None = None, bench: bool = True,
                    replicas: int = 1, progress: bool | None = None,
                    **kwargs: Any) -> CostModel:
@@ -705,19 +438,21 @@ class CostModel:
                 program) or a stored ``OpProfile``.
             profiled_module: the module the profiled program was compiled from (maps a
                 ``ProgramProfile``'s kernels to its instructions by name; see
-                :meth:`OpTimes.add_program_profile`).
-            bench: time the module's single ops standalone (:mod:`disco_estimator.op_bench`).
+                :meth:`disco_estimator.ops.OpTimes.add_program_profile`).
+            bench: time the module's single ops standalone
+                (:mod:`disco_estimator.ops.standalone`).
             replicas: devices running each timed op at once.
-            progress: show op_bench's counter (default: when stderr is a terminal).
+            progress: show the standalone timings' counter (default: when stderr is a
+                terminal).
             **kwargs: passed to :class:`CostModel`.
         """
         times = OpTimes()
-        if isinstance(profile, pr.ProgramProfile):
+        if isinstance(profile, ProgramProfile):
             times.add_program_profile(profile, original=profiled_module)
         elif profile is not None:
             times.add_op_profile(profile)
         if bench:
-            times.add_timings(op_bench.bench_ops(module, replicas=replicas, progress=progress))
+            times.add_timings(bench_ops(module, replicas=replicas, progress=progress))
         return cls(hardware, op_times=times, **kwargs)
 
     # -- constants
@@ -781,14 +516,14 @@ class CostModel:
         """The op-key lookup tables of ``module`` (built once)."""
         hit = self._views.get(module)
         if hit is None:
-            hit = self._views.put(module, op_bench.module_view(module))
+            hit = self._views.put(module, module_view(module))
         return hit
 
     def _library_bodies(self, module: HloModule) -> frozenset[str]:
         """Names of the fused computations of ``module``'s library fusions (cached)."""
         hit = self._libraries.get(module)
         if hit is None:
-            hit = self._libraries.put(module, op_bench.library_computations(module))
+            hit = self._libraries.put(module, library_computations(module))
         return hit
 
     def node_cost(self, graph: DeviceGraph, k: int, instr: HloInstruction
@@ -810,7 +545,7 @@ class CostModel:
         if kind == NodeKind.CONTROL_FLOW:
             t, est = self._control_cost(graph.module, graph.computation, instr)
             return t, est, "control", False, nbytes
-        status, _ = op_bench.op_status(instr)
+        status, _ = op_status(instr)
         if status == "free":
             return 0.0, False, "free", False, 0
         library = graph.computation.name in self._library_bodies(graph.module)
@@ -819,7 +554,8 @@ class CostModel:
 
     def _fusion_cost(self, module: HloModule, instr: HloInstruction) -> tuple[float, bool]:
         """An as-written fusion: the fused-op estimator on its fused computation (the
-        ops of a library fusion at their library times, see :meth:`OpTimes.estimate`)."""
+        ops of a library fusion at their library times, see
+        :meth:`disco_estimator.ops.OpTimes.estimate`)."""
         comp = module.computation(instr.called_computations[0])
         body = self._body_graph(module, comp)
         gc = self.graph_costs(body)

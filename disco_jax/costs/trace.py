@@ -7,7 +7,7 @@ microseconds, ``pid`` = device, ``tid`` 0 = compute stream, ``tid`` 1 =
 communication channel, plus metadata ("M") events naming the process and the
 two threads. Traces of several devices can be combined by concatenating their
 ``traceEvents`` lists (give each a different ``pid``). The thread ids are those of
-measured traces (:func:`disco_estimator.profiler.measured_chrome_trace`), defined there and
+measured traces (:func:`disco_estimator.ops.measured_chrome_trace`), defined there and
 re-exported here.
 """
 
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from disco_estimator.profiler import COMM_TID, COMPUTE_TID
+from disco_estimator.ops import COMM_TID, COMPUTE_TID
 from disco_jax.costs.simulator import SimGraph, SimResult
 from hlo_tools.dirs import write_atomic
 

@@ -310,7 +310,7 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     step, args, module, graph = program.step, program.args, program.module, program.graph
     measured = None
     if spec.get("op_times"):
-        from disco_estimator.profiler import OpProfile
+        from disco_estimator.ops import OpProfile
 
         measured = OpProfile.load(spec["op_times"])
     costs = CostModel.for_module(module, spec["hardware"], profile=measured, progress=False)

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import hlo_tools
-from disco_estimator import op_bench
-from disco_estimator import profiler as pr
 from disco_estimator.hardware import HardwareConfig
 from disco_estimator.interface import FallbackFusedEstimator
+from disco_estimator.ops import OpProfile, bench_ops, benchable_ops
 from disco_estimator.probes import tuple_buffer_latency
 from disco_jax.costs.cost_model import CostModel
 from disco_jax.pipeline.profile import InContext
@@ -56,7 +55,7 @@ def default_hardware(num_processes: int, platform: str = "cpu") -> str:
 def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
                      measured: InContext | None, *, bench: bool = True,
                      calibrate: bool = True, progress: bool | None = None,
-                     op_profile: pr.OpProfile | None = None, replicas: int = 1,
+                     op_profile: OpProfile | None = None, replicas: int = 1,
                      fused: Any = None, overlap: float | None = None
                      ) -> tuple[CostModel, Calibration | None]:
     """The cost model of ``module`` in the setup ``measured`` was taken in.
@@ -85,8 +84,8 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         if measured is not None:
             costs.op_times.add_program_profile(measured.profile, original=module)
         if bench:
-            costs.op_times.add_timings(op_bench.bench_ops(module, replicas=replicas,
-                                                          progress=progress))
+            costs.op_times.add_timings(bench_ops(module, replicas=replicas,
+                                                 progress=progress))
     if measured is not None and measured.one_bucket_profile is not None:
         costs.op_times.add_program_profile(measured.one_bucket_profile,
                                            original=measured.one_bucket)
@@ -103,12 +102,12 @@ def cover(costs: CostModel, module: HloModule, progress: bool | None = False) ->
     """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
     e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
     runs them; returns how many were added."""
-    todo = [instr for key, (instr, _) in op_bench.benchable_ops(module).items()
+    todo = [instr for key, (instr, _) in benchable_ops(module).items()
             if key not in costs.op_times.times]
     if not todo:
         return 0
-    return costs.op_times.add_timings(op_bench.bench_ops(module, todo, replicas=1,
-                                                         progress=progress))
+    return costs.op_times.add_timings(bench_ops(module, todo, replicas=1,
+                                                progress=progress))
 
 
 class Calibration(NamedTuple):

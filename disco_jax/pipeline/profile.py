@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import hlo_tools
-from disco_estimator import profiler as pr
+from disco_estimator.ops import trace
 from disco_estimator.probes import tuple_allreduce_programs
 from disco_jax.pipeline.choose import measure
 from disco_jax.pipeline.sync import Sync
@@ -64,7 +64,7 @@ class InContext(NamedTuple):
     processes).
     """
 
-    profile: pr.ProgramProfile
+    profile: trace.ProgramProfile
     wall_s: float
     one_bucket: HloModule
     one_bucket_wall_s: float
@@ -75,7 +75,7 @@ class InContext(NamedTuple):
     flat_wall_s: float | None = None
     runs: Mapping[str, Callable[..., Any]] | None = None
     samples_s: Mapping[str, Sequence[float]] | None = None
-    one_bucket_profile: pr.ProgramProfile | None = None
+    one_bucket_profile: trace.ProgramProfile | None = None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
@@ -212,10 +212,10 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
     process of a job sees the same samples, so all decide alike)."""
     from hlo_tools import baselines as bl
 
-    profile = pr.profile_program(runs["no_fusion"], *args, iterations=iterations,
-                                 warmup=warmup)
-    one_profile = (pr.profile_program(runs["one_bucket"], *args, iterations=iterations,
-                                      warmup=warmup) if buckets_differ else None)
+    profile = trace.profile_program(runs["no_fusion"], *args, iterations=iterations,
+                                    warmup=warmup)
+    one_profile = (trace.profile_program(runs["one_bucket"], *args, iterations=iterations,
+                                         warmup=warmup) if buckets_differ else None)
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
     for again in range(REMEASURE_INCONSISTENT if buckets_differ else 0):
         if not inconsistent_walls(walls):

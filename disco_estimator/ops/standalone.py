@@ -1,6 +1,6 @@
 """Per-op times from standalone runs: one tiny module per unique single op, cached on disk.
 
-Every unique single op of a module (same :class:`~disco_estimator.profiler.OpKey`: opcode,
+Every unique single op of a module (same :class:`~disco_estimator.ops.keys.OpKey`: opcode,
 operand shapes, result shape, dtype and a hash of the attributes that change what it
 computes) is materialized as a small module of its own -- one parameter per operand,
 the op as ROOT, plus the computations it calls (reduce regions, sort comparators,
@@ -13,7 +13,7 @@ scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_standalo
   inside the bounds of the indexed operand, so the op does the work it does in the
   real program (an out-of-bounds scatter update is skipped). Small constant operands
   stay constants, as in the program.
-* Times come from a ``jax.profiler`` trace, like :mod:`disco_estimator.profiler`'s
+* Times come from a ``jax.profiler`` trace, like :mod:`disco_estimator.ops.trace`'s
   whole-program profiles: each executed thunk is one event, and an op's time in one
   run is the sum of its module's events (host dispatch is not included). After
   ``warmup`` untraced runs, ``repeats`` runs are traced; the median is kept. All ops of
@@ -27,18 +27,16 @@ scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_standalo
   data-parallel program does (``inproc4``: 4 devices share the host's cores); the
   time is the median over replicas and runs. It is part of the cache fingerprint.
 
-Ops that cannot run on their own are not timed (:func:`op_status` says why):
-collectives, control flow (its bodies' ops are timed instead), custom-calls, random
-number generators and other side effects, and ``fusion`` (a fusion's time is always
-predicted from its members, never measured). Ops that run no kernel (parameters,
+Ops that cannot run on their own are not timed
+(:func:`~disco_estimator.ops.keys.op_status` says why): collectives, control flow (its
+bodies' ops are timed instead), custom-calls, random number generators and other side
+effects, and ``fusion`` (a fusion's time is always predicted from its members, never
+measured). Ops that run no kernel (parameters,
 constants, tuples, ``get-tuple-element``, ``bitcast``, and ``reshape``, which XLA:CPU
 turns into a bitcast under its default layouts) cost zero. Both fall back to the
-analytic model of :mod:`disco_estimator.profiler` (see ``disco_jax.costs.cost_model``).
+analytic model of :mod:`disco_estimator.ops.table` (see ``disco_jax.costs.cost_model``).
 
-The cache is one JSON file per backend fingerprint (jax/jaxlib version, platform,
-device kind, host CPU count, replicas) under ``$DISCO_CACHE_DIR/ops`` (default
-``~/.cache/disco_jax/ops``), written atomically (temporary file + ``os.replace``) under
-an advisory file lock, merged with what other processes wrote meanwhile.
+Timings are cached on disk per backend (:mod:`disco_estimator.ops.cache`).
 
 Times are seconds and sizes bytes throughout.
 """
@@ -58,52 +56,40 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from disco_estimator import profiler as pr
-from hlo_tools import dirs
-from hlo_tools.ir import NUMPY_DTYPES, HloComputation, HloInstruction, HloModule, Shape
-from hlo_tools.opcodes import (
-    COLLECTIVE_PREFIXES,
-    CONTROL_FLOW_OPCODES,
-    FREE_OPCODES,
-    NOT_STANDALONE_OPCODES,
+from disco_estimator.ops.cache import OpTimeCache, OpTiming
+from disco_estimator.ops.keys import (
+    OpInfo,
+    OpKey,
+    describe_instruction,
+    dims_attr,
+    library_info,
+    library_instructions,
+    module_view,
+    op_status,
+    timing_key,
 )
+from disco_estimator.ops.trace import find_trace_file, op_events, read_trace_events
+from hlo_tools.ir import NUMPY_DTYPES, HloComputation, HloInstruction, HloModule, Shape
+from hlo_tools.opcodes import CONTROL_FLOW_OPCODES
 from hlo_tools.printer import to_text
 
 __all__ = [
-    "OP_BENCH_VERSION",
-    "OP_CACHE_SCHEMA",
-    "FREE_OPCODES",
-    "LIBRARY_SUFFIX",
     "InputSpec",
-    "OpStatus",
-    "OpTiming",
-    "OpTimeCache",
     "PinnedTimer",
     "StandaloneOp",
     "Timer",
     "TimerResult",
     "TimingJob",
-    "backend_fingerprint",
     "bench_module",
-    "benchable_ops",
     "bench_ops",
-    "cache_dir",
+    "benchable_ops",
     "called_closure",
-    "is_library_fusion",
     "kernel_instructions",
-    "library_computations",
-    "library_info",
-    "library_instructions",
-    "library_key",
-    "module_view",
-    "op_key",
-    "op_status",
     "pinned_timing",
     "random_inputs",
     "run_jobs",
@@ -111,126 +97,13 @@ __all__ = [
     "standalone_op",
     "time_standalone",
     "timer",
-    "timing_key",
 ]
-
-OP_CACHE_SCHEMA = 1
-#: Version of how standalone ops are built and timed; part of the cache fingerprint, so
-#: bumping it re-times everything (failed ops included).
-OP_BENCH_VERSION = 1
 
 #: Attributes left out of a standalone op (they do not change what it computes).
 _DROP_ATTRS = frozenset({"metadata", "sharding", "frontend_attributes", "backend_config",
                          "control-predecessors", "statistics", "origin", "schedule_id"})
 #: Constant operands up to this many bytes stay constants in the standalone module.
 _CONSTANT_BYTES = 1024
-OpStatus = Literal["bench", "free", "skip"]
-
-
-# --------------------------------------------------------------------------- op keys
-
-
-def module_view(module: HloModule) -> Any:
-    """The lookup tables :func:`op_key` needs; build once per module and reuse."""
-    return pr._ModuleView(module)
-
-
-def op_key(view: Any, instr: HloInstruction) -> pr.OpKey:
-    """The :class:`~disco_estimator.profiler.OpKey` of one instruction (name- and layout-free).
-
-    Args:
-        view: :func:`module_view` of the module holding ``instr``.
-        instr: the instruction.
-
-    Returns:
-        The key shared by every op that computes the same thing on the same shapes.
-    """
-    return pr.describe_instruction(view, instr).key
-
-
-#: Appended to the opcode of an op's key when the op is timed as XLA's kernel library
-#: runs it (XLA:CPU's ``__ynn_fusion``, see :func:`library_key`).
-LIBRARY_SUFFIX = "@library"
-
-
-def library_key(key: pr.OpKey) -> pr.OpKey:
-    """The key of ``key``'s op run by XLA's kernel library instead of XLA's own emitter.
-
-    XLA's default CPU pipeline hands dots, convolutions and reduces to a library
-    (YNNPACK) by wrapping them in a ``kind=kCustom`` fusion; a plan compiled with
-    ``exact=True`` does not (``hlo_tools/jax_bridge/xla_passes.toml``). The two can differ several
-    fold on the same shapes, so their times are kept under different keys.
-    """
-    return dataclasses.replace(key, opcode=key.opcode + LIBRARY_SUFFIX)
-
-
-def library_info(info: pr.OpInfo) -> pr.OpInfo:
-    """``info`` with its key replaced by :func:`library_key` of it."""
-    return dataclasses.replace(info, key=library_key(info.key))
-
-
-def is_library_fusion(instr: HloInstruction) -> bool:
-    """Whether ``instr`` is a library fusion (``fusion`` with ``kind=kCustom``)."""
-    return instr.opcode == "fusion" and instr.attrs.get("kind") == "kCustom"
-
-
-def library_computations(module: HloModule) -> frozenset[str]:
-    """Names of the fused computations of ``module``'s library fusions."""
-    return frozenset(name for _, instr in module.instructions() if is_library_fusion(instr)
-                     for name in instr.called_computations)
-
-
-def library_instructions(module: HloModule) -> set[int]:
-    """``id()`` of every instruction inside the fused computation of a library fusion."""
-    comps = module.computations_by_name()
-    return {id(i) for name in library_computations(module) if name in comps
-            for i in comps[name].instructions}
-
-
-def timing_key(view: Any, instr: HloInstruction, library: bool = False) -> str:
-    """The encoded key an op's time is stored under: :func:`op_key`, or its
-    :func:`library_key` when the op runs inside a library fusion."""
-    key = op_key(view, instr)
-    return (library_key(key) if library else key).encode()
-
-
-def op_status(instr: HloInstruction) -> tuple[OpStatus, str]:
-    """Whether an op is timed standalone (``"bench"``), free, or skipped, with the reason.
-
-    Returns:
-        ``("bench", "")``, ``("free", reason)`` or ``("skip", reason)``.
-    """
-    op = instr.opcode
-    if op in FREE_OPCODES:
-        return "free", f"{op} runs no kernel"
-    if _is_bitcast(instr):
-        return "free", f"this {op} only adds or moves size-1 dimensions (a bitcast)"
-    if op == "fusion":
-        return "skip", "fusions are predicted from their members, never timed"
-    if op.startswith(COLLECTIVE_PREFIXES):
-        return "skip", f"{op} is a collective (AllReduce model)"
-    if op in CONTROL_FLOW_OPCODES:
-        return "skip", f"{op} is control flow (its bodies' ops are timed)"
-    if op in NOT_STANDALONE_OPCODES:
-        return "skip", f"{op} cannot run standalone"
-    leaves = list(instr.shape.leaves())
-    if any(leaf.element_type not in NUMPY_DTYPES for leaf in leaves):
-        return "skip", f"result type {instr.shape} is not supported"
-    return "bench", ""
-
-
-def _is_bitcast(instr: HloInstruction) -> bool:
-    """A broadcast or transpose that keeps every element in place (XLA emits a bitcast):
-    it only adds size-1 dimensions, or only moves them."""
-    shape = instr.shape
-    if instr.opcode not in ("broadcast", "transpose") or not shape.is_array:
-        return False
-    dims = _dims(instr.attrs.get("dimensions"))
-    if instr.opcode == "broadcast":
-        kept = [shape.dims[d] for d in dims if d < len(shape.dims)]
-        return dims == sorted(dims) and math.prod(kept) == shape.num_elements
-    moved = [d for d in dims if d < len(shape.dims) and shape.dims[dims.index(d)] != 1]
-    return moved == sorted(moved)
 
 
 # --------------------------------------------------------------------------- standalone op
@@ -264,17 +137,12 @@ class StandaloneOp:
             :func:`library_key`).
     """
 
-    key: pr.OpKey
+    key: OpKey
     hlo_text: str
     module_name: str
     inputs: tuple[InputSpec, ...]
-    info: pr.OpInfo
+    info: OpInfo
     library: bool = False
-
-
-def _dims(text: str | None) -> list[int]:
-    inner = (text or "").strip().strip("{}").strip()
-    return [int(x) for x in inner.split(",") if x.strip()]
 
 
 def _index_bounds(module_instr: Mapping[str, HloInstruction],
@@ -283,7 +151,7 @@ def _index_bounds(module_instr: Mapping[str, HloInstruction],
     ops = [module_instr[o] for o in instr.operands]
     op = instr.opcode
     if op == "dynamic-slice":
-        sizes = _dims(instr.attrs.get("dynamic_slice_sizes"))
+        sizes = dims_attr(instr.attrs.get("dynamic_slice_sizes"))
         dims = ops[0].shape.dims
         return {k: max(1, dims[k - 1] - sizes[k - 1] + 1) if k - 1 < len(sizes) else 1
                 for k in range(1, len(ops))}
@@ -292,15 +160,16 @@ def _index_bounds(module_instr: Mapping[str, HloInstruction],
         return {k: max(1, dims[k - 2] - upd[k - 2] + 1) for k in range(2, len(ops))}
     if op == "gather":
         dims = ops[0].shape.dims
-        sizes = _dims(instr.attrs.get("slice_sizes"))
-        mapped = _dims(instr.attrs.get("start_index_map")) or list(range(len(dims)))
+        sizes = dims_attr(instr.attrs.get("slice_sizes"))
+        mapped = dims_attr(instr.attrs.get("start_index_map")) or list(range(len(dims)))
         high = min((dims[d] - (sizes[d] if d < len(sizes) else 1) + 1 for d in mapped),
                    default=1)
         return {1: max(1, high)}
     if op == "scatter":
         n_inputs = (len(ops) - 1) // 2
         dims = ops[0].shape.dims
-        mapped = _dims(instr.attrs.get("scatter_dims_to_operand_dims")) or list(range(len(dims)))
+        mapped = (dims_attr(instr.attrs.get("scatter_dims_to_operand_dims"))
+                  or list(range(len(dims))))
         return {n_inputs: max(1, min((dims[d] for d in mapped), default=1))}
     return {}
 
@@ -361,7 +230,7 @@ def standalone_op(module: HloModule, instr: HloInstruction, view: Any | None = N
     """
     view = view if view is not None else module_view(module)
     module_instr = module_instr if module_instr is not None else view.instr
-    info = pr.describe_instruction(view, instr)
+    info = describe_instruction(view, instr)
     if library:
         info = library_info(info)
     bounds = _index_bounds(module_instr, instr)
@@ -421,59 +290,12 @@ def random_inputs(op: StandaloneOp | Sequence[InputSpec], seed: int = 0) -> list
 # --------------------------------------------------------------------------- timing
 
 
-@dataclasses.dataclass(frozen=True)
-class OpTiming:
-    """Measured time of one op key (or why it could not be measured).
-
-    Attributes:
-        time_s: median seconds of one execution (NaN when ``error`` is set).
-        p25_s: 25th percentile, seconds.
-        p75_s: 75th percentile, seconds.
-        samples: timed executions (over runs and replicas).
-        cls: opcode class of the analytic model.
-        bytes: operand + result bytes.
-        flops: estimated flops.
-        error: why the op could not be timed ("" when it was).
-    """
-
-    time_s: float
-    p25_s: float
-    p75_s: float
-    samples: int
-    cls: str
-    bytes: int
-    flops: float
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and math.isfinite(self.time_s)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict (NaN times as null, so the file is strict JSON)."""
-        data = dataclasses.asdict(self)
-        for k in ("time_s", "p25_s", "p75_s"):
-            if not math.isfinite(data[k]):
-                data[k] = None
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> OpTiming:
-        """Inverse of :meth:`to_json`."""
-        def num(k: str) -> float:
-            return math.nan if data[k] is None else float(data[k])
-
-        return cls(num("time_s"), num("p25_s"), num("p75_s"), int(data["samples"]),
-                   str(data["cls"]), int(data["bytes"]), float(data["flops"]),
-                   str(data.get("error", "")))
-
-
-def _failed(info: pr.OpInfo, error: str) -> OpTiming:
+def _failed(info: OpInfo, error: str) -> OpTiming:
     return OpTiming(math.nan, math.nan, math.nan, 0, info.cls, info.bytes, info.flops,
                     error[:300])
 
 
-def _summarize(info: pr.OpInfo, samples: list[float]) -> OpTiming:
+def _summarize(info: OpInfo, samples: list[float]) -> OpTiming:
     if not samples:
         return OpTiming(0.0, 0.0, 0.0, 0, info.cls, info.bytes, info.flops)
     q25, q50, q75 = np.percentile(samples, [25, 50, 75])
@@ -483,7 +305,7 @@ def _summarize(info: pr.OpInfo, samples: list[float]) -> OpTiming:
 
 def _trace_samples(trace_root: str, names: set[str]) -> dict[str, list[float]]:
     """Per module, one time per (device, run): the sum of its thunk events."""
-    events = pr.op_events(pr.read_trace_events(pr.find_trace_file(trace_root)))
+    events = op_events(read_trace_events(find_trace_file(trace_root)))
     totals: dict[tuple[str, int, str], float] = defaultdict(float)
     for ev in events:
         if ev.module in names:
@@ -794,98 +616,6 @@ def pinned_timing(replicas: int = 1, platform: str | None = None) -> bool:
     return jax_bridge.backend_info(platform)["platform"] == "cpu"
 
 
-# --------------------------------------------------------------------------- cache
-
-
-def cache_dir() -> Path:
-    """Where single-op timings are cached: ``ops`` in :func:`hlo_tools.dirs.cache_dir`."""
-    return dirs.cache_dir("ops")
-
-
-def backend_fingerprint(replicas: int = 1, platform: str | None = None,
-                        pinned: bool = False) -> dict[str, Any]:
-    """What measured op times depend on (part of the cache file name and content);
-    ``pinned`` (times from :class:`PinnedTimer`) adds ``"pinned": True``."""
-    from hlo_tools import jax_bridge
-
-    info = jax_bridge.backend_info(platform)
-    out = {"schema": OP_CACHE_SCHEMA, "version": OP_BENCH_VERSION,
-           "jax": info["jax"], "jaxlib": info["jaxlib"],
-           "platform": info["platform"], "device_kind": info["device_kind"],
-           "cpu_count": info["cpu_count"], "replicas": int(replicas)}
-    if pinned:
-        out["pinned"] = True
-    return out
-
-
-class OpTimeCache:
-    """Measured op times of one backend fingerprint, stored as one JSON file.
-
-    File: ``<directory>/<sha256(fingerprint)[:16]>.json`` holding
-    ``{"schema", "fingerprint", "ops": {OpKey.encode(): OpTiming}}``.
-    """
-
-    def __init__(self, fingerprint: Mapping[str, Any], directory: str | os.PathLike | None = None):
-        self.fingerprint = dict(fingerprint)
-        self.directory = Path(directory) if directory is not None else cache_dir()
-        tag = json.dumps(self.fingerprint, sort_keys=True).encode()
-        self.path = self.directory / f"{hashlib.sha256(tag).hexdigest()[:16]}.json"
-        self.entries: dict[str, OpTiming] = self._read()
-
-    @classmethod
-    def for_backend(cls, replicas: int = 1, directory: str | os.PathLike | None = None,
-                    pinned: bool = False) -> OpTimeCache:
-        """The cache of the current jax backend (of pinned timings with ``pinned``)."""
-        return cls(backend_fingerprint(replicas, pinned=pinned), directory)
-
-    def _read(self) -> dict[str, OpTiming]:
-        """Entries on disk; a missing, corrupt or foreign file reads as empty."""
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-            if data.get("schema") != OP_CACHE_SCHEMA or data.get("fingerprint") != \
-                    self.fingerprint:
-                return {}
-            return {k: OpTiming.from_json(v) for k, v in data["ops"].items()}
-        except (OSError, ValueError, KeyError, TypeError):
-            return {}
-
-    def get(self, key: str) -> OpTiming | None:
-        return self.entries.get(key)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.entries
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def update(self, timings: Mapping[str, OpTiming]) -> None:
-        """Adds timings in memory (call :meth:`save` to store them)."""
-        self.entries.update(timings)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a+") as lock:
-            try:
-                import fcntl
-
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            except (ImportError, OSError):  # no advisory locks: atomic rename still holds
-                pass
-            yield
-
-    def save(self) -> Path:
-        """Merges with the file's current content (ours win) and writes it atomically."""
-        with self._locked():
-            merged = {**self._read(), **self.entries}
-            data = {"schema": OP_CACHE_SCHEMA, "fingerprint": self.fingerprint,
-                    "ops": {k: merged[k].to_json() for k in sorted(merged)}}
-            dirs.write_atomic(self.path, json.dumps(data, indent=0, allow_nan=False))
-            self.entries = merged
-        return self.path
-
-
 # --------------------------------------------------------------------------- driver
 
 
@@ -917,7 +647,7 @@ def _standalone_ops(module: HloModule, wanted: Mapping[str, tuple[HloInstruction
         try:
             todo.append(standalone_op(module, instr, view, library=lib))
         except (KeyError, ValueError, IndexError) as err:
-            failed[key] = _failed(pr.describe_instruction(view, instr),
+            failed[key] = _failed(describe_instruction(view, instr),
                                   f"no standalone module: {err}")
     return todo, failed
 
