@@ -117,7 +117,8 @@ def build_variant(variant: Mapping[str, Any], step: Any, args: Sequence[Any], mo
         return compile_baseline(step, args, "xla_default"), None
     plan = plan_for(graph, variant)
     text = hlo_tools.to_text(hlo_tools.apply_plan(module, plan, graph))
-    return hlo_tools.compile_hlo(step, args, text, exact=True), plan_json(plan)
+    return (hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
+                                     hlo_tools.CompileOptions(exact=True)), plan_json(plan))
 
 
 def _setup_jax(spec: Mapping[str, Any]) -> None:

@@ -68,16 +68,17 @@ def fusion_as_call() -> bool:
 
     if jax_bridge.check_versions(warn=False):
         return False
-    compile_standalone = jax_bridge.compile_standalone
+    compile_module = jax_bridge.compile_module
     fused = re.compile(r"fusion\(([^)]*)\), kind=kLoop, calls=fused_group")
 
-    def compile_as_call(hlo_text: str, *, exact: bool = True, **kwargs: Any) -> Any:
-        if fused.search(hlo_text):
-            return compile_standalone(fused.sub(r"call(\1), to_apply=fused_group", hlo_text),
-                                      exact=False, **kwargs)
-        return compile_standalone(hlo_text, exact=exact, **kwargs)
+    def compile_as_call(hlo_text: str, target: Any, options: Any = None) -> Any:
+        options = options or jax_bridge.CompileOptions()
+        if isinstance(target, jax_bridge.Standalone) and fused.search(hlo_text):
+            return compile_module(fused.sub(r"call(\1), to_apply=fused_group", hlo_text),
+                                  target, options._replace(exact=False))
+        return compile_module(hlo_text, target, options)
 
-    jax_bridge.compile_standalone = compile_as_call
+    jax_bridge.compile_module = compile_as_call
     return True
 
 

@@ -140,7 +140,8 @@ def _route_checks(step, args, want) -> dict:
                               and graph.opcodes[ms[0]] != "all-reduce"),
                "exact": how.get("exact", False)}
         try:
-            run = jb.compile_hlo(step, args, text, **how)
+            run = jb.compile_module(text, jb.InPlaceOf(step, args), jb.CompileOptions(
+                how["exact"], how.get("library", False), how.get("compiler_options")))
             row["compiles"] = True
             row["same_as_jax_jit"], row["max_abs_diff"] = _same(run(*args), want)
         except Exception as err:  # noqa: BLE001 - what the backend says is the finding
@@ -191,7 +192,8 @@ def check_model(model: str, size: str, budget: float, rounds: int, min_sample_s:
         from disco_estimator.ops import profile_ops
 
         text = jb.extract(jb.fresh_function(step), *args)
-        run = jb.compile_hlo(jb.fresh_function(step), args, text, exact=True, library=True)
+        run = jb.compile_module(text, jb.InPlaceOf(jb.fresh_function(step), args),
+                                jb.CompileOptions(exact=True, library=True))
         prof = profile_ops(run, *args, iterations=5, warmup=2)
         path = profiles / f"gpu_op_times_{model}_{size}.json"
         write_atomic(path, json.dumps(prof.to_json()))

@@ -103,7 +103,8 @@ def measure_model(model: str, size: str, repeats: int, warmup: int,
     runs, compile_s = {}, {}
     for way in WAYS:
         t = time.perf_counter()
-        runs[way] = jb.compile_hlo(step, args, text, exact=True, library=way != "exact")
+        runs[way] = jb.compile_module(text, jb.InPlaceOf(step, args),
+                                      jb.CompileOptions(exact=True, library=way != "exact"))
         compile_s[way] = time.perf_counter() - t
     outs = {way: jax.tree.leaves(run(*args)) for way, run in runs.items()}
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
@@ -121,11 +122,10 @@ def measure_rnnlm_dot(repeats: int, warmup: int, min_sample_s: float) -> dict[st
     rng = np.random.default_rng(0)
     a = rng.standard_normal((8, 512), dtype=np.float32)
     b = rng.standard_normal((128, 512), dtype=np.float32)
-    runs = {"exact": jb.compile_standalone(RNNLM_DOT, exact=True),
-            "exact+library": jb.compile_standalone(
-                RNNLM_DOT, exact=True,
-                compiler_options={k: v for k, v in jb.plan_library_options("cpu").items()
-                                  if k != "xla_disable_hlo_passes"}, library=True)}
+    runs = {"exact": jb.compile_module(RNNLM_DOT, jb.Standalone(), jb.CompileOptions(exact=True)),
+            # a plan's library options (plan_library_options), as a planned dot runs
+            "exact+library": jb.compile_module(RNNLM_DOT, jb.Standalone(),
+                                               jb.CompileOptions(exact=True, library=True))}
     placed = {way: run.put(a, b) for way, run in runs.items()}
     calls = {way: (lambda run=run, p=placed[way]: run.run(p)) for way, run in runs.items()}
     times = _interleaved(calls, repeats, warmup, min_sample_s)

@@ -59,7 +59,7 @@ import numpy as np
 import hlo_tools
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
-from hlo_tools.jax_bridge import compile_hlo, extract
+from hlo_tools.jax_bridge import CompileOptions, InPlaceOf, compile_module, extract
 from hlo_tools.rewrite import apply_plan
 producer, consumer = int(sys.argv[1]), int(sys.argv[2])
 module = hlo_tools.parse(extract(f, *ARGS))
@@ -71,7 +71,7 @@ if sys.argv[5] == "dup":
 else:
     plan = P.fuse(space, base, producer, consumer)
 text = hlo_tools.to_text(apply_plan(module, plan, graph))
-run = compile_hlo(f, ARGS, text, exact=True)
+run = compile_module(text, InPlaceOf(f, ARGS), CompileOptions(exact=True))
 got, want = jax.tree.leaves(run(*ARGS)), jax.tree.leaves(jax.jit(f)(*ARGS))
 ok = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
 print(json.dumps({"ok": bool(ok)}))

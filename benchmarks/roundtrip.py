@@ -3,7 +3,7 @@
 For each model: instruction and all-reduce counts of the pre-optimization (``extract``)
 and post-optimization (``compile().as_text()``) HLO, parse and print times, whether XLA's
 canonical print of ``to_text(parse(text))`` equals that of the original, and whether our
-re-printed pre-optimization text compiled with ``compile_hlo(exact=False/True)`` matches
+re-printed pre-optimization text compiled with ``compile_module`` (exact=False/True) matches
 ``jax.jit(step)`` (rtol 1e-5, atol 1e-6; bitwise; max abs diff), plus whether it is
 bitwise identical to jax's own lowering compiled with the same options. Prints a table and
 writes ``benchmarks/results/roundtrip.json``. Run from the repository root:
@@ -30,7 +30,13 @@ import numpy as np  # noqa: E402
 from benchmarks.provenance import write_result  # noqa: E402
 from disco_jax import zoo  # noqa: E402
 from hlo_tools import HloModule, parse, to_text  # noqa: E402
-from hlo_tools.jax_bridge import compile_hlo, extract, xla_canonical_text  # noqa: E402
+from hlo_tools.jax_bridge import (  # noqa: E402
+    CompileOptions,
+    InPlaceOf,
+    compile_module,
+    extract,
+    xla_canonical_text,
+)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 NUM_DEVICES = 4
@@ -86,13 +92,15 @@ def compare(got: Any, want: Any) -> dict:
 
 
 def execution(jitted: Any, args: tuple, pre: str, expected: Any, exact: bool) -> dict:
-    """Runs our re-printed ``pre`` with ``compile_hlo`` and compares it with the references.
+    """Runs our re-printed ``pre`` with ``compile_module`` and compares it with the references.
 
     ``vs_jit`` compares with ``jax.jit(step)``; ``bitwise_vs_own`` with jax's own lowering
     compiled under the same options (isolates the text round trip from XLA's options).
     """
-    ours = compile_hlo(jitted, args, to_text(parse(pre)), exact=exact)(*args)
-    own = compile_hlo(jitted, args, None, exact=True)(*args) if exact else expected
+    ours = compile_module(to_text(parse(pre)), InPlaceOf(jitted, args),
+                          CompileOptions(exact=exact))(*args)
+    own = (compile_module(None, InPlaceOf(jitted, args), CompileOptions(exact=True))(*args)
+           if exact else expected)
     return {**compare(ours, expected), "bitwise_vs_own": compare(ours, own)["bitwise"]}
 
 

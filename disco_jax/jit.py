@@ -21,7 +21,7 @@ environment variable ``ENABLE_SEARCH``:
   need more memory than ``$DISCO_MEMORY_BUDGET`` or the device has are refused), store the winner
   (:mod:`disco_jax.store`) and run it. Mode ``"searched"``.
 * ``0`` (enactment phase): load the stored program for this fingerprint and run it as
-  stored (:func:`disco_jax.enactment.build`: ``compile_hlo(..., exact=True)`` for a plan,
+  stored (:func:`disco_jax.enactment.build`: compiled with ``exact=True`` for a plan,
   staged or not). Mode ``"stored"``.
 * unset: use a stored program when one matches, else plain ``jax.jit``.
 
@@ -696,7 +696,7 @@ def _delete_donated(dyn: tuple, donate: tuple[int, ...]) -> None:
     """Deletes the buffers of donated arguments after a call, as ``jax.jit`` does.
 
     A program compiled from stored HLO text does not alias its inputs to its outputs
-    (:func:`hlo_tools.compile_hlo` drops jax's buffer donors), so the memory is not
+    (:func:`hlo_tools.compile_module` drops jax's buffer donors), so the memory is not
     reused; deleting keeps the contract of ``donate_argnums`` (a donated array cannot be
     used again) the same with and without DisCo.
     """

@@ -9,6 +9,7 @@ from hlo_tools.rewrite import apply_plan
 from hlo_tools.verify import HloVerifyError, find_problems, verify
 
 __all__ = [
+    "CompileOptions",
     "Decision",
     "DeviceGraph",
     "FusionSpace",
@@ -18,11 +19,12 @@ __all__ = [
     "HloModule",
     "HloParseError",
     "HloVerifyError",
+    "InPlaceOf",
     "NodeKind",
     "Plan",
     "Shape",
     "apply_plan",
-    "compile_hlo",
+    "compile_module",
     "device_computation",
     "device_graph",
     "extract",
@@ -37,7 +39,7 @@ __all__ = [
 ]
 
 
-_BRIDGE = ("HloCompileError", "compile_hlo", "extract")
+_BRIDGE = ("CompileOptions", "HloCompileError", "InPlaceOf", "compile_module", "extract")
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@ Each baseline is jax's normal compilation with some XLA passes disabled (the lis
 ``[cpu.baselines]`` / ``[gpu.baselines]`` of ``hlo_tools/jax_bridge/xla_passes.toml``):
 
 * ``no_fusion``: fusion and AllReduce-combiner passes off; the same options as
-  ``jax_bridge.compile_hlo(..., exact=True)`` (XLA:CPU still wraps single ops in
+  ``jax_bridge.CompileOptions(exact=True)`` (XLA:CPU still wraps single ops in
   ``wrapped_*`` fusions);
 * ``op_fusion``: combiner passes off, XLA's op fusion on;
 * ``allreduce_fusion``: fusion passes off, XLA's AllReduce combining on;
@@ -178,7 +178,7 @@ def baseline_options(
 
     Returns:
         Options for ``Lowered.compile(compiler_options=...)`` /
-        ``jax_bridge.compile_hlo(..., exact=False, compiler_options=...)``.
+        ``jax_bridge.CompileOptions(exact=False, extra=...)``.
 
     Raises:
         ValueError: unknown name or platform, a negative threshold, or a positive finite
@@ -264,11 +264,11 @@ def combined_plan_options(platform: str = "cpu", *, library: bool = True,
     Args:
         platform: jax platform name (``cpu``, ``cuda``, ``rocm`` or ``gpu``).
         library: dots and convolutions on the kernel library (False: XLA's own thunks,
-            as ``compile_hlo(..., exact=True, library=False)``).
+            as ``CompileOptions(exact=True, library=False)``).
         config: pass config TOML (``hlo_tools/jax_bridge/xla_passes.toml`` when None).
 
     Returns:
-        Options for ``jax_bridge.compile_hlo(..., exact=False, compiler_options=...)``.
+        Options for ``jax_bridge.CompileOptions(exact=False, extra=...)``.
     """
     options = (jb.plan_library_options(platform, config) if library
                else jb.exact_compiler_options(platform, config))
@@ -337,8 +337,8 @@ def compile_baseline(
     step = jb.fresh_function(fn)
     if not _emulated(name, platform, threshold_bytes, config):
         options = baseline_options(name, platform, threshold_bytes, config=config)
-        return jb.compile_hlo(step, args, None, exact=False, kwargs=kwargs,
-                              compiler_options=options)
+        return jb.compile_module(None, jb.InPlaceOf(step, args, kwargs),
+                                 jb.CompileOptions(exact=False, extra=options))
     module = parse(jb.extract(step, *args, **(kwargs or {})))
     if not any(i.opcode == "all-reduce" for i in device_graph(module).computation.instructions):
         raise ValueError(
@@ -347,7 +347,8 @@ def compile_baseline(
         )
     text = to_text(apply_buckets(module, combiner_buckets(module, threshold_bytes)))
     options = baseline_options(name, platform, 0, config=config)
-    return jb.compile_hlo(step, args, text, exact=False, kwargs=kwargs, compiler_options=options)
+    return jb.compile_module(text, jb.InPlaceOf(step, args, kwargs),
+                             jb.CompileOptions(exact=False, extra=options))
 
 
 # ---------------------------------------------------------------- threshold emulation
@@ -505,8 +506,8 @@ def _compile_bucketed(step: Callable[..., Any], args: Sequence[Any], module: Hlo
         key = tuple(map(tuple, members))
         if key not in compiled:
             text = to_text(apply_plan(module, plan, graph))
-            run = jb.compile_hlo(step, args, text, exact=False, kwargs=kwargs,
-                                 compiler_options=options)
+            run = jb.compile_module(text, jb.InPlaceOf(step, args, kwargs),
+                                    jb.CompileOptions(exact=False, extra=options))
             compiled[key] = (jb.count_all_reduces(text), run)
         planned, run = compiled[key]
         out.append(BucketedCandidate(

@@ -38,6 +38,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from hlo_tools.devices import parse_groups
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
 from hlo_tools.opcodes import COLLECTIVE_OPCODES
@@ -222,8 +223,10 @@ def _reducer(module: HloModule, instr: HloInstruction) -> str:
 def _check_groups(instr: HloInstruction) -> None:
     """Only all-reduces over every device (one replica group) are supported."""
     groups = instr.attrs.get("replica_groups", "{}")
-    iota = re.match(r"\[(\d+),\d+\]<=", groups)
-    count = int(iota.group(1)) if iota else groups.count("{") - 1
+    try:
+        count = len(parse_groups(groups))
+    except ValueError as err:
+        raise ValueError(f"{instr.name}: {err}") from None
     if count > 1:
         raise ValueError(f"{instr.name}: all-reduce over several replica groups {groups}")
 

@@ -279,11 +279,18 @@ def test_disco_bench_predicts_a_gpu_cluster(tmp_path):
     """The predicted table of a GPU hardware file, its ops priced at times measured
     elsewhere (``--op-times``: here a profile of this CPU stands in for a GPU's)."""
     from disco_estimator.ops import profile_ops
-    from hlo_tools.jax_bridge import compile_hlo, extract, fresh_function
+    from hlo_tools.jax_bridge import (
+        CompileOptions,
+        InPlaceOf,
+        compile_module,
+        extract,
+        fresh_function,
+    )
 
     step, args = zoo.get("vgg")(4, "tiny")
     step = fresh_function(step)
-    run = compile_hlo(step, args, extract(step, *args), exact=True, library=True)
+    run = compile_module(extract(step, *args), InPlaceOf(step, args),
+                         CompileOptions(exact=True, library=True))
     (tmp_path / "times").mkdir()
     (tmp_path / "times" / "gpu_op_times_vgg_tiny.json").write_text(
         json.dumps(profile_ops(run, *args, iterations=2, warmup=1).to_json()))

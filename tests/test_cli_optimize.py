@@ -33,7 +33,8 @@ def _optimize_and_check(name: str, tmp_path, capsys, extra=()) -> dict:
     assert report["search"]["evaluated"] >= 1
     text = out.read_text()
     assert text != src.read_text()  # the search changed something on a zoo model
-    run = hlo_tools.compile_hlo(step, args, text, exact=True)
+    run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
+                                   hlo_tools.CompileOptions(exact=True))
     got, want = jax.tree.leaves(run(*args)), jax.tree.leaves(jax.jit(step)(*args))
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """Tests of the cost model (disco_jax.costs.cost_model), plans to SimGraphs (disco_jax.costs.lower),
 the fallback fused-op rule (disco_estimator.interface), disco_estimator.ops (keys,
-standalone timing, the op-time table) and jax_bridge.compile_standalone."""
+standalone timing, the op-time table) and jax_bridge.compile_module for Standalone."""
 
 from __future__ import annotations
 
@@ -559,7 +559,7 @@ ENTRY e {{
 # --------------------------------------------------------------------------- needs jax
 
 
-def test_compile_standalone_matches_numpy() -> None:
+def test_compile_standalone_module_matches_numpy() -> None:
     from hlo_tools import jax_bridge
 
     text = """HloModule s
@@ -579,7 +579,8 @@ ENTRY e {
   ROOT r = f32[4] reduce(m, zero), dimensions={1}, to_apply=sum
 }
 """
-    run = jax_bridge.compile_standalone(text)
+    run = jax_bridge.compile_module(text, jax_bridge.Standalone(),
+                                    jax_bridge.CompileOptions(exact=True))
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(2, 4, 8)).astype(np.float32)
     (out,) = run(x, y)
@@ -589,7 +590,8 @@ ENTRY e {
     with pytest.raises(ValueError, match="expected"):
         run(x.astype(np.float64), y)
     with pytest.raises(jax_bridge.HloCompileError):
-        jax_bridge.compile_standalone("HloModule broken\n\nENTRY e {\n  ROOT x = f32[] foo()\n}\n")
+        jax_bridge.compile_module("HloModule broken\n\nENTRY e {\n  ROOT x = f32[] foo()\n}\n",
+                                  jax_bridge.Standalone(), jax_bridge.CompileOptions(exact=True))
 
 
 def test_wrapped_key_matches_xla_fusion_wrapper() -> None:
@@ -597,7 +599,8 @@ def test_wrapped_key_matches_xla_fusion_wrapper() -> None:
     from hlo_tools import jax_bridge
 
     module = hlo_tools.parse(CHAIN)
-    compiled = hlo_tools.parse(jax_bridge.compile_standalone(CHAIN).as_text())
+    compiled = hlo_tools.parse(jax_bridge.compile_module(
+        CHAIN, jax_bridge.Standalone(), jax_bridge.CompileOptions(exact=True)).as_text())
     view = ops.module_view(compiled)
     wrapped = {ops.op_key(view, i).encode() for i in compiled.entry.instructions
                if i.opcode == "fusion"}
@@ -702,7 +705,8 @@ def test_profiles_give_in_context_times() -> None:
             np.ones((48,), np.float32))
     text = jax_bridge.extract(jax.jit(f), *args)
     module = hlo_tools.parse(text)
-    compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True)
+    compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
+                                         jax_bridge.CompileOptions(exact=True))
     prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
     view = ops.module_view(module)
     benched = [i for i in module.entry.instructions if ops.op_status(i)[0] == "bench"]
@@ -831,8 +835,10 @@ def test_standalone_times_library_ops_as_the_library_runs_them(tmp_path, monkeyp
     assert set(timings) == {plain.encode(), ops.library_key(plain).encode()}
     assert all(t.ok and t.time_s > 0 for t in timings.values())
     lib = ops.standalone_op(module, module.computation("lib_body").root, view, library=True)
-    exe = jax_bridge.compile_standalone(lib.hlo_text, exact=True, library=True)
-    plain_exe = jax_bridge.compile_standalone(lib.hlo_text, exact=True)
+    exe = jax_bridge.compile_module(lib.hlo_text, jax_bridge.Standalone(),
+                                    jax_bridge.CompileOptions(exact=True, library="default"))
+    plain_exe = jax_bridge.compile_module(lib.hlo_text, jax_bridge.Standalone(),
+                                          jax_bridge.CompileOptions(exact=True))
     assert "kind=kCustom" in exe.as_text() and "kind=kCustom" not in plain_exe.as_text()
     a, b = ops.random_inputs(lib, seed=1)
     np.testing.assert_allclose(exe(a, b)[0], a @ b.T, rtol=1e-4, atol=1e-4)
@@ -863,7 +869,8 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     assert len(calls) == 3 and len({i.called_computations[0] for i in calls}) == 1
     body = module.computation(calls[0].called_computations[0])
     mul = next(i for i in body.instructions if i.opcode == "multiply")
-    compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True)
+    compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
+                                         jax_bridge.CompileOptions(exact=True))
     prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
     kernels = hlo_tools.parse(prof.hlo_text)
     sites = {}
@@ -900,7 +907,8 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     args = (np.ones((128, 256), np.float32), np.ones((256, 128), np.float32))
     text = jax_bridge.extract(jax.jit(f), *args)
     module = hlo_tools.parse(text)
-    compiled = jax_bridge.compile_hlo(jax.jit(f), args, text, exact=True, library=True)
+    compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
+                                         jax_bridge.CompileOptions(exact=True, library=True))
     prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
     kernels = hlo_tools.parse(prof.hlo_text)
     on_library = [i for i in kernels.entry.instructions if ops.is_library_fusion(i)]

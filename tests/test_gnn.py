@@ -212,7 +212,8 @@ def test_dataset_generation_times_fused_modules_and_resumes(tmp_path, monkeypatc
                   if len(P.group_outputs(graph, None, m)) == 1)
     hlo, specs = D.fused_module(graph, ms, cs)
     assert hlo.count(" fusion(") == 1
-    exe = jax_bridge.compile_standalone(hlo, exact=True)
+    exe = jax_bridge.compile_module(hlo, jax_bridge.Standalone(),
+                                    jax_bridge.CompileOptions(exact=True))
     assert all(np.isfinite(o).all() for o in exe.run(exe.put(*ob_inputs(specs))))
     path, added = D.generate([("mlp", text)], per_module=3, repeats=3, warmup=1,
                              directory=tmp_path)

@@ -1,6 +1,7 @@
-"""A module given only as HLO text, profiled in context: ``compile_text`` (the program and
-its inputs, no train step), and ``disco simulate`` / ``disco optimize`` taking the
-in-context profile themselves -- or saying in one line why not."""
+"""A module given only as HLO text, profiled in context: ``compile_module`` for
+``FromText`` (the program and its inputs, no train step), and ``disco simulate`` /
+``disco optimize`` taking the in-context profile themselves -- or saying in one line why
+not."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ import hlo_tools
 from disco_jax import zoo
 from disco_jax.cli import main
 from disco_jax.cli.simulate import in_context_line
+from hlo_tools.devices import module_devices, parse_groups
 from hlo_tools.jax_bridge import (
+    CompileOptions,
     DevicesUnavailableError,
+    FromText,
     HloCompileError,
-    compile_text,
-    module_devices,
+    InPlaceOf,
+    compile_module,
 )
+
+#: The options profile_module_in_context compiles with (as enacted plans run).
+PLAN = CompileOptions(exact=True, library=True)
 
 SMALL = """HloModule small
 
@@ -45,10 +52,10 @@ def vgg(tmp_path_factory):
     return step, args, text, path
 
 
-def test_compile_text_runs_the_module_as_compile_hlo_does(vgg):
+def test_compile_from_text_runs_the_module_as_in_place_of_the_step(vgg):
     step, args, text, _ = vgg
-    assert module_devices(text) == 4
-    run, inputs = compile_text(text)
+    assert module_devices(hlo_tools.parse(text)) == 4
+    run, inputs = compile_module(text, FromText(), PLAN)
     assert [x.shape for x in inputs] == [a.shape for a in jax.tree.leaves(args)]
     assert [x.sharding.is_fully_replicated for x in inputs][-2:] == [False, False]  # batch
     floats = np.asarray(inputs[0])
@@ -56,31 +63,57 @@ def test_compile_text_runs_the_module_as_compile_hlo_does(vgg):
     assert floats.std() > 0.3 and labels.dtype == np.int32 and 0 <= labels.min()
     assert labels.max() < 8 and len(set(labels.tolist())) > 1
     got = jax.tree.leaves(run(*inputs))
-    ref = hlo_tools.compile_hlo(step, args, text, exact=True, library=True)
+    ref = compile_module(text, InPlaceOf(step, args), PLAN)
     want = jax.tree.leaves(ref(*jax.tree.unflatten(jax.tree.structure(args), inputs)))
     assert len(got) == len(want)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5)
 
 
-def test_compile_text_inputs_are_seeded_and_errors_are_clear():
-    first, again = compile_text(SMALL), compile_text(SMALL)
+def test_compile_from_text_inputs_are_seeded_and_errors_are_clear():
+    first, again = compile_module(SMALL, FromText(), PLAN), compile_module(SMALL, FromText(), PLAN)
     for x, y in zip(first.inputs, again.inputs):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    other = compile_text(SMALL, seed=1).inputs
+    other = compile_module(SMALL, FromText(seed=1), PLAN).inputs
     assert not np.array_equal(np.asarray(first.inputs[0]), np.asarray(other[0]))
     neg, doubled = first.run(*first.inputs)
     np.testing.assert_array_equal(np.asarray(neg), -np.asarray(first.inputs[0]))
     np.testing.assert_array_equal(np.asarray(doubled), 2 * np.asarray(first.inputs[1]))
-    assert compile_text(SMALL, inputs=False).inputs == ()
+    assert compile_module(SMALL, FromText(inputs=False), PLAN).inputs == ()
 
     wide = SMALL.replace("parameter(0)", "parameter(0), sharding={devices=[8,1]<=[8]}")
-    assert module_devices(wide) == 8
+    assert module_devices(hlo_tools.parse(wide)) == 8
     with pytest.raises(DevicesUnavailableError, match="runs on 8 devices, this process has 4"):
-        compile_text(wide)
+        compile_module(wide, FromText(), PLAN)
     compiled = SMALL.replace("HloModule small", "HloModule small, is_scheduled=true")
     with pytest.raises(HloCompileError, match="post-optimization"):
-        compile_text(compiled)
+        compile_module(compiled, FromText(), PLAN)
+
+
+def test_replica_groups_in_every_form_and_the_devices_they_name():
+    assert parse_groups("{{0,1},{2,3}}") == [[0, 1], [2, 3]]
+    assert parse_groups("{}") == [] and parse_groups("{{}}") == [[]]
+    assert parse_groups("{{0,4},{4,0}}") == [[0, 4], [4, 0]]  # source_target_pairs
+    assert parse_groups("[2,2]<=[4]") == [[0, 1], [2, 3]]
+    assert parse_groups("[1,4]<=[4]") == [[0, 1, 2, 3]]
+    assert parse_groups("[2,2]<=[2,2]T(1,0)") == [[0, 2], [1, 3]]
+    assert parse_groups("[4,2]<=[2,4]T(1,0)") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert parse_groups("[2,4]<=[2,2,2]T(2,1,0)") == [[0, 4, 2, 6], [1, 5, 3, 7]]
+    # mesh-axes form (newer XLA): the groups jax 0.10.2 prints as lists for the same psums
+    mesh = "mesh['a'=2,'b'=2,'c'=2]"
+    assert parse_groups(f"{mesh} {{'c','a'}}") == [[0, 4, 1, 5], [2, 6, 3, 7]]
+    assert parse_groups(f"{mesh} {{'b'}}") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert parse_groups(f"{mesh} {{'a','b','c'}}") == [list(range(8))]
+    for bad in ("[2,2]<=[8]", "[2,2]<=[2,2]T(0,0)", "nope", f"{mesh} {{'x'}}"):
+        with pytest.raises(ValueError):
+            parse_groups(bad)
+    module = hlo_tools.parse(SMALL.replace(
+        "c = s32[5]{0} add(b, b)",
+        "c = s32[5]{0} collective-permute(b), channel_id=1, source_target_pairs={{0,5},{5,0}}"))
+    assert module_devices(module) == 6
+    maximal = SMALL.replace("HloModule small", "HloModule small, num_partitions=2").replace(
+        "n = f32[4,3]{1,0} negate(a)", "n = f32[4,3]{1,0} negate(a), sharding={maximal device=2}")
+    assert module_devices(hlo_tools.parse(maximal)) == 3
 
 
 def test_simulate_profiles_in_context_and_reports_the_fit(vgg, capsys):

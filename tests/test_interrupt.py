@@ -114,7 +114,8 @@ def test_interrupted_search_keeps_its_best_plan_and_resumes(signum, vgg, tmp_pat
     _check_legal(module, plan)
     assert out.read_text() == hlo_tools.to_text(hlo_tools.apply_plan(module, plan))
     if signum == signal.SIGINT:  # (once: compiling costs seconds)
-        run = hlo_tools.compile_hlo(step, args, out.read_text(), exact=True)
+        run = hlo_tools.compile_module(out.read_text(), hlo_tools.InPlaceOf(step, args),
+                                       hlo_tools.CompileOptions(exact=True))
         got, want = jax.tree.leaves(run(*args)), jax.tree.leaves(jax.jit(step)(*args))
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from hlo_tools import jax_bridge as jb
+from hlo_tools.jax_bridge import CompileOptions, InPlaceOf
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 host devices")
 
@@ -113,7 +114,8 @@ def test_extract_prints_large_constants_in_full():
     x = np.ones(1000, np.float32)
     text = jb.extract(fn, x)
     assert "{...}" not in text and "999" in text
-    np.testing.assert_allclose(jb.compile_hlo(fn, (x,), text)(x), x * table + 1.0)
+    run = jb.compile_module(text, InPlaceOf(fn, (x,)), CompileOptions(exact=True))
+    np.testing.assert_allclose(run(x), x * table + 1.0)
 
 
 # ---------------------------------------------------------------------------- compiling
@@ -122,7 +124,7 @@ def test_extract_prints_large_constants_in_full():
 @pytest.mark.parametrize("exact", [False, True])
 def test_unchanged_text_matches_jit(mlp, exact):
     step, args, text, ref = mlp
-    run = jb.compile_hlo(step, args, text, exact=exact)
+    run = jb.compile_module(text, InPlaceOf(step, args), CompileOptions(exact=exact))
     _assert_same(run(*args), ref)
     n_all_reduce = jb.count_all_reduces(run.compiled.as_text())
     if exact:
@@ -157,7 +159,7 @@ def test_conv_dot_reduce_transpose_step_exact():
     x = rng.normal(size=(8, 6, 6, 2)).astype(np.float32)
     args = (params, x, rng.normal(size=(8, 8)).astype(np.float32))
     text = jb.extract(step, *args)
-    run = jb.compile_hlo(step, args, text, exact=True)
+    run = jb.compile_module(text, InPlaceOf(step, args), CompileOptions(exact=True))
     _assert_same(run(*args), jax.jit(step)(*args))
     assert jb.count_all_reduces(text) == jb.count_all_reduces(run.as_text()) == 4
     assert all(len(ops) == 1 for ops in _fused_ops(run.as_text()))
@@ -192,7 +194,7 @@ def _small(x, y):
 
 def test_handwritten_fusion_is_kept_and_nothing_else_fused():
     args = (np.linspace(0, 1, 8, dtype=np.float32), np.linspace(1, 2, 8, dtype=np.float32))
-    run = jb.compile_hlo(_small, args, _HANDWRITTEN, exact=True)
+    run = jb.compile_module(_HANDWRITTEN, InPlaceOf(_small, args), CompileOptions(exact=True))
     _assert_same(run(*args), jax.jit(_small)(*args))
     fused = _fused_ops(run.as_text())
     assert sorted(map(sorted, fused)) == sorted(
@@ -239,7 +241,7 @@ def _combine_pair(text: str, flat: bool) -> str:
 def test_handwritten_flat_combined_all_reduce_stays_one():
     fn, args = _psum_program()
     text = _combine_pair(jb.extract(fn, *args), flat=True)
-    run = jb.compile_hlo(fn, args, text, exact=True)
+    run = jb.compile_module(text, InPlaceOf(fn, args), CompileOptions(exact=True))
     _assert_same(run(*args), jax.jit(fn)(*args))
     assert jb.count_all_reduces(run.as_text()) == 1
     assert re.search(r"= f32\[6\]\{0\} all-reduce\(", run.as_text())
@@ -252,7 +254,7 @@ def test_tuple_all_reduce_in_shard_map_is_rejected_clearly():
     text = _combine_pair(jb.extract(fn, *args), flat=False)
     jb.xla_parse_ok(text)  # the text itself is valid HLO
     with pytest.raises(jb.HloCompileError, match="tuple-shaped"):
-        jb.compile_hlo(fn, args, text, exact=True)
+        jb.compile_module(text, InPlaceOf(fn, args), CompileOptions(exact=True))
 
 
 # ------------------------------------------------------------------------------- errors
@@ -262,7 +264,7 @@ def test_bad_text_raises_with_xla_message(mlp):
     step, args, text, _ = mlp
     bad = text.replace(" all-reduce(", " all-reduze(", 1)
     with pytest.raises(jb.HloCompileError, match="all-reduze"):
-        jb.compile_hlo(step, args, bad)
+        jb.compile_module(bad, InPlaceOf(step, args), CompileOptions(exact=True))
     with pytest.raises(jb.HloCompileError, match="parse"):
         jb.xla_parse_ok("HloModule broken\n\nENTRY main {\n  ROOT x = f32[2] parameter(0\n}\n")
 
@@ -270,7 +272,8 @@ def test_bad_text_raises_with_xla_message(mlp):
 def test_signature_mismatch_raises():
     args = (np.zeros(4, np.float32), np.zeros(4, np.float32))  # the text takes f32[8]
     with pytest.raises(jb.HloCompileError, match="signature"):
-        jb.compile_hlo(lambda x, y: (x * y, y), args, _HANDWRITTEN)
+        jb.compile_module(_HANDWRITTEN, InPlaceOf(lambda x, y: (x * y, y), args),
+                          CompileOptions(exact=True))
 
 
 _SHAPE_BUG = """HloModule shape_bug
@@ -304,8 +307,9 @@ def _twice(x, y):
 def test_extra_disabled_passes_are_added_to_exact_ones():
     args = (np.linspace(0, 1, 8, dtype=np.float32), np.linspace(1, 2, 8, dtype=np.float32))
     text = jb.extract(_twice, *args)
-    merged = jb.compile_hlo(_twice, args, text).as_text()
-    run = jb.compile_hlo(_twice, args, text, compiler_options={"xla_disable_hlo_passes": "cse"})
+    merged = jb.compile_module(text, InPlaceOf(_twice, args), CompileOptions(exact=True)).as_text()
+    run = jb.compile_module(text, InPlaceOf(_twice, args),
+                            CompileOptions(exact=True, extra={"xla_disable_hlo_passes": "cse"}))
     assert {"fusion", "cse"} <= set(run.compiler_options["xla_disable_hlo_passes"].split(","))
     assert merged.count(" sine(") == 1 and run.as_text().count(" sine(") == 2  # CSE is off
     _assert_same(run(*args), jax.jit(_twice)(*args))
@@ -318,6 +322,22 @@ def test_exact_options_per_backend():
     assert {"priority-fusion", "multi_output_fusion", "all-reduce-combiner"} <= set(gpu)
     with pytest.raises(jb.HloCompileError, match="tpu"):
         jb.exact_compiler_options("tpu")
+
+
+def test_one_rule_gives_the_options_of_every_compile():
+    exact = jb.exact_compiler_options("cpu")
+    assert jb.xla_options("cpu", CompileOptions(exact=False, library=True)) == {}
+    assert jb.xla_options("cpu", CompileOptions()) == exact
+    assert jb.xla_options("cpu", CompileOptions(library=True)) == jb.plan_library_options("cpu")
+    assert (jb.xla_options("cpu", CompileOptions(library="default"))
+            == jb.exact_compiler_options("cpu", library=True))
+    extra = {"xla_disable_hlo_passes": "cse", "xla_some_option": 2}
+    merged = jb.xla_options("cpu", CompileOptions(extra=extra))
+    assert merged == {**exact, "xla_disable_hlo_passes": exact["xla_disable_hlo_passes"] + ",cse",
+                      "xla_some_option": 2}
+    assert jb.xla_options("cpu", CompileOptions(exact=False, extra=extra)) == extra
+    with pytest.raises(TypeError, match="not a compile target"):
+        jb.compile_module("HloModule m", ("not", "a", "target"))
 
 
 def test_verified_versions(monkeypatch):
@@ -355,7 +375,7 @@ def test_declared_range_matches_the_verified_versions():
     assert project["requires-python"] == ">=3.11"
 
 
-def test_compile_hlo_does_not_change_what_jax_jit_runs():
+def test_compiling_in_place_does_not_change_what_jax_jit_runs():
     """jax caches lowerings; our text must go into a copy, never into jax's cache."""
 
     def f(x):
@@ -363,7 +383,7 @@ def test_compile_hlo_does_not_change_what_jax_jit_runs():
 
     x = jnp.float32(0.9)
     changed = jb.extract(f, x).replace("multiply(", "add(")
-    run = jb.compile_hlo(f, (x,), changed, exact=True)
+    run = jb.compile_module(changed, InPlaceOf(f, (x,)), CompileOptions(exact=True))
     assert float(run(x)) == pytest.approx(np.tanh(0.9) + 2, rel=1e-6)
     assert float(jax.jit(f)(x)) == pytest.approx(np.tanh(0.9) * 2, rel=1e-6)
     assert "multiply(" in jb.extract(f, x)
@@ -389,7 +409,8 @@ def local(w, x):
 step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d")), out_specs=P(),
                              check_vma=False))
 w, x = jnp.ones((8, 8)), jnp.ones((16, 8))
-run = jb.compile_hlo(step, (w, x), jb.extract(step, w, x), exact=True)
+run = jb.compile_module(jb.extract(step, w, x), jb.InPlaceOf(step, (w, x)),
+                        jb.CompileOptions(exact=True))
 assert np.allclose(run(w, x), step(w, x), rtol=1e-5)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Plans compiled exactly with library kernels (``compile_hlo(..., exact=True, library=True)``).
+"""Plans compiled exactly with library kernels (``CompileOptions(exact=True, library=True)``).
 
 Each random plan (200 moves, as in tests/test_random_plans.py) is compiled twice on real
 XLA:CPU, exact without and with library kernels, and must come out the same program but
@@ -144,7 +144,9 @@ def _check(model: str, seeds: list[int]) -> None:
     text = hlo_tools.extract(step, *args)
     wants = [jax.tree.leaves(jax.jit(step)(*args))]
     if model in EXACT_REFERENCE:
-        wants.append(jax.tree.leaves(hlo_tools.compile_hlo(step, args, text, exact=True)(*args)))
+        run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
+                                       hlo_tools.CompileOptions(exact=True))
+        wants.append(jax.tree.leaves(run(*args)))
     module = hlo_tools.parse(text)
     graph = hlo_tools.device_graph(module)
     space = P.FusionSpace(graph)
@@ -152,8 +154,10 @@ def _check(model: str, seeds: list[int]) -> None:
         plan = P.random_moves(space, P.initial_plan(graph), random.Random(seed), MOVES)
         out = hlo_tools.apply_plan(module, plan, graph)
         planned = hlo_tools.to_text(out)
-        exact = hlo_tools.compile_hlo(step, args, planned, exact=True)
-        lib = hlo_tools.compile_hlo(step, args, planned, exact=True, library=True)
+        target = hlo_tools.InPlaceOf(step, args)
+        exact = hlo_tools.compile_module(planned, target, hlo_tools.CompileOptions(exact=True))
+        lib = hlo_tools.compile_module(planned, target,
+                                       hlo_tools.CompileOptions(exact=True, library=True))
         s_exact, s_lib = _structure(exact.as_text()), _structure(lib.as_text())
         got = jax.tree.leaves(lib(*args))
         match = any(all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -78,7 +78,8 @@ def _run(text):
 
     x = np.random.RandomState(0).uniform(0.5, 2.0, N).astype(np.float32)
     y = x * x  # so that the unfused v is exactly 0: a tie of max(v, 0)
-    run = hlo_tools.compile_hlo(fn, (x, y), text, exact=True)
+    run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(fn, (x, y)),
+                                   hlo_tools.CompileOptions(exact=True))
     return [np.asarray(a) for a in run(x, y)]
 
 

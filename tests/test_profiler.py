@@ -74,7 +74,8 @@ def test_map_back_to_the_hlo_text_that_was_compiled() -> None:
     jax_bridge = pytest.importorskip("hlo_tools.jax_bridge")
     fn, args = _program()
     text = jax_bridge.extract(fn, *args)
-    compiled = jax_bridge.compile_hlo(fn, args, text, exact=True)
+    compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(fn, args),
+                                         jax_bridge.CompileOptions(exact=True))
     prof = ops.profile_program(compiled, *args, iterations=2, warmup=1)
     infos = ops.analyze_module(hlo_tools.parse(prof.hlo_text))
     mapping = ops.map_to_original({n: infos[n].op_names for n in prof.times_s},
@@ -192,7 +193,8 @@ def test_loop_body_ops_are_counted_per_execution() -> None:
         return lax.fori_loop(0, 5, lambda i, c: jnp.tanh(c * 0.5), x)
 
     x = jnp.ones((32, 32))
-    run = hlo_tools.compile_hlo(f, (x,), None, exact=True)
+    run = hlo_tools.compile_module(None, hlo_tools.InPlaceOf(f, (x,)),
+                                   hlo_tools.CompileOptions(exact=True))
     prof = ops.profile_program(run, x, iterations=2, warmup=1)
     body = [n for n, c in prof.counts.items() if c == 5]
     assert body, prof.counts  # the loop body ran 5 times per iteration

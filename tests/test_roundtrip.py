@@ -9,8 +9,8 @@ Needs 4 host devices (tests/conftest.py). For each tiny zoo model (``MODELS`` an
   canonical print of the original (our text differs only cosmetically: computation
   signatures, ``/*index=N*/`` comments and blank lines are dropped);
 * execution round trip: our re-printed pre-optimization text compiled with
-  ``compile_hlo(..., exact=False/True)`` gives the same outputs as XLA compiling jax's own
-  lowering, and (with one documented exception) as ``jax.jit(step)``;
+  ``compile_module`` (``exact=False/True``) gives the same outputs as XLA compiling jax's
+  own lowering, and (with one documented exception) as ``jax.jit(step)``;
 * the parsed post-optimization HLO holds fusions and all-reduces, so XLA's own plan can be
   simulated as a baseline.
 
@@ -33,7 +33,14 @@ import pytest
 
 from disco_jax import zoo
 from hlo_tools import parse, to_text
-from hlo_tools.jax_bridge import compile_hlo, extract, xla_canonical_text, xla_parse_ok
+from hlo_tools.jax_bridge import (
+    CompileOptions,
+    InPlaceOf,
+    compile_module,
+    extract,
+    xla_canonical_text,
+    xla_parse_ok,
+)
 
 N = 4
 SIZE = "tiny"
@@ -89,9 +96,11 @@ def _model(name: str) -> Model:
 
 @functools.cache
 def _ours(name: str, exact: bool) -> Any:
-    """Outputs of our re-printed pre-optimization text compiled with ``compile_hlo``."""
+    """Outputs of our re-printed pre-optimization text compiled with ``compile_module``."""
     m = _model(name)
-    return compile_hlo(m.jitted, m.args, to_text(parse(m.pre)), exact=exact)(*m.args)
+    run = compile_module(to_text(parse(m.pre)), InPlaceOf(m.jitted, m.args),
+                         CompileOptions(exact=exact))
+    return run(*m.args)
 
 
 @functools.cache
@@ -100,7 +109,7 @@ def _xla_own(name: str, exact: bool) -> Any:
     m = _model(name)
     if not exact:
         return m.expected
-    return compile_hlo(m.jitted, m.args, None, exact=True)(*m.args)
+    return compile_module(None, InPlaceOf(m.jitted, m.args), CompileOptions(exact=True))(*m.args)
 
 
 def _leaves(got: Any, want: Any) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -154,7 +163,7 @@ def test_execution_round_trip(name, exact, record_property):
 @pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
 @pytest.mark.parametrize("name", NAMES)
 def test_execution_matches_jit(name, exact, record_property):
-    """Our text compiled with ``compile_hlo`` gives ``jax.jit(step)``'s outputs.
+    """Our text compiled with ``compile_module`` gives ``jax.jit(step)``'s outputs.
 
     Where XLA's own exact-mode compile of the unchanged step already deviates from
     ``jax.jit`` on this CPU (``XLA_EXACT_DEVIATES``), the case is an xfail: ours then

@@ -21,7 +21,7 @@ Generation (:func:`generate`), for one HLO module at a time:
    per value read from outside and one ``fusion`` (kind ``kLoop``) of the members
    (:func:`fused_module`).
 4. **Time**: compiled with XLA's fusion passes off
-   (:func:`hlo_tools.jax_bridge.compile_standalone`, ``exact=True``), fed random inputs
+   (:func:`hlo_tools.jax_bridge.compile_module`, ``Standalone``, ``exact=True``), fed random inputs
    (:func:`disco_estimator.ops.random_inputs`: floats in [0.5, 2), small integers; index
    operands of gather/scatter/dynamic-(update-)slice are 0, always in bounds) and timed
    by :func:`disco_estimator.ops.timer` (``warmup`` untraced runs, ``repeats`` traced

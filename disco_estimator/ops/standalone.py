@@ -4,8 +4,8 @@ Every unique single op of a module (same :class:`~disco_estimator.ops.keys.OpKey
 operand shapes, result shape, dtype and a hash of the attributes that change what it
 computes) is materialized as a small module of its own -- one parameter per operand,
 the op as ROOT, plus the computations it calls (reduce regions, sort comparators,
-scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_standalone`
-(``exact=True``: XLA's fusion passes off, the op runs as its own kernel) and timed:
+scatter combiners) -- compiled with :func:`hlo_tools.jax_bridge.compile_module`
+(``Standalone``, ``exact=True``: XLA's fusion passes off, the op runs as its own kernel) and timed:
 
 * Inputs are random values of realistic magnitude: floats uniform in [0.5, 2) (valid
   for log, sqrt, rsqrt, divide, power; no denormals), booleans at random, and integer
@@ -445,8 +445,10 @@ def run_jobs(jobs: Sequence[TimingJob], *, replicas: int = 1, repeats: int = 15,
     items = []
     for job in jobs:
         try:
-            exe = jax_bridge.compile_standalone(job.hlo_text, exact=True, replicas=replicas,
-                                                library=job.library)
+            exe = jax_bridge.compile_module(job.hlo_text, jax_bridge.Standalone(replicas),
+                                            jax_bridge.CompileOptions(
+                                                exact=True,
+                                                library="default" if job.library else False))
             items.append((job, exe, exe.put(*random_inputs(job.inputs, seed=job.seed))))
         except Exception as err:  # e.g. an op XLA rejects standalone
             errors[job.module_name] = f"{type(err).__name__}: {err}".splitlines()[0][:300]

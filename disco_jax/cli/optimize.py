@@ -8,7 +8,8 @@ an XLA dump). Its per-device program (the shard_map body, else ENTRY) is searche
 module: profiled here and the AllReduce latency and compute scale fitted to it, see
 ``disco simulate --help``) -- from the no-fusion plan and the bucketed baselines. The best plan
 is written back with :func:`hlo_tools.apply_plan`: compile it with
-``hlo_tools.compile_hlo(step, args, text, exact=True)`` to run exactly that plan.
+``hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
+hlo_tools.CompileOptions(exact=True))`` to run exactly that plan.
 
 OUT is written atomically (a temporary file in its directory, then ``os.replace``): on
 any error there is no partial file, and an existing OUT is left as it was. Beside it,
@@ -66,11 +67,11 @@ HELP = """Search the best plan of an HLO module and write it back as HLO.
 Reads a pre-optimization module (jax's lowered.as_text(dialect="hlo")), searches op
 fusion, duplicate fusion and AllReduce buckets with the simulator as cost model, and
 writes the best plan as HLO to OUT (atomically), with OUT.plan.json beside it (the plan,
-its predicted time). Compile OUT with hlo_tools.compile_hlo(step, args, text, exact=True)
-to run exactly that plan; --enactment writes what disco_jax.jit's store keeps. For a GPU
-hardware file the plan holds AllReduce buckets only (XLA:GPU compiles no hand-written
-fusion). Ctrl-C stops the search and keeps the best plan so far (exit code 130);
---resume continues from it."""
+its predicted time). Compile OUT with hlo_tools.compile_module(text,
+hlo_tools.InPlaceOf(step, args), hlo_tools.CompileOptions(exact=True)) to run exactly that
+plan; --enactment writes what disco_jax.jit's store keeps. For a GPU hardware file the
+plan holds AllReduce buckets only (XLA:GPU compiles no hand-written fusion). Ctrl-C stops
+the search and keeps the best plan so far (exit code 130); --resume continues from it."""
 
 #: Examples, after the options in ``--help``.
 EXAMPLES = """examples:

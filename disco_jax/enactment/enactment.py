@@ -5,7 +5,7 @@ An :class:`Enactment` is either
 
 * **single-module**: one whole-program HLO module and how it is compiled (XLA's fusion
   passes off or on, the kernel library, extra XLA options), run with
-  :func:`hlo_tools.compile_hlo` in place of the step's own lowering; or
+  :func:`hlo_tools.compile_module` in place of the step's own lowering; or
 * **staged**: a :class:`disco_jax.enactment.staged.StagedPlan` (per-device stage modules, the
   communication buckets, the launch schedule), run by :class:`disco_jax.enactment.staged.StagedStep`
   on a compute stream and a communication thread.
@@ -194,9 +194,10 @@ def build(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any], *
         warnings.warn(f"staged enactment {enactment.name!r} falls back to one program: "
                       f"{reason}", RuntimeWarning, stacklevel=2)
         return build(single_module(enactment, step, args), step, args)
-    return jax_bridge.compile_hlo(step, args, enactment.text, exact=enactment.exact,
-                                  kwargs=kwargs, compiler_options=enactment.compiler_options,
-                                  library=enactment.library)
+    return jax_bridge.compile_module(
+        enactment.text, jax_bridge.InPlaceOf(step, args, kwargs),
+        jax_bridge.CompileOptions(exact=enactment.exact, library=enactment.library,
+                                  extra=enactment.compiler_options))
 
 
 def single_module(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any]

@@ -139,7 +139,9 @@ def check_plans(model: str, seeds: list[int], moves: int = 200,
     text = hlo_tools.extract(step, *args)
     want = [jax.tree.leaves(jax.jit(step)(*args))]
     if model in EXACT_REFERENCE:
-        want.append(jax.tree.leaves(hlo_tools.compile_hlo(step, args, text, exact=True)(*args)))
+        run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
+                                       hlo_tools.CompileOptions(exact=True))
+        want.append(jax.tree.leaves(run(*args)))
     module = hlo_tools.parse(text)
     graph = hlo_tools.device_graph(module)
     space = P.FusionSpace(graph)
@@ -166,7 +168,8 @@ def _check_one(row, module, graph, plan, step, args, want, np) -> dict:
     row = row | {"planned_fusions": distinct_fusions(out),
                  "foldable_fusions": foldable_fusions(out, graph.computation.name)}
     try:
-        run = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(out), exact=True)
+        run = hlo_tools.compile_module(hlo_tools.to_text(out), hlo_tools.InPlaceOf(step, args),
+                                       hlo_tools.CompileOptions(exact=True))
     except Exception as err:  # XLA's own error, reported as data
         return row | {"status": "compile_error", "error": str(err)[:500]}
     compiled = hlo_tools.parse(run.as_text())

@@ -348,8 +348,9 @@ class StagedStep:
         #: ``(bucket, elements)`` of every all-reduce launched, in launch order (the last
         #: 10,000): the same sequence in every process of a job.
         self.comm_log: collections.deque[tuple[int, int]] = collections.deque(maxlen=10_000)
-        self.programs = [jax_bridge.compile_per_device(s.text, self.devices, exact=exact)
-                         for s in plan.stages]
+        self.programs = [jax_bridge.compile_module(
+            s.text, jax_bridge.PerDevice(self.devices),
+            jax_bridge.CompileOptions(exact=exact)) for s in plan.stages]
         comm_mesh = Mesh(np.array(list(mesh.devices.flat)), (_AXIS,))
         self.comm_mesh = comm_mesh
         self.comm_programs = [_comm_program(comm_mesh, b, NUMPY_DTYPES[b.element_type],

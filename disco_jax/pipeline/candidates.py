@@ -66,8 +66,9 @@ def plan_compile_options(route: Any) -> dict[str, Any]:
     """How a plan of the search compiles on a route: exactly (XLA's fusion off, dots and
     convolutions on the kernel library) where hand-written fusions compile, else as the
     ``bucketed`` baseline (the plan's buckets written into the module, XLA's op fusion
-    on and its combiner off). Keyword arguments of both
-    :meth:`~disco_jax.enactment.Enactment.single` and :func:`hlo_tools.compile_hlo`."""
+    on and its combiner off). Keyword arguments of
+    :meth:`~disco_jax.enactment.Enactment.single` (``exact``, ``library``,
+    ``compiler_options``: the fields of :class:`hlo_tools.CompileOptions`)."""
     from hlo_tools import baselines as bl
     from hlo_tools.jax_bridge import EXACT
 
@@ -107,7 +108,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     from disco_jax.enactment.staged import CHUNK_BYTES
     from hlo_tools import apply_plan, to_text
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import compile_hlo
+    from hlo_tools.jax_bridge import CompileOptions, InPlaceOf, compile_module
     from hlo_tools.plan import Plan
 
     step, args, text, platform = program.step, program.args, program.text, program.platform
@@ -128,7 +129,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     swept = bl.combine_threshold_candidates(platform, program.gradient_bytes)
     for name, options in [(b, bl.baseline_options(b, platform)) for b in baselines] + swept:
         enactments[name] = Enactment.single(name, text, exact=False, compiler_options=options)
-        runs[name] = compile_hlo(step, args, text, exact=False, compiler_options=options)
+        runs[name] = compile_module(text, InPlaceOf(step, args),
+                                    CompileOptions(exact=False, extra=options))
     plans: dict[str, Plan] = {}
     how = plan_compile_options(route)
     for i, pj in enumerate(plans_json):
@@ -136,7 +138,9 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         plans[name] = Plan.from_json(pj)
         plan_text = to_text(apply_plan(program.module, plans[name], program.graph))
         enactments[name] = Enactment.single(name, plan_text, **how)
-        runs[name] = compile_hlo(step, args, plan_text, **how)
+        runs[name] = compile_module(plan_text, InPlaceOf(step, args), CompileOptions(
+            exact=how["exact"], library=how.get("library", False),
+            extra=how.get("compiler_options")))
     staged_runs, staged_info = staged_candidates(
         program, staged, plans=plans, costs=costs, sync=sync, say=say, top=staged_top,
         chunk_bytes=chunk_bytes)

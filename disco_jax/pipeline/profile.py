@@ -95,18 +95,20 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
         warmup: untraced iterations first.
         rounds: untraced samples of each iteration time.
         library: run dots and convolutions on XLA's kernel library, as enacted plans do
-            (:func:`hlo_tools.compile_hlo`'s ``library``), so their in-context times are
+            (:class:`hlo_tools.CompileOptions`' ``library``), so their in-context times are
             the times a plan's dots will take.
         sync: the job's :class:`Sync` (None: one process).
     """
     graph = hlo_tools.device_graph(module)
     one = _one_bucket(module, graph)
     several = len(graph.gradient_allreduces) >= 2  # something to combine, buckets differ
-    runs = {name: hlo_tools.compile_hlo(step, args, hlo_tools.to_text(m), exact=True,
-                                        library=library)
+    exact = hlo_tools.CompileOptions(exact=True, library=library)
+    runs = {name: hlo_tools.compile_module(hlo_tools.to_text(m), hlo_tools.InPlaceOf(step, args),
+                                           exact)
             for name, m in (("no_fusion", module), ("one_bucket", one))}
-    runs["fused"] = hlo_tools.compile_hlo(step, args, hlo_tools.to_text(one), exact=False,
-                                          compiler_options=_fused_options())
+    runs["fused"] = hlo_tools.compile_module(
+        hlo_tools.to_text(one), hlo_tools.InPlaceOf(step, args),
+        hlo_tools.CompileOptions(exact=False, extra=_fused_options()))
     buffers = [int(graph.out_bytes[i]) for i in graph.gradient_allreduces]
     if sync is not None and several:
         probe = tuple_allreduce_programs(buffers)
@@ -124,8 +126,8 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     its train step: e.g. a file for ``disco simulate`` / ``disco optimize``.
 
     Both programs (nothing fused; one gradient bucket) are compiled from their text by
-    :func:`hlo_tools.jax_bridge.compile_text` on this process's devices, exactly as
-    :func:`hlo_tools.compile_hlo` compiles them for the step (``exact=True``, dots and
+    :func:`hlo_tools.compile_module` (``FromText``) on this process's devices, exactly as
+    it compiles them in place of the step (``exact=True``, dots and
     convolutions on the kernel library with ``library``), and run on the same inputs
     made from the entry parameters (normal floats, small ints; seeded). One process: the
     module runs on this process's devices alone.
@@ -147,19 +149,19 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
         hlo_tools.HloCompileError: the module cannot be compiled here (a compiled or
             multi-replica module, or XLA rejects it).
     """
-    from hlo_tools.jax_bridge import compile_text
+    from hlo_tools.jax_bridge import CompileOptions, FromText, compile_module
 
     text = module if isinstance(module, str) else hlo_tools.to_text(module)
-    run, inputs = compile_text(text, exact=True, library=library, seed=seed)
+    exact = CompileOptions(exact=True, library=library)
+    run, inputs = compile_module(text, FromText(seed=seed), exact)
     parsed = hlo_tools.parse(text) if isinstance(module, str) else module
     graph = hlo_tools.device_graph(parsed)
     one = _one_bucket(parsed, graph)
     one_text = hlo_tools.to_text(one)
     runs = {"no_fusion": run,
-            "one_bucket": compile_text(one_text, exact=True, library=library,
-                                       inputs=False).run,
-            "fused": compile_text(one_text, exact=False, inputs=False,
-                                  compiler_options=_fused_options()).run}
+            "one_bucket": compile_module(one_text, FromText(inputs=False), exact).run,
+            "fused": compile_module(one_text, FromText(inputs=False), CompileOptions(
+                exact=False, library=True, extra=_fused_options())).run}
     return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=None,
                          buckets_differ=len(graph.gradient_allreduces) >= 2)

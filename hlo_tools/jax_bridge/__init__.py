@@ -8,25 +8,25 @@ modules by job:
 * :mod:`~hlo_tools.jax_bridge.extract` -- a jax function's pre-optimization HLO text;
 * :mod:`~hlo_tools.jax_bridge.text` -- HLO text as XLA reads it (parse, verify, MLIR);
 * :mod:`~hlo_tools.jax_bridge.passes` -- which XLA passes ``exact`` compiles switch off
-  (``xla_passes.toml``, per backend);
-* :mod:`~hlo_tools.jax_bridge.compile` -- compiling text in place of a function's
-  lowering, from the text alone, standalone or per device;
+  (``xla_passes.toml``, per backend), and the options of one compile;
+* :mod:`~hlo_tools.jax_bridge.compile` -- :func:`compile_module`: text compiled in place
+  of a function's lowering, from the text alone, standalone or per device;
 * :mod:`~hlo_tools.jax_bridge.route` -- whether a backend compiles hand-written fusions;
-* :mod:`~hlo_tools.jax_bridge.devices` -- devices a module needs, this process's memory;
+* :mod:`~hlo_tools.jax_bridge.devices` -- this process's devices for a module, its memory;
 * :mod:`~hlo_tools.jax_bridge.sync` -- barriers and exchanges of a multi-process job.
 
 Typical use::
 
     text = extract(step, params, batch)            # pre-optimization whole-program HLO
     new_text = rewrite(text)                        # our plan, e.g. hand-written fusions
-    run = compile_hlo(step, (params, batch), new_text, exact=True)
+    run = compile_module(new_text, InPlaceOf(step, (params, batch)), CompileOptions(exact=True))
     new_params, loss = run(params, batch)
     print(run.as_text())                            # what XLA actually compiled
 
-A module given only as text (an HLO file, no Python function) compiles the same way with
-:func:`compile_text`, which also makes inputs from its entry parameters::
+A module given only as text (an HLO file, no Python function) compiles the same way for
+:class:`FromText`, which also makes inputs from its entry parameters::
 
-    run, inputs = compile_text(text)                # on this process's first N devices
+    run, inputs = compile_module(text, FromText(), CompileOptions(exact=True, library=True))
     outputs = run(*inputs)
 """
 
@@ -35,23 +35,25 @@ from __future__ import annotations
 from hlo_tools.jax_bridge.compile import (
     CompiledHlo,
     CompiledText,
+    FromText,
+    InPlaceOf,
+    PerDevice,
     PerDeviceHlo,
+    Standalone,
     StandaloneHlo,
-    compile_hlo,
-    compile_per_device,
-    compile_standalone,
-    compile_text,
-    compiled_text,
+    compile_module,
 )
-from hlo_tools.jax_bridge.devices import backend_info, device_memory_bytes, module_devices
+from hlo_tools.jax_bridge.devices import backend_info, device_memory_bytes
 from hlo_tools.jax_bridge.errors import DevicesUnavailableError, HloCompileError
 from hlo_tools.jax_bridge.extract import extract, fresh_function, lowered_text
 from hlo_tools.jax_bridge.internals import VERIFIED_VERSIONS, check_versions
 from hlo_tools.jax_bridge.passes import (
+    CompileOptions,
     exact_compiler_options,
     load_pass_config,
     plan_library_options,
     platform_family,
+    xla_options,
 )
 from hlo_tools.jax_bridge.route import (
     BUCKETS,
@@ -75,21 +77,22 @@ __all__ = [
     "EXACT",
     "ROUTES",
     "VERIFIED_VERSIONS",
+    "CompileOptions",
     "CompiledHlo",
     "CompiledText",
     "Coordinator",
     "DevicesUnavailableError",
+    "FromText",
     "HloCompileError",
+    "InPlaceOf",
+    "PerDevice",
     "PerDeviceHlo",
     "Route",
+    "Standalone",
     "StandaloneHlo",
     "backend_info",
     "check_versions",
-    "compile_hlo",
-    "compile_per_device",
-    "compile_standalone",
-    "compile_text",
-    "compiled_text",
+    "compile_module",
     "count_all_reduces",
     "device_memory_bytes",
     "exact_compiler_options",
@@ -99,12 +102,12 @@ __all__ = [
     "known_route",
     "load_pass_config",
     "lowered_text",
-    "module_devices",
     "plan_library_options",
     "platform_family",
     "probe_route",
     "verify_hlo",
     "xla_canonical_text",
+    "xla_options",
     "xla_parse_ok",
 ]
 

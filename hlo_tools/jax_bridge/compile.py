@@ -1,19 +1,21 @@
-"""Compiling HLO text: in place of a jax function's lowering, or from the text alone.
+"""Compiling HLO text with XLA: one entry, :func:`compile_module`.
 
-Four ways in, one pass configuration (:mod:`hlo_tools.jax_bridge.passes`):
+``compile_module(hlo_text, target, options)``; the target says what the program is
+compiled for, and what comes back:
 
-* :func:`compile_hlo`: text with a jax function's entry signature, compiled in place of
-  its lowering; the result takes the function's pytrees.
-* :func:`compile_text`: a whole-program module given only as text, with inputs made from
-  its entry parameters.
-* :func:`compile_standalone`: a single-device module (one op, one fusion) for timing.
-* :func:`compile_per_device`: a module without collectives run on several devices, each
-  on its own inputs (a stage of a staged step).
+* :class:`InPlaceOf` ``(fn, args, kwargs)``: in place of a jax function's lowering; a
+  :class:`CompiledHlo` taking the function's pytrees.
+* :class:`FromText` ``(platform, inputs, seed)``: a whole-program module alone, with
+  inputs made from its entry parameters; a :class:`CompiledText`.
+* :class:`Standalone` ``(replicas, platform)``: a single-device module (one op, one
+  fusion), the same inputs on each replica; a :class:`StandaloneHlo`.
+* :class:`PerDevice` ``(devices)``: a module without collectives on several devices, each
+  on its own inputs (a stage of a staged step); a :class:`PerDeviceHlo`.
 
-With ``exact=True`` the XLA passes that create fusions or combine collectives are
-disabled, so the compiled program keeps the fusions and AllReduces of the text. On
-XLA:CPU every op left outside a fusion is still wrapped in its own single-op
-``wrapped_*`` fusion.
+:class:`~hlo_tools.jax_bridge.passes.CompileOptions` says how. With ``exact=True`` the XLA
+passes that create fusions or combine collectives are disabled, so the compiled program
+keeps the fusions and AllReduces of the text. On XLA:CPU every op left outside a fusion
+is still wrapped in its own single-op ``wrapped_*`` fusion.
 """
 
 from __future__ import annotations
@@ -21,33 +23,97 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import jax
 import numpy as np
 
+from hlo_tools.ir import HloModule
 from hlo_tools.jax_bridge import internals
 from hlo_tools.jax_bridge.devices import local_devices_for
 from hlo_tools.jax_bridge.errors import HloCompileError
 from hlo_tools.jax_bridge.extract import jitted
-from hlo_tools.jax_bridge.passes import (
-    compile_mode_options,
-    exact_compiler_options,
-    merged_options,
-)
+from hlo_tools.jax_bridge.passes import CompileOptions, xla_options
 from hlo_tools.jax_bridge.text import computation, mlir_module, module_name, to_mlir
 
 __all__ = [
     "CompiledHlo",
     "CompiledText",
+    "FromText",
+    "InPlaceOf",
+    "PerDevice",
     "PerDeviceHlo",
+    "Standalone",
     "StandaloneHlo",
-    "compile_hlo",
-    "compile_per_device",
-    "compile_standalone",
-    "compile_text",
-    "compiled_text",
+    "compile_module",
 ]
+
+
+class InPlaceOf(NamedTuple):
+    """Target: the text compiled in place of ``fn``'s own lowering on ``args`` (and
+    ``kwargs``), keeping its calling convention (entry signature checked); no text
+    compiles jax's own lowering (with ``exact=False``: XLA's default plan).
+
+    Attributes:
+        fn: function (plain or jit-wrapped).
+        args: positional arguments to lower it on (arrays or ``ShapeDtypeStruct``).
+        kwargs: keyword arguments to lower it on.
+    """
+
+    fn: Callable[..., Any]
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None = None
+
+
+class FromText(NamedTuple):
+    """Target: a pre-optimization whole-program module given only as text (what
+    :func:`~hlo_tools.jax_bridge.extract.extract` prints, e.g. of a ``shard_map`` train
+    step), run on this process's first :func:`~hlo_tools.devices.module_devices` local
+    devices of ``platform`` in order (the assignment ``extract`` saw on one process).
+
+    A stand-in function with the module's entry signature (one flat parameter per entry
+    parameter, placed with its own ``sharding=``) is lowered by ``jax.jit`` and the text
+    replaces its module as for :class:`InPlaceOf`, so the program equals
+    ``InPlaceOf(step, args)``'s on the step's flattened arguments. Input/output aliasing
+    is dropped from the header: the inputs are reused by every call.
+
+    Attributes:
+        platform: jax platform (default: ``jax.default_backend()``).
+        inputs: make inputs: per parameter, standard normal floats, ints in ``0..7``,
+            random booleans, the same for the same ``seed``.
+        seed: seeds the inputs.
+    """
+
+    platform: str | None = None
+    inputs: bool = True
+    seed: int = 0
+
+
+class Standalone(NamedTuple):
+    """Target: a single-device module (one op with parameters for its operands, or one
+    hand-written ``fusion``) compiled by the backend client directly, no jax function;
+    with ``replicas > 1`` the same program runs on that many local devices at once (every
+    replica the same inputs), as a data-parallel program's devices share the host.
+
+    Attributes:
+        replicas: local devices that run it; 1 for a plain single-device run.
+        platform: jax platform (default: ``jax.default_backend()``).
+    """
+
+    replicas: int = 1
+    platform: str | None = None
+
+
+class PerDevice(NamedTuple):
+    """Target: a per-device module (no collectives, e.g. one stage of a staged train
+    step) compiled once with one replica per device, as ``pmap`` compiles, each running
+    it on its own inputs.
+
+    Attributes:
+        devices: local devices of one platform, in replica order.
+    """
+
+    devices: Sequence[Any]
 
 
 @dataclass(frozen=True)
@@ -92,79 +158,31 @@ def _install(lowered: jax.stages.Lowered, hlo_text: str) -> jax.stages.Lowered:
         raise HloCompileError(str(err)) from err
 
 
-def _compile(lowered: jax.stages.Lowered, options: dict[str, Any],
-             hlo_text: str | None) -> jax.stages.Compiled:
-    """``lowered.compile`` with XLA errors turned into ``HloCompileError`` (and the
-    version's options for the text's form of shardings,
-    :func:`~hlo_tools.jax_bridge.internals.frontend_sharding_options`)."""
-    options = {**options, **internals.frontend_sharding_options(hlo_text or "")}
+def _xla_compile(program: jax.stages.Lowered | str, options: dict[str, Any],
+                 hlo_text: str | None, devices: Sequence[Any] = (),
+                 device_ids: Sequence[int] | None = None) -> Any:
+    """Compiles with XLA: a ``Lowered`` (its ``compile``), or MLIR text on ``devices``'
+    client as one replica per device (``device_ids``: the assignment; default the first
+    ids). ``options`` get the version's options for the text's form of shardings
+    (:func:`~hlo_tools.jax_bridge.internals.frontend_sharding_options`); XLA's errors
+    become ``HloCompileError``."""
+    given = {**options, **internals.frontend_sharding_options(hlo_text or "")}
     try:
-        return lowered.compile(compiler_options=options or None)
+        if isinstance(program, str):
+            return internals.compile_on_client(program, devices, replicas=len(devices),
+                                               device_ids=device_ids, options=given)
+        return program.compile(compiler_options=given or None)
     except Exception as err:
         raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
 
 
-def compile_hlo(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    hlo_text: str | None,
-    *,
-    exact: bool = True,
-    kwargs: Mapping[str, Any] | None = None,
-    compiler_options: Mapping[str, Any] | None = None,
-    library: bool = False,
-) -> CompiledHlo:
-    """Compiles ``hlo_text`` in place of ``fn``'s own lowering.
-
-    Args:
-        fn: Function (plain or jit-wrapped) whose calling convention the program keeps.
-        args: Positional arguments to lower ``fn`` on (arrays or ``ShapeDtypeStruct``).
-        hlo_text: HLO text with the same entry signature as ``fn``'s lowering; None compiles
-            jax's own lowering (useful with ``exact=False`` for XLA's default plan).
-        exact: Disable XLA's fusion and collective-combining passes for this backend
-            (``xla_passes.toml``) so fusions and AllReduces stay as written.
-        kwargs: Keyword arguments to lower ``fn`` on.
-        compiler_options: Extra XLA options. Their ``xla_disable_hlo_passes`` is added to
-            the exact-mode list; other keys override it.
-        library: with ``exact``, run dots and convolutions on XLA's kernel library
-            (YNNPACK on CPU) as its default pipeline does, each alone in a ``kind=kCustom``
-            fusion (:func:`~hlo_tools.jax_bridge.passes.plan_library_options`); the
-            text's fusions and all-reduces stay as written. Ignored without ``exact``.
-
-    Returns:
-        A ``CompiledHlo`` taking the same pytrees as ``fn`` and returning its output pytree.
-
-    Raises:
-        HloCompileError: XLA rejected the text, its signature differs from ``fn``'s, or
-            compilation failed; the message includes XLA's.
-
-    Warning:
-        Limits of XLA:CPU (docs/xla_cpu_passes.md): a ``kind=kOutput`` fusion containing
-        a dot aborts the whole process (C++ CHECK failure, not catchable; use
-        ``kind=kLoop``), and a multi-operand (tuple) all-reduce inside a shard_map body is
-        rejected (combine gradients through one flat concatenated buffer instead). jax
-        drops unused arguments from the entry signature unless
-        ``jax.jit(..., keep_unused=True)``. XLA:GPU compiles no hand-written ``fusion``
-        (docs: the GPU route).
-    """
-    lowered = jitted(fn).lower(*args, **(kwargs or {}))
+def _in_place_of(hlo_text: str | None, target: InPlaceOf, options: CompileOptions
+                 ) -> CompiledHlo:
+    lowered = jitted(target.fn).lower(*target.args, **(target.kwargs or {}))
     if hlo_text is not None:
         lowered = _install(lowered, hlo_text)
-    options = compile_mode_options(internals.lowered_platform(lowered), exact=exact,
-                                   library=library, extra=compiler_options)
-    return CompiledHlo(_compile(lowered, options, hlo_text), hlo_text, options)
-
-
-def compiled_text(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    hlo_text: str | None = None,
-    *,
-    exact: bool = True,
-    kwargs: Mapping[str, Any] | None = None,
-) -> str:
-    """Post-optimization HLO of ``hlo_text`` (or of ``fn``'s own lowering when None)."""
-    return compile_hlo(fn, args, hlo_text, exact=exact, kwargs=kwargs).as_text()
+    given = xla_options(internals.lowered_platform(lowered), options)
+    return CompiledHlo(_xla_compile(lowered, given, hlo_text), hlo_text, given)
 
 
 # ----------------------------------------------------------------- standalone modules
@@ -182,23 +200,15 @@ def _leaf_shapes(shape: Any) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
     return ((tuple(shape.dimensions()), np.dtype(shape.numpy_dtype())),)
 
 
-def _load(hlo_text: str, devices: Sequence[Any], *, exact: bool, library: bool,
-          extra: Mapping[str, Any] | None, device_ids: Sequence[int] | None
-          ) -> tuple[Any, Any, dict[str, Any]]:
+def _load(hlo_text: str, devices: Sequence[Any], options: CompileOptions,
+          device_ids: Sequence[int] | None) -> tuple[Any, Any, dict[str, Any]]:
     """Compiles a module without a jax function, one replica per device: ``(loaded
-    executable, program shape, options)``."""
-    platform = devices[0].platform
+    executable, program shape, XLA options)``."""
     comp = computation(hlo_text)
     mlir_text = to_mlir(comp)
-    options = merged_options(
-        exact_compiler_options(platform, library=library) if exact else {}, extra)
-    given = {**options, **internals.frontend_sharding_options(hlo_text)}
-    try:
-        executable = internals.compile_on_client(mlir_text, devices, replicas=len(devices),
-                                                 device_ids=device_ids, options=given)
-    except Exception as err:
-        raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
-    return executable, comp.program_shape(), options
+    given = xla_options(devices[0].platform, options)
+    return (_xla_compile(mlir_text, given, hlo_text, devices, device_ids),
+            comp.program_shape(), given)
 
 
 @dataclass(frozen=True)
@@ -270,50 +280,15 @@ class StandaloneHlo:
         return self.executable.hlo_modules()[0].to_string()
 
 
-def compile_standalone(
-    hlo_text: str,
-    *,
-    exact: bool = True,
-    replicas: int = 1,
-    platform: str | None = None,
-    compiler_options: Mapping[str, Any] | None = None,
-    library: bool = False,
-) -> StandaloneHlo:
-    """Compiles a single-device HLO module on its own (no jax function needed).
-
-    The text goes HLO -> XLA's parser -> MLIR (as in
-    :func:`~hlo_tools.jax_bridge.text.hlo_text_to_mlir`) and is compiled by the backend
-    client directly, so any module can be built: one op with parameters for its operands
-    (per-op timing), or a module holding one hand-written ``fusion`` (fused-op samples for
-    the estimator).
-
-    Args:
-        hlo_text: HLO text of a module without cross-device collectives.
-        exact: disable XLA's fusion passes (``xla_passes.toml``), so a hand-written
-            fusion stays as written and single ops stay unfused.
-        replicas: run the program on this many local devices at once (each replica
-            gets the same inputs); 1 for a plain single-device run.
-        platform: jax platform (default: ``jax.default_backend()``).
-        compiler_options: extra XLA options (``xla_disable_hlo_passes`` is appended).
-        library: with ``exact``, still let XLA hand single ops to its kernel library
-            (``library_passes`` of the pass config), as its default pipeline does.
-
-    Returns:
-        A :class:`StandaloneHlo`: ``run(*numpy_arrays) -> tuple of numpy arrays``.
-
-    Raises:
-        HloCompileError: XLA rejects the text or fails to compile it, or the backend has
-            fewer than ``replicas`` devices.
-    """
-    platform = platform or jax.default_backend()
+def _standalone(hlo_text: str, target: Standalone, options: CompileOptions
+                ) -> StandaloneHlo:
+    platform = target.platform or jax.default_backend()
     local = internals.backend(platform).local_devices()
-    devices = tuple(local[:replicas])
-    if replicas < 1 or len(devices) < replicas:
-        raise HloCompileError(f"{replicas} replicas requested, {platform} has "
+    devices = tuple(local[:target.replicas])
+    if target.replicas < 1 or len(devices) < target.replicas:
+        raise HloCompileError(f"{target.replicas} replicas requested, {platform} has "
                               f"{len(local)} local devices")
-    executable, program_shape, options = _load(hlo_text, devices, exact=exact,
-                                               library=library, extra=compiler_options,
-                                               device_ids=None)
+    executable, program_shape, given = _load(hlo_text, devices, options, device_ids=None)
     result = program_shape.result_shape()
     return StandaloneHlo(
         executable=executable,
@@ -323,14 +298,14 @@ def compile_standalone(
         result_shapes=_leaf_shapes(result),
         result_is_tuple=bool(result.is_tuple()),
         hlo_text=hlo_text,
-        compiler_options=options,
+        compiler_options=given,
     )
 
 
 @dataclass(frozen=True)
 class PerDeviceHlo:
     """A per-device HLO module (no collectives) compiled once for several local devices,
-    each running it on its own inputs (:func:`compile_per_device`).
+    each running it on its own inputs (:class:`PerDevice`).
 
     The program is compiled with one replica per device, as ``pmap`` compiles; a call
     hands each replica its own device's buffers. Calls do not wait: the results are
@@ -388,37 +363,12 @@ class PerDeviceHlo:
         return results.disassemble_into_single_device_arrays()
 
 
-def compile_per_device(
-    hlo_text: str,
-    devices: Sequence[Any],
-    *,
-    exact: bool = False,
-    library: bool = False,
-    compiler_options: Mapping[str, Any] | None = None,
-) -> PerDeviceHlo:
-    """Compiles a per-device module (a program without collectives, e.g. one stage of a
-    staged train step) once, to run on each of ``devices`` with that device's inputs.
-
-    Args:
-        hlo_text: HLO text of a module without cross-device collectives.
-        devices: local devices (of one platform), one replica each.
-        exact: disable XLA's fusion passes (``xla_passes.toml``); False keeps XLA's
-            default pipeline.
-        library: with ``exact``, dots and convolutions still on XLA's kernel library.
-        compiler_options: extra XLA options (``xla_disable_hlo_passes`` is appended).
-
-    Returns:
-        A :class:`PerDeviceHlo`.
-
-    Raises:
-        HloCompileError: no devices, XLA rejects the text or fails to compile it.
-    """
-    devices = tuple(devices)
+def _per_device(hlo_text: str, target: PerDevice, options: CompileOptions) -> PerDeviceHlo:
+    devices = tuple(target.devices)
     if not devices:
-        raise HloCompileError("compile_per_device needs at least one device")
-    executable, program_shape, options = _load(hlo_text, devices, exact=exact,
-                                               library=library, extra=compiler_options,
-                                               device_ids=[d.id for d in devices])
+        raise HloCompileError("PerDevice needs at least one device")
+    executable, program_shape, given = _load(hlo_text, devices, options,
+                                             device_ids=[d.id for d in devices])
     return PerDeviceHlo(
         executable=executable,
         devices=devices,
@@ -426,7 +376,7 @@ def compile_per_device(
                            for s in _leaf_shapes(p)),
         result_shapes=_leaf_shapes(program_shape.result_shape()),
         hlo_text=hlo_text,
-        compiler_options=options,
+        compiler_options=given,
     )
 
 
@@ -434,15 +384,15 @@ def compile_per_device(
 
 
 class CompiledText(NamedTuple):
-    """A whole-program module compiled from its text alone (:func:`compile_text`).
+    """A whole-program module compiled from its text alone (:class:`FromText`).
 
     Attributes:
         run: the program: ``run(*inputs)`` executes it on this process's devices and
             returns its result (a tuple of jax arrays for a tuple-shaped result).
             ``run.compiled`` is a ``jax.stages.Compiled`` (``input_shardings``,
-            ``as_text()``), so the profiler takes it as it takes :func:`compile_hlo`'s.
+            ``as_text()``), so the profiler takes it as it takes :class:`InPlaceOf`'s.
         inputs: one jax array per entry parameter, placed with the parameter's sharding
-            (empty when :func:`compile_text` was asked for none).
+            (empty when :class:`FromText` asked for none).
     """
 
     run: CompiledHlo
@@ -463,7 +413,7 @@ def _random_array(rng: np.random.Generator, dims: tuple[int, ...], dtype: np.dty
     return np.zeros(dims, dtype)
 
 
-def _entry_parameters(hlo_text: str) -> tuple[Any, list[str | None]]:
+def _entry_parameters(hlo_text: str) -> tuple[HloModule, list[str | None]]:
     """Our IR of the text and the ``sharding=`` text of each entry parameter (in
     parameter order; None where it has none)."""
     from hlo_tools.parser import HloParseError, parse
@@ -477,7 +427,7 @@ def _entry_parameters(hlo_text: str) -> tuple[Any, list[str | None]]:
     return module, [i.attrs.get("sharding") for _, i in params]
 
 
-def _strip_aliasing(module: Any, hlo_text: str) -> str:
+def _strip_aliasing(module: HloModule, hlo_text: str) -> str:
     """The text without input/output aliasing (buffer donation): the calls of
     :class:`CompiledText` keep their inputs, and aliasing changes no result."""
     from hlo_tools.printer import to_text
@@ -501,62 +451,8 @@ def _text_shardings(shardings: Sequence[str | None], devices: Sequence[Any]) -> 
     return out
 
 
-def compile_text(
-    hlo_text: str,
-    *,
-    exact: bool = True,
-    library: bool = True,
-    platform: str | None = None,
-    compiler_options: Mapping[str, Any] | None = None,
-    inputs: bool = True,
-    seed: int = 0,
-) -> CompiledText:
-    """Compiles a pre-optimization whole-program module given only as HLO text, to run
-    on this process's devices, with inputs made from its entry parameters.
-
-    The text is what :func:`~hlo_tools.jax_bridge.extract.extract`
-    (``lowered.as_text(dialect="hlo")``) prints, e.g. of a ``shard_map`` + ``pmean``
-    train step; no Python function is needed. How:
-
-    1. The module's device count (:func:`~hlo_tools.jax_bridge.devices.module_devices`:
-       its header, shardy meshes, shardings and collectives) picks the first that many
-       local devices of ``platform``, in order (the device assignment ``extract`` saw on
-       one process).
-    2. A stand-in function with the module's entry signature -- one flat parameter per
-       entry parameter, placed with the parameter's own ``sharding=`` (an XLA
-       ``HloSharding`` over those devices), outputs of the module's result shapes -- is
-       lowered by ``jax.jit`` (``keep_unused=True``), and the text replaces its module as
-       in :func:`compile_hlo` (signature checked); ``jax`` then compiles it as it
-       compiles a jitted step, taking the result shardings from the executable.
-    3. The exact-mode options are those of :func:`compile_hlo` (``exact``, ``library``),
-       so the program equals ``compile_hlo(step, args, hlo_text, exact=exact,
-       library=library)`` called on the step's flattened arguments.
-
-    Input/output aliasing (``input_output_alias``, ``buffer_donor``) is dropped from the
-    header: the inputs are reused by every call.
-
-    Args:
-        hlo_text: the module's text (pre-optimization; one process's program).
-        exact: disable XLA's fusion and collective-combining passes
-            (``xla_passes.toml``), as :func:`compile_hlo` does.
-        library: with ``exact``, dots and convolutions on XLA's kernel library
-            (:func:`~hlo_tools.jax_bridge.passes.plan_library_options`), as every enacted
-            plan runs them.
-        platform: jax platform (default: ``jax.default_backend()``).
-        compiler_options: extra XLA options, as in :func:`compile_hlo`.
-        inputs: make inputs: per parameter, standard normal floats, ints in ``0..7``,
-            random booleans (random values, not zeros), the same for the same ``seed``.
-        seed: seeds the inputs.
-
-    Returns:
-        A :class:`CompiledText` ``(run, inputs)``: ``run(*inputs)`` runs the program.
-
-    Raises:
-        DevicesUnavailableError: the module needs more devices than this process has.
-        HloCompileError: the text is a compiled (scheduled) or multi-replica module,
-            XLA rejects it, or compilation fails; the message includes XLA's.
-    """
-    platform = platform or jax.default_backend()
+def _from_text(hlo_text: str, target: FromText, options: CompileOptions) -> CompiledText:
+    platform = target.platform or jax.default_backend()
     module, shardings = _entry_parameters(hlo_text)
     if module.header_attrs.get("is_scheduled") == "true":
         raise HloCompileError("the module is compiled (is_scheduled=true: post-optimization);"
@@ -565,7 +461,7 @@ def compile_text(
         raise HloCompileError(f"replica_count={module.header_attrs['replica_count']}: "
                               "modules of several replicas (pmap) are not supported, only "
                               "partitioned ones (jax.jit)")
-    devices = local_devices_for(hlo_text, platform)
+    devices = local_devices_for(module, platform)
     hlo_text = _strip_aliasing(module, hlo_text)
     program_shape = computation(hlo_text).program_shape()
     params = [_leaf_shapes(p) for p in program_shape.parameter_shapes()]
@@ -591,13 +487,77 @@ def compile_text(
                                   f"(parameter shardings {sorted(set(map(str, shardings)))}): "
                                   f"{err}") from err
         lowered = _install(lowered, hlo_text)
-        options = compile_mode_options(platform, exact=exact, library=library,
-                                       extra=compiler_options)
-        run = CompiledHlo(_compile(lowered, options, hlo_text), hlo_text, options)
+        given = xla_options(platform, options)
+        run = CompiledHlo(_xla_compile(lowered, given, hlo_text), hlo_text, given)
         placed: tuple[Any, ...] = ()
-        if inputs:
-            rng = np.random.default_rng(seed)
+        if target.inputs:
+            rng = np.random.default_rng(target.seed)
             placed = tuple(jax.device_put(_random_array(rng, d, t), s)
                            for (d, t), s in zip(params_flat, run.compiled.input_shardings[0],
                                                 strict=True))
     return CompiledText(run, placed)
+
+
+# ------------------------------------------------------------------- the one entry
+
+
+@overload
+def compile_module(hlo_text: str | None, target: InPlaceOf,
+                   options: CompileOptions = ...) -> CompiledHlo: ...
+@overload
+def compile_module(hlo_text: str, target: FromText,
+                   options: CompileOptions = ...) -> CompiledText: ...
+@overload
+def compile_module(hlo_text: str, target: Standalone,
+                   options: CompileOptions = ...) -> StandaloneHlo: ...
+@overload
+def compile_module(hlo_text: str, target: PerDevice,
+                   options: CompileOptions = ...) -> PerDeviceHlo: ...
+
+
+def compile_module(hlo_text: str | None,
+                   target: InPlaceOf | FromText | Standalone | PerDevice,
+                   options: CompileOptions = CompileOptions(),  # noqa: B008 - immutable
+                   ) -> CompiledHlo | CompiledText | StandaloneHlo | PerDeviceHlo:
+    """Compiles HLO text for ``target`` with ``options``.
+
+    Args:
+        hlo_text: the module's HLO text (None: with :class:`InPlaceOf` only, jax's own
+            lowering).
+        target: what it is compiled for: :class:`InPlaceOf`, :class:`FromText`,
+            :class:`Standalone` or :class:`PerDevice`.
+        options: exact mode, kernel library, extra XLA options.
+
+    Returns:
+        :class:`CompiledHlo` (:class:`InPlaceOf`), :class:`CompiledText`
+        (:class:`FromText`), :class:`StandaloneHlo` (:class:`Standalone`) or
+        :class:`PerDeviceHlo` (:class:`PerDevice`).
+
+    Raises:
+        HloCompileError: XLA rejected the text or failed to compile it (the message
+            includes XLA's), its signature differs from the function's, the target's
+            devices are missing, or (:class:`FromText`) the module is compiled
+            (scheduled) or of several replicas.
+        DevicesUnavailableError: (:class:`FromText`) the module needs more devices than
+            this process has.
+
+    Warning:
+        Limits of XLA:CPU (docs/xla_cpu_passes.md): a ``kind=kOutput`` fusion containing
+        a dot aborts the whole process (C++ CHECK failure, not catchable; use
+        ``kind=kLoop``), and a multi-operand (tuple) all-reduce inside a shard_map body is
+        rejected (combine gradients through one flat concatenated buffer instead). jax
+        drops unused arguments from the entry signature unless
+        ``jax.jit(..., keep_unused=True)``. XLA:GPU compiles no hand-written ``fusion``
+        (docs: the GPU route).
+    """
+    if isinstance(target, InPlaceOf):
+        return _in_place_of(hlo_text, target, options)
+    if hlo_text is None:
+        raise HloCompileError(f"{type(target).__name__} needs HLO text")
+    if isinstance(target, FromText):
+        return _from_text(hlo_text, target, options)
+    if isinstance(target, Standalone):
+        return _standalone(hlo_text, target, options)
+    if isinstance(target, PerDevice):
+        return _per_device(hlo_text, target, options)
+    raise TypeError(f"not a compile target: {target!r}")

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from typing import Any
 
 import jax
 
+from hlo_tools.devices import module_devices
+from hlo_tools.ir import HloModule
 from hlo_tools.jax_bridge import internals
 from hlo_tools.jax_bridge.errors import DevicesUnavailableError
 
-__all__ = ["backend_info", "device_memory_bytes", "local_devices_for", "module_devices"]
+__all__ = ["backend_info", "device_memory_bytes", "local_devices_for"]
 
 
 def backend_info(platform: str | None = None) -> dict[str, Any]:
@@ -52,55 +52,14 @@ def device_memory_bytes(platform: str | None = None) -> int:
     return int(physical // max(1, len(devices)))
 
 
-#: ``devices=[4,1]...`` of a tiled sharding: the tile assignment's dimensions.
-_TILE_DIMS_RE = re.compile(r"devices=\[([\d,\s]+)\]")
-#: ``maximal device=3``.
-_MAXIMAL_RE = re.compile(r"maximal\s+device=(\d+)")
-#: ``replica_groups=[2,2]<=[4]`` (iota form): its dimensions.
-_IOTA_GROUPS_RE = re.compile(r"replica_groups=\[([\d,\s]+)\]<=")
-#: ``replica_groups={{0,1},{2,3}}`` / ``source_target_pairs={{0,1},{1,0}}``.
-_LIST_GROUPS_RE = re.compile(r"(?:replica_groups|source_target_pairs)=\{([\d,{}\s]*)\}")
-#: ``#sdy.mesh<["data"=4, "model"=2]>`` (quotes possibly escaped): its axes.
-_SDY_MESH_RE = re.compile(r"#sdy\.mesh<\[([^\]]*)\]")
-_SIZE_RE = re.compile(r"=\s*(\d+)")
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in re.findall(r"\d+", text)]
-
-
-def module_devices(hlo_text: str) -> int:
-    """How many devices a pre-optimization whole-program module runs on.
-
-    The largest of what the text says: the header's ``num_partitions`` times its
-    ``replica_count``, the size of every shardy mesh (``#sdy.mesh<["data"=4]>``, as jax
-    lowers ``shard_map``), the tile assignment of every sharding (``devices=[4,1]<=[4]``,
-    ``maximal device=3``) and the device ids of every collective (``replica_groups``,
-    ``source_target_pairs``); 1 when it says nothing.
-    """
-    found = [1]
-    header = hlo_text.lstrip().split("\n", 1)[0]
-    partitions = re.search(r"\bnum_partitions=(\d+)", header)
-    replicas = re.search(r"\breplica_count=(\d+)", header)
-    found.append((int(partitions.group(1)) if partitions else 1)
-                 * (int(replicas.group(1)) if replicas else 1))
-    for axes in _SDY_MESH_RE.findall(hlo_text):
-        found.append(math.prod(int(v) for v in _SIZE_RE.findall(axes)))
-    for dims in _TILE_DIMS_RE.findall(hlo_text) + _IOTA_GROUPS_RE.findall(hlo_text):
-        found.append(math.prod(_ints(dims)))
-    found.extend(int(d) + 1 for d in _MAXIMAL_RE.findall(hlo_text))
-    for groups in _LIST_GROUPS_RE.findall(hlo_text):
-        found.append(max(_ints(groups), default=-1) + 1)
-    return max(found)
-
-
-def local_devices_for(hlo_text: str, platform: str) -> tuple[Any, ...]:
-    """The first :func:`module_devices` local devices of ``platform``.
+def local_devices_for(module: HloModule, platform: str) -> tuple[Any, ...]:
+    """The first :func:`~hlo_tools.devices.module_devices` local devices of ``platform``
+    for a parsed module.
 
     Raises:
         DevicesUnavailableError: the process has fewer.
     """
-    needed = module_devices(hlo_text)
+    needed = module_devices(module)
     local = jax.local_devices(backend=platform)
     if needed <= len(local):
         return tuple(local[:needed])

@@ -10,6 +10,7 @@ class HloCompileError(RuntimeError):
 
 
 class DevicesUnavailableError(HloCompileError):
-    """This process's devices cannot run a module (:func:`compile_text`): it needs more
-    devices than the process has locally, e.g. a module of a multi-process job or one
-    extracted on more host devices than this process was started with."""
+    """This process's devices cannot run a module compiled from its text alone
+    (:class:`~hlo_tools.jax_bridge.compile.FromText`): it needs more devices than the
+    process has locally, e.g. a module of a multi-process job or one extracted on more
+    host devices than this process was started with."""

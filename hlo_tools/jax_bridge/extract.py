@@ -24,7 +24,7 @@ def lowered_text(lowered: jax.stages.Lowered, *, metadata: bool = False) -> str:
     Args:
         lowered: Result of ``jax.jit(fn).lower(...)``.
         metadata: Also print jax's ``metadata={op_name=...}``. Leave False to have XLA
-            report each instruction's own name as its op_name after ``compile_hlo``.
+            report each instruction's own name as its op_name once compiled.
 
     Returns:
         HLO text accepted by XLA's parser, large constants included (never ``{...}``).
@@ -52,7 +52,7 @@ def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     jax caches the lowering of a function per argument signature, and writing a text
     into that cached lowering would make afterwards ``jax.jit(fn)``, ``extract(fn, ...)``
-    and ``compile_hlo(fn, ..., None)`` all see the text instead of ``fn``'s own program.
+    and compiling ``None`` in place of ``fn`` all see the text instead of ``fn``'s own program.
     Lowering a fresh wrapper keeps the baselines from reading, or leaving behind, such a
     text.
     """

@@ -4,6 +4,8 @@
 passes that create fusions or combine collectives; the kernel library's single-op
 rewriters may stay on (``library``). The lists are per platform family (``cpu``,
 ``gpu``); :func:`platform_family` is the one map from jax platform names to them.
+:class:`CompileOptions` says how one compile goes, :func:`xla_options` turns it into
+XLA's options.
 """
 
 from __future__ import annotations
@@ -12,18 +14,19 @@ import functools
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from hlo_tools.jax_bridge.errors import HloCompileError
 
 __all__ = [
     "DEFAULT_PASS_CONFIG",
     "DISABLE",
+    "CompileOptions",
     "exact_compiler_options",
     "load_pass_config",
-    "merged_options",
     "plan_library_options",
     "platform_family",
+    "xla_options",
 ]
 
 #: The per-backend XLA pass lists (package data of the bridge).
@@ -61,19 +64,6 @@ def section(platform: str) -> str:
             f"exact=True has no pass list for backend {platform!r} (known: cpu, gpu)"
         )
     return family
-
-
-def merged_options(base: Mapping[str, Any], extra: Mapping[str, Any] | None
-                   ) -> dict[str, Any]:
-    """``base`` updated with ``extra``: their :data:`DISABLE` lists are concatenated,
-    other keys of ``extra`` win."""
-    options = dict(base)
-    extra = dict(extra or {})
-    disabled = [options.get(DISABLE, ""), extra.pop(DISABLE, "")]
-    options.update(extra)
-    if any(disabled):
-        options[DISABLE] = ",".join(name for name in disabled if name)
-    return options
 
 
 def exact_compiler_options(platform: str, config: str | Path | None = None,
@@ -119,13 +109,46 @@ def plan_library_options(platform: str, config: str | Path | None = None) -> dic
     return options
 
 
-def compile_mode_options(platform: str, *, exact: bool, library: bool,
-                         extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The options of one compile: the exact-mode ones (if ``exact``; with the kernel
-    library if ``library``) merged with ``extra`` (:func:`merged_options`)."""
-    if exact:
-        base = (plan_library_options(platform) if library
-                else exact_compiler_options(platform))
+class CompileOptions(NamedTuple):
+    """How XLA compiles a module (:func:`xla_options` gives XLA's options for it).
+
+    Attributes:
+        exact: disable the backend's XLA passes that create fusions or combine
+            collectives (``xla_passes.toml``), so the module's fusions and all-reduces
+            stay as written; False: XLA's default pipeline.
+        library: with ``exact``, ops XLA's kernel library (YNNPACK on CPU) still runs:
+            True: dots and convolutions, each alone in a ``kind=kCustom`` fusion, as
+            every enacted plan runs them (:func:`plan_library_options`); ``"default"``:
+            the ops XLA's default pipeline hands it (the config's ``library_passes`` on,
+            their flags XLA's defaults: a single op timed as XLA runs it); False: none.
+            Ignored without ``exact``.
+        extra: more XLA options: their ``xla_disable_hlo_passes`` is appended to the
+            exact-mode list, other keys override it.
+    """
+
+    exact: bool = True
+    library: bool | Literal["default"] = False
+    extra: Mapping[str, Any] | None = None
+
+
+def xla_options(platform: str, options: CompileOptions) -> dict[str, Any]:
+    """The XLA options of one compile on ``platform`` (a jax platform name): the
+    exact-mode ones :class:`CompileOptions` asks for, merged with its ``extra``.
+
+    Raises:
+        HloCompileError: ``exact`` on a platform with no pass list.
+    """
+    if not options.exact:
+        merged: dict[str, Any] = {}
+    elif options.library == "default":
+        merged = exact_compiler_options(platform, library=True)
+    elif options.library:
+        merged = plan_library_options(platform)
     else:
-        base = {}
-    return merged_options(base, extra)
+        merged = exact_compiler_options(platform)
+    extra = dict(options.extra or {})
+    disabled = [merged.get(DISABLE, ""), extra.pop(DISABLE, "")]
+    merged.update(extra)
+    if any(disabled):
+        merged[DISABLE] = ",".join(name for name in disabled if name)
+    return merged

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from hlo_tools.jax_bridge import internals
-from hlo_tools.jax_bridge.passes import load_pass_config, section
+from hlo_tools.jax_bridge.passes import CompileOptions, load_pass_config, section
 
 __all__ = ["BUCKETS", "EXACT", "ROUTES", "Route", "known_route", "probe_route"]
 
@@ -76,13 +76,13 @@ def probe_route(platform: str | None = None) -> Route:
     Returns:
         :data:`EXACT` when it is, else :data:`BUCKETS` with the reason.
     """
-    from hlo_tools.jax_bridge.compile import compile_standalone
+    from hlo_tools.jax_bridge.compile import Standalone, compile_module
 
     platform = platform or jax.default_backend()
     client = "a PJRT C-API plugin client" if internals.is_c_api_client(platform) \
         else "an in-process client"
     try:
-        run = compile_standalone(_PROBE, exact=True, platform=platform)
+        run = compile_module(_PROBE, Standalone(platform=platform), CompileOptions(exact=True))
         a = np.arange(8, dtype=np.float32)
         b = np.full(8, 0.5, np.float32)
         (got,) = run(a, b)
