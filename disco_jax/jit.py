@@ -671,7 +671,7 @@ class DiscoJitted:
                 predicted_s=report.predicted_s, measured_s=report.measured_s,
                 search=report.search,
                 extra={"calibration": report.calibration, "route": report.route,
-                       "pipeline_s": report.seconds, "function": self._name()})
+                       "pipeline_s": report.seconds, **_step_source(self._fun)})
             try:
                 path = str(st.write_entry(source_fp, record, enactment, root=self._store))
             except OSError as err:
@@ -683,6 +683,22 @@ class DiscoJitted:
             SEARCHED, enactment.fingerprint, source_fp, "", choice,
             report.predicted_s.get(choice), report.measured_s.get(choice), path),
             self._donate_dyn)
+
+
+def _step_source(fun: Callable[..., Any]) -> dict[str, str | None]:
+    """What the store says of a step: ``function`` (its qualified name, with its module)
+    and ``source`` (``file:line`` of its definition, None when Python cannot tell)."""
+    import inspect
+
+    inner = inspect.unwrap(fun) if callable(fun) else fun
+    name = getattr(inner, "__qualname__", None) or repr(inner)
+    module = getattr(inner, "__module__", None)
+    source = None
+    try:
+        source = f"{inspect.getsourcefile(inner)}:{inspect.getsourcelines(inner)[1]}"
+    except (TypeError, OSError):
+        pass
+    return {"function": f"{module}.{name}" if module else name, "source": source}
 
 
 def _failure(what: str, err: BaseException, limit: int = 300) -> str:
