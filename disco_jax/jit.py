@@ -459,7 +459,11 @@ class DiscoJitted:
         both read the same buffers) and compares every output (:data:`VERIFY_RTOL`,
         :data:`VERIFY_ATOL`): ``(ok, largest absolute difference, what differed)``.
         Raises what running raises."""
-        got = run(*dyn)
+        import jax
+
+        # waited for before jax.jit's program starts: in a job the two programs' all-reduces
+        # then reach every process in the same order
+        got = jax.block_until_ready(run(*dyn))
         # jax.jit of the function without donation (the user's may donate)
         want = (self._dynamic_jit(args, kwargs)(*dyn) if self._donates
                 else self._plain(*args, **kwargs))
@@ -629,6 +633,7 @@ class DiscoJitted:
         from disco_jax import store as st
         from disco_jax.pipeline.optimize import optimize_step
         from disco_jax.pipeline.sync import job_sync
+        from disco_jax.progress import FirstCallProgress
         from disco_jax.units import env_bytes
 
         try:
@@ -639,9 +644,11 @@ class DiscoJitted:
             # staged enactment pays where the all-reduces cross processes (gloo, NCCL)
             options = {"staged": ("auto",) if jax.process_count() > 1 else (),
                        **self._search_options}
-            opt = optimize_step(self._dynamic_jit(args, kwargs), dyn, time_budget_s=budget,
-                                hardware=self._hardware, sync=sync,
-                                memory_budget_bytes=memory, **options)
+            with FirstCallProgress(budget, enabled=jax.process_index() == 0) as progress:
+                opt = optimize_step(self._dynamic_jit(args, kwargs), dyn,
+                                    time_budget_s=budget, hardware=self._hardware, sync=sync,
+                                    memory_budget_bytes=memory, progress=progress,
+                                    **options)
         except ValueError as err:
             if str(err).startswith((BUDGET_ENV, MEMORY_ENV)):
                 raise
@@ -664,7 +671,7 @@ class DiscoJitted:
                 predicted_s=report.predicted_s, measured_s=report.measured_s,
                 search=report.search,
                 extra={"calibration": report.calibration, "route": report.route,
-                       "pipeline_s": report.seconds, "function": self._name()})
+                       "pipeline_s": report.seconds, **_step_source(self._fun)})
             try:
                 path = str(st.write_entry(source_fp, record, enactment, root=self._store))
             except OSError as err:
@@ -676,6 +683,22 @@ class DiscoJitted:
             SEARCHED, enactment.fingerprint, source_fp, "", choice,
             report.predicted_s.get(choice), report.measured_s.get(choice), path),
             self._donate_dyn)
+
+
+def _step_source(fun: Callable[..., Any]) -> dict[str, str | None]:
+    """What the store says of a step: ``function`` (its qualified name, with its module)
+    and ``source`` (``file:line`` of its definition, None when Python cannot tell)."""
+    import inspect
+
+    inner = inspect.unwrap(fun) if callable(fun) else fun
+    name = getattr(inner, "__qualname__", None) or repr(inner)
+    module = getattr(inner, "__module__", None)
+    source = None
+    try:
+        source = f"{inspect.getsourcefile(inner)}:{inspect.getsourcelines(inner)[1]}"
+    except (TypeError, OSError):
+        pass
+    return {"function": f"{module}.{name}" if module else name, "source": source}
 
 
 def _failure(what: str, err: BaseException, limit: int = 300) -> str:
@@ -715,6 +738,18 @@ def _hardware_sha256(name: str) -> str | None:
     return hardware_sha256(name)
 
 
+def _local_values(x: Any) -> Any:
+    """What this process holds of an output, as numpy: the whole array when it is
+    addressable here, else its local shards stacked in device order (an output sharded
+    over the processes of a job, e.g. per-device losses)."""
+    import numpy as np
+
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    shards = sorted(x.addressable_shards, key=lambda s: s.device.id)
+    return np.stack([np.asarray(s.data) for s in shards])
+
+
 def _compare_outputs(got: Any, want: Any) -> tuple[bool, float | None, str]:
     """Whether two output pytrees agree (same structure, shapes and dtypes; values within
     :data:`VERIFY_RTOL` / :data:`VERIFY_ATOL`, NaN where NaN), the largest absolute
@@ -728,7 +763,11 @@ def _compare_outputs(got: Any, want: Any) -> tuple[bool, float | None, str]:
         return False, None, f"its outputs are {g_tree}, jax.jit's {w_tree}"
     worst, bad = 0.0, []
     for i, (a, b) in enumerate(zip(g_leaves, w_leaves, strict=True)):
-        a, b = np.asarray(a), np.asarray(b)
+        if getattr(a, "shape", None) != getattr(b, "shape", None) or \
+                getattr(a, "dtype", None) != getattr(b, "dtype", None):
+            return False, None, (f"output {i} is {a.dtype}{list(a.shape)}, jax.jit's "
+                                 f"{b.dtype}{list(b.shape)}")
+        a, b = _local_values(a), _local_values(b)
         if a.shape != b.shape or a.dtype != b.dtype:
             return False, None, (f"output {i} is {a.dtype}{list(a.shape)}, jax.jit's "
                                  f"{b.dtype}{list(b.shape)}")

@@ -559,7 +559,7 @@ ENTRY e {{
 # --------------------------------------------------------------------------- needs jax
 
 
-def test_compile_standalone_module_matches_numpy() -> None:
+def test_standalone_module_matches_numpy() -> None:
     from hlo_tools import jax_bridge
 
     text = """HloModule s

@@ -172,3 +172,32 @@ def test_too_few_devices_fall_back_with_a_note(vgg):
     assert forced.returncode == 2 and forced.stdout == ""
     assert forced.stderr.startswith("disco: error: --in-context: the module runs on 4")
     assert "Traceback" not in forced.stderr
+
+
+def test_the_cli_gives_itself_the_module_s_host_devices(vgg):
+    """Without XLA_FLAGS the CLI process starts with as many host devices as the module
+    runs on (a note says so), and profiles it in context."""
+    *_, path = vgg
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-m", "disco_jax", "simulate", str(path),
+                           "--no-bench", "--json"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"disco: note: {path} runs on 4 devices: this process has 4 host CPU devices "
+        "(XLA_FLAGS=--xla_force_host_platform_device_count=4)"]
+    report = json.loads(proc.stdout)
+    assert report["in_context"]["profiled"] and report["in_context"]["devices"] == 4
+
+
+def test_optimize_refuses_a_compiled_module(tmp_path, capsys):
+    """A post-optimization module: one line that says what to give instead, no output."""
+    compiled = jax.jit(lambda x: (x * 2).sum()).lower(np.ones(8, np.float32)).compile()
+    path = tmp_path / "post.hlo"
+    path.write_text(compiled.as_text())
+    out = tmp_path / "out.hlo"
+    assert main(["optimize", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"disco: error: {path}:1: a compiled module") and err.count("\n") == 1
+    assert "lower(*args).as_text(dialect='hlo')" in err
+    assert not out.exists()

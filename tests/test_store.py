@@ -208,6 +208,10 @@ def test_cli_list_show_rm(tmp_path, program, capsys):
     assert disco_main(["store", "list", "--store", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1 entries" in out and key[:12] in out and "xla_default" in out and "2.00 ms" in out
+    header = next(line for line in out.splitlines() if "key" in line)
+    assert header.split() == ["key", "step", "setup", "choice", "measured", "vs", "XLA", "vs",
+                              "buckets", "created", "verified"]
+    assert "1.00x" in out and "not yet" in out  # XLA's default over itself; never verified
     assert disco_main(["store", "show", key[:8], "--store", str(tmp_path), "--check"]) == 0
     out = capsys.readouterr().out
     assert key in out and "usable here" in out and "hardware file: inproc4" in out
@@ -236,3 +240,24 @@ def test_cli_user_errors(tmp_path, capsys, argv, words):
     assert disco_main([*argv, "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("disco: error:") and words in err and "Traceback" not in err
+
+
+def test_list_rows_say_the_step_speedups_and_verdict(tmp_path, program):
+    """A searched entry's row: the step's qualified name, the speed-up of the choice over
+    XLA's default and the best bucketing measured beside it, the verification."""
+    from disco_jax.cli.store import list_rows
+
+    key, enactment = program
+    record = st.make_record(
+        key, st.Setup.current(), enactment_fingerprint=enactment.fingerprint,
+        choice="plan_0", hardware="inproc4", hardware_sha256=None, predicted_s={},
+        measured_s={"xla_default": 4e-3, "bucketed_1MiB": 3e-3, "bucketed_4MiB": 3.5e-3,
+                    "plan_0": 2e-3},
+        search=None, extra={"function": "train.step", "source": "train.py:12"})
+    st.write_entry(key, record, enactment, root=tmp_path)
+    written = st.read_record(key, root=tmp_path)
+    st.record_verification(key, enactment_sha256=written["enactment_sha256"], ok=True,
+                           max_abs_diff=0.0, detail="", root=tmp_path)
+    (row,) = list_rows(st.list_entries(root=tmp_path))
+    assert (row["step"], row["choice"], row["vs XLA"], row["vs buckets"], row["verified"]) \
+        == ("train.step", "plan_0", "2.00x", "1.50x", "yes")

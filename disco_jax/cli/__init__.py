@@ -47,6 +47,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Subcommands that run the module they are given (in-context profiles): on CPU they get
+#: as many host devices as it runs on.
+_RUN_MODULE = ("simulate", "optimize")
+
+
+def _host_devices(args: argparse.Namespace) -> None:
+    """Gives this process as many host CPU devices as the module of ``disco simulate`` or
+    ``disco optimize`` runs on (before jax starts), with a note on stderr; the module's
+    file is read again by the command."""
+    if args.command not in _RUN_MODULE or not getattr(args, "file", None):
+        return
+    import hlo_tools
+    from disco_jax.cli.inputs import read_text
+    from hlo_tools.devices import module_devices
+    from hlo_tools.jax_bridge import give_host_devices
+
+    try:
+        count = module_devices(hlo_tools.parse(read_text(args.file)))
+    except hlo_tools.HloParseError:
+        return  # the command says where, with the file and line
+    if give_host_devices(count):
+        print(f"disco: note: {args.file} runs on {count} devices: this process has "
+              f"{count} host CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count="
+              f"{count})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs ``disco``; returns the exit code.
 
@@ -59,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        _host_devices(args)
         return int(args.func(args) or EXIT_OK)
     except UserError as err:
         print(f"disco: error: {err}", file=sys.stderr)

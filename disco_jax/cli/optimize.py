@@ -263,6 +263,12 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
         module = load_module(args.file)
     except UserError as err:  # one line: file:line:col and the reason, not the quote
         raise UserError(str(err).splitlines()[0]) from None
+    if module.header_attrs.get("is_scheduled") == "true":
+        raise UserError(
+            f"{args.file}:1: a compiled module (is_scheduled=true: XLA already fused and "
+            "combined it, so there is nothing left to plan); give the pre-optimization "
+            "module: jax.jit(step).lower(*args).as_text(dialect='hlo') (or "
+            "hlo_tools.jax_bridge.extract(step, *args))")
     try:
         graph = hlo_tools.device_graph(module)
     except ValueError as err:

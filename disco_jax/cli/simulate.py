@@ -5,7 +5,7 @@ else ENTRY) is costed by :func:`disco_jax.costs.lower.sim_graph_from_module` and
 the simulator: every instruction is a kernel, ``fusion`` instructions are *predicted*
 from their members (never timed as fusions), all-reduces use the hardware file's
 ``T = C * bytes + D``. Single ops are timed on this machine by
-:mod:`disco_estimator.op_bench` (cached on disk; ``--no-bench`` uses only ``--profile`` and
+:mod:`disco_estimator.ops.standalone` (cached on disk; ``--no-bench`` uses only ``--profile`` and
 the analytic model).
 
 In context (``--in-context``; the default when this process's devices can run the
@@ -98,7 +98,7 @@ def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
                         "shipped files) or a .toml path (default: the shipped file of this "
                         "machine's backend: inproc4 on CPU, gpu_nvlink8 on GPU)")
     p.add_argument("--profile", metavar="PROFILE.json",
-                   help="measured op times (disco_estimator.profiler.OpProfile JSON), used first")
+                   help="measured op times (disco_estimator.ops.OpProfile JSON), used first")
     p.add_argument("--no-bench", action="store_true",
                    help="do not time single ops on this machine (profile/analytic only)")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
@@ -247,7 +247,7 @@ def _profile(spec: str | None) -> Any:
     except json.JSONDecodeError as err:
         raise UserError(f"{spec}:{err.lineno}: not a JSON profile: {err.msg}") from None
     except (KeyError, ValueError, TypeError, OSError) as err:
-        raise UserError(f"{spec}: not an op profile (disco_estimator.profiler.OpProfile): {err}") \
+        raise UserError(f"{spec}: not an op profile (disco_estimator.ops.OpProfile): {err}") \
             from None
 
 

@@ -1,7 +1,9 @@
 """``disco store list|show|rm``: look at the strategy store that ``disco_jax.jit`` fills.
 
-* ``disco store list``: one line per entry (newest first): key prefix, chosen program,
-  its measured time, device and process counts, backend, jax version, creation time.
+* ``disco store list``: one line per entry (newest first): key prefix, the step (its
+  qualified function name), devices, processes and backend, the chosen program, its
+  measured time and speed-up over XLA's default and hand bucketing, creation time, and
+  whether it was verified.
 * ``disco store show KEY``: an entry's record (``--json``: as JSON) and whether it can
   run in this process (``--check``: compares the setup and parses the HLO; imports jax).
 * ``disco store rm KEY... | --all``: removes entries.
@@ -20,7 +22,7 @@ from typing import Any
 
 from disco_jax.cli import UserError
 
-__all__ = ["register", "run_list", "run_rm", "run_show"]
+__all__ = ["list_rows", "register", "run_list", "run_rm", "run_show"]
 
 #: What ``disco store --help`` says (the module docstring is for developers).
 HELP = """List, show or remove the programs disco_jax.jit stored.
@@ -88,8 +90,59 @@ def _ms(value: Any) -> str:
     return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) else "-"
 
 
+def _speedup(record: dict[str, Any], over: list[str]) -> str:
+    """The chosen program's measured speed-up over the fastest of ``over`` (``1.31x``),
+    or ``-`` when either was not measured."""
+    measured = record.get("measured_s") or {}
+    mine = measured.get(record.get("choice"))
+    theirs = [measured[n] for n in over if isinstance(measured.get(n), (int, float))]
+    if not isinstance(mine, (int, float)) or mine <= 0 or not theirs:
+        return "-"
+    return f"{min(theirs) / mine:.2f}x"
+
+
+def _verified(record: dict[str, Any]) -> str:
+    from disco_jax.store import verification
+
+    verdict = verification(record)
+    if verdict is None:
+        return "not yet"
+    return "yes" if verdict.get("ok") else "refused"
+
+
+def list_rows(entries: list[Any]) -> list[dict[str, str]]:
+    """One row of ``disco store list`` per entry: key prefix, step, setup, choice, its
+    measured speed-up over XLA's default and over the best hand bucketing, when, and
+    whether it was verified against ``jax.jit``."""
+    rows = []
+    for e in entries:
+        if e.record is None:
+            rows.append({"key": e.key[:12], "step": f"(unreadable: {e.problem})"})
+            continue
+        r = e.record
+        setup = r.get("setup", {})
+        measured = r.get("measured_s") or {}
+        bucketed = sorted(n for n in measured if n.startswith(("bucketed_", "xla_combine_")))
+        rows.append({
+            "key": e.key[:12],
+            "step": str(r.get("function") or "-"),
+            "setup": f"{setup.get('num_devices')} dev x {setup.get('num_processes')} proc "
+                     f"{setup.get('backend')}",
+            "choice": str(r.get("choice")),
+            "measured": _ms(measured.get(r.get("choice"))),
+            "vs XLA": _speedup(r, ["xla_default"]),
+            "vs buckets": _speedup(r, bucketed),
+            "created": str(r.get("created", ""))[:19],
+            "verified": _verified(r),
+        })
+    return rows
+
+
 def run_list(args: argparse.Namespace) -> int:
     """Runs ``disco store list``."""
+    from rich.console import Console
+    from rich.table import Table
+
     from disco_jax.store import list_entries, store_dir
 
     entries = list_entries(root=args.store)
@@ -100,19 +153,20 @@ def run_list(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no entries in {store_dir(args.store)}")
         return 0
-    print(f"{len(entries)} entries in {store_dir(args.store)}")
-    print(f"{'key':<14}{'choice':<16}{'measured':>11}  {'setup':<26}{'jax':<9}created")
-    for e in entries:
-        if e.record is None:
-            print(f"{e.key[:12]:<14}{'(unreadable)':<16}{'':>11}  {e.problem}")
-            continue
-        r = e.record
-        setup = r.get("setup", {})
-        where = (f"{setup.get('num_devices')} dev x {setup.get('num_processes')} proc "
-                 f"{setup.get('backend')}")
-        print(f"{e.key[:12]:<14}{str(r.get('choice')):<16}"
-              f"{_ms((r.get('measured_s') or {}).get(r.get('choice'))):>11}  {where:<26}"
-              f"{str(setup.get('jax')):<9}{r.get('created', '')}")
+    rows = list_rows(entries)
+    table = Table(title=f"{len(entries)} entries in {store_dir(args.store)}",
+                  title_justify="left", box=None, header_style="bold")
+    columns = ("key", "step", "setup", "choice", "measured", "vs XLA", "vs buckets",
+               "created", "verified")
+    for name in columns:
+        table.add_column(name, justify="right" if name in ("measured", "vs XLA", "vs buckets")
+                         else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(row.get(c, "") for c in columns))
+    Console(width=max(120, Console().width), highlight=False).print(table)
+    print("vs XLA, vs buckets: the chosen program's measured speed-up over XLA's default "
+          "and over the best hand bucketing measured beside it; verified: its outputs "
+          "compared with jax.jit's on a first call")
     return 0
 
 
@@ -128,9 +182,21 @@ def run_show(args: argparse.Namespace) -> int:
     usable = None
     if args.check:
         from disco_jax.store import Setup, load_entry
+        from hlo_tools.jax_bridge import give_host_devices
 
-        lookup = load_entry(key, Setup.current(), root=args.store)
-        usable = lookup.reason or "usable here"
+        stored = record.get("setup", {})
+        processes, devices = stored.get("num_processes") or 1, stored.get("num_devices")
+        if isinstance(processes, int) and processes > 1:
+            usable = (f"a plan of a {processes}-process job ({devices} devices): it runs in "
+                      f"such a job (e.g. disco launch -n {processes} -- python train.py), "
+                      "not in this one process")
+        else:
+            if stored.get("backend") == "cpu" and isinstance(devices, int):
+                # the CLI's own device count is not the program's: give this process
+                # the host devices the entry was made with
+                give_host_devices(devices)
+            lookup = load_entry(key, Setup.current(), root=args.store)
+            usable = lookup.reason or "usable here"
     if args.json:
         print(json.dumps({"key": key, "record": record,
                           **({"check": usable} if usable else {})}, indent=1))

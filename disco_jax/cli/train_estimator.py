@@ -129,7 +129,7 @@ def resolve_dataset(spec: str | os.PathLike | None, fingerprint: dict[str, Any])
     Args:
         spec: a file, a directory (its file for ``fingerprint``), or None (the file for
             ``fingerprint`` in the default directory).
-        fingerprint: the backend fingerprint (:func:`disco_estimator.op_bench.backend_fingerprint`).
+        fingerprint: the backend fingerprint (:func:`disco_estimator.ops.backend_fingerprint`).
     """
     from disco_estimator.gnn.dataset import dataset_path
 

@@ -390,6 +390,27 @@ class StagedStep:
             out.append(shards[d])
         return out
 
+    def check_inputs(self, *args: Any) -> None:
+        """Checks, before any collective runs, that every argument has one buffer of the
+        stage's shape on each local device (a call would otherwise fail half-way, with
+        the other processes of a job waiting in an all-reduce).
+
+        Raises:
+            ValueError: an argument this step cannot split per device, and why.
+        """
+        leaves = jax.tree.leaves(args)
+        if len(leaves) != len(self.plan.cut.arg_shapes):
+            raise ValueError(f"the step takes {len(self.plan.cut.arg_shapes)} arrays, got "
+                             f"{len(leaves)}")
+        for k, leaf in enumerate(leaves):
+            try:
+                self._per_device(leaf, k)
+            except ValueError:
+                raise
+            except Exception as err:  # noqa: BLE001 - e.g. jax refusing its shards
+                raise ValueError(f"argument {k} cannot be split per device: "
+                                 f"{type(err).__name__}: {err}") from err
+
     def _reduce(self, k: int, flat: list[Any]) -> list[Any]:
         """The communication stream's work for bucket ``k``: one all-reduce, waited for."""
         bucket = self.plan.comms[k]
@@ -607,5 +628,7 @@ def staged_step(step: Callable[..., Any], args: Sequence[Any],
         raise ValueError("the step's program does not take every argument (jax dropped "
                          "unused ones)")
     out_tree = jax.tree.structure(jax.eval_shape(step, *args))
-    return StagedStep(plan, _mesh_of(args), out_tree, exact=exact,
-                      comm_timeout_s=comm_timeout_s, chunk_bytes=chunk_bytes)
+    staged = StagedStep(plan, _mesh_of(args), out_tree, exact=exact,
+                        comm_timeout_s=comm_timeout_s, chunk_bytes=chunk_bytes)
+    staged.check_inputs(*args)
+    return staged

@@ -43,7 +43,7 @@ from hlo_tools.jax_bridge.compile import (
     StandaloneHlo,
     compile_module,
 )
-from hlo_tools.jax_bridge.devices import backend_info, device_memory_bytes
+from hlo_tools.jax_bridge.devices import backend_info, device_memory_bytes, give_host_devices
 from hlo_tools.jax_bridge.errors import DevicesUnavailableError, HloCompileError
 from hlo_tools.jax_bridge.extract import extract, fresh_function, lowered_text
 from hlo_tools.jax_bridge.internals import VERIFIED_VERSIONS, check_versions
@@ -98,6 +98,7 @@ __all__ = [
     "exact_compiler_options",
     "extract",
     "fresh_function",
+    "give_host_devices",
     "hlo_text_to_mlir",
     "known_route",
     "load_pass_config",

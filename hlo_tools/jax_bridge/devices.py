@@ -12,7 +12,8 @@ from hlo_tools.ir import HloModule
 from hlo_tools.jax_bridge import internals
 from hlo_tools.jax_bridge.errors import DevicesUnavailableError
 
-__all__ = ["backend_info", "device_memory_bytes", "local_devices_for"]
+__all__ = ["HOST_DEVICES_FLAG", "backend_info", "device_memory_bytes", "give_host_devices",
+           "local_devices_for"]
 
 
 def backend_info(platform: str | None = None) -> dict[str, Any]:
@@ -73,3 +74,23 @@ def local_devices_for(module: HloModule, platform: str) -> tuple[Any, ...]:
     raise DevicesUnavailableError(
         f"the module runs on {needed} devices, this process has {len(local)} local "
         f"{platform} device{'s' if len(local) != 1 else ''}{hint}")
+
+
+#: The XLA flag that gives the CPU backend several host devices.
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def give_host_devices(count: int) -> bool:
+    """Starts the CPU backend with ``count`` host devices, as a module of ``count``
+    devices needs to run in one process: adds ``--xla_force_host_platform_device_count``
+    to ``XLA_FLAGS``, before jax starts its backends.
+
+    Nothing changes (False) when ``count`` is 1, when jax has already started its
+    backends, or when ``XLA_FLAGS`` already sets a host device count (the user's choice
+    stands); other backends (GPU) are not affected by the flag.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if count <= 1 or HOST_DEVICES_FLAG in flags or internals.backends_initialized():
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={count}".strip()
+    return True

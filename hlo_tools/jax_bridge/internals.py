@@ -191,6 +191,12 @@ def install_module(lowered: Any, module: ir.Module) -> Any:
 
 
 @functools.cache
+def backends_initialized() -> bool:
+    """Whether jax has started its backends (after which ``XLA_FLAGS`` no longer
+    changes them, e.g. the host device count)."""
+    return bool(jax_xla_bridge.backends_are_initialized())
+
+
 def backend(platform: str) -> Any:
     """jax's client of a platform (``cpu``, ``cuda``, ...)."""
     return jax_xla_bridge.get_backend(platform)
