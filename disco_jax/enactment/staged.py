@@ -289,7 +289,9 @@ def _comm_program(mesh: Mesh, bucket: CommBucket, dtype: np.dtype,
     own buffer; every device gets the reduced buffer as its slice of the result.
 
     With ``chunk_bytes`` the buffer is reduced in pieces of at most that many bytes, one
-    collective each, in order (elementwise the same sums)."""
+    collective each, chained in order (each chunk's input waits for the previous chunk's
+    result), so every process issues them in the same order (elementwise the same
+    sums)."""
     reduce = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[bucket.reducer]
     n = bucket.length
     step = max(1, chunk_bytes // np.dtype(dtype).itemsize) if chunk_bytes else n
@@ -298,7 +300,13 @@ def _comm_program(mesh: Mesh, bucket: CommBucket, dtype: np.dtype,
     def body(x):
         if len(bounds) <= 1:
             return reduce(x, _AXIS)
-        return jax.numpy.concatenate([reduce(x[a:b], _AXIS) for a, b in bounds])
+        parts: list[Any] = []
+        for a, b in bounds:
+            piece = x[a:b]
+            if parts:  # after the previous chunk's collective: the same order everywhere
+                piece, _ = lax.optimization_barrier((piece, parts[-1]))
+            parts.append(reduce(piece, _AXIS))
+        return jax.numpy.concatenate(parts)
 
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(_AXIS), out_specs=P(_AXIS),
                                check_vma=False))
@@ -576,9 +584,12 @@ class StagedStep:
                                       f"{launch.program} failed: {err}") from err
             for ref, per_device in zip(stage.outputs, outputs, strict=True):
                 values[(ref.kind, ref.key)] = per_device
-        if keep:  # every value of the schedule, for timing its programs alone
-            for k, fut in comms.items():
+        # every all-reduce of this call done before it returns: the next program's
+        # collectives cannot interleave with this call's in any process
+        for k, fut in comms.items():
+            if (REDUCED, k) not in values:
                 values[(REDUCED, k)] = self._wait(k, fut)
+        if keep:  # every value of the schedule, for timing its programs alone
             return values
         results = [jax.make_array_from_single_device_arrays(
             tuple(shape.dims), sharding, values[(RESULT, j)])
