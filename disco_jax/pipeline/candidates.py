@@ -209,10 +209,10 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
             name, arg = "staged_plan", buckets
         else:
             name, arg = f"staged_{count}", int(count)
-        run = _staged_everywhere(name, lambda arg=arg: staged_step(
-            step, args, buckets=arg, chunk_bytes=chunk, module=module), sync, say)
-        if run is not None:
-            out[name] = run
+        try:
+            out[name] = staged_step(step, args, buckets=arg, chunk_bytes=chunk, module=module)
+        except ValueError as err:
+            say(f"{name}: not staged ({err})")
     if "auto" not in entries:
         return out, info
     space = P.FusionSpace(graph)
@@ -224,11 +224,12 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
         order = sync.share("staged_order", order)
     cands = layouts(graph, order)
     ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
-    run = _staged_everywhere(ref, lambda: staged_step(
-        step, args, buckets=cands[ref], chunk_bytes=chunk, module=module), sync, say)
-    if run is None:
+    try:
+        out[ref] = staged_step(step, args, buckets=cands[ref], chunk_bytes=chunk,
+                               module=module)
+    except ValueError as err:
+        say(f"staged: not staged ({err})")
         return out, info
-    out[ref] = run
     barrier = sync.barrier if sync is not None else None
     check = out[ref].self_test(*args, barrier=barrier)
     info["self_test"] = check._asdict()
@@ -269,28 +270,6 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     if sync is not None:
         pick = sync.share("staged_pick", pick)
     for name in pick:
-        run = _staged_everywhere(name, lambda name=name: staged_step(
-            step, args, buckets=cands[name], chunk_bytes=chunk, module=module), sync, say)
-        if run is not None:
-            out[name] = run
+        out[name] = staged_step(step, args, buckets=cands[name], chunk_bytes=chunk,
+                                 module=module)
     return out, info
-
-
-def _staged_everywhere(name: str, build: Callable[[], Any], sync: Any,
-                       say: Callable[[str], None]) -> Any:
-    """A staged candidate built on every process of the job, or on none: one that a
-    process cannot build (its program, its arguments' placement) is left out everywhere,
-    so that the processes keep running the same programs (their all-reduces pair up)."""
-    try:
-        run, problem = build(), None
-    except ValueError as err:
-        run, problem = None, str(err)
-    if sync is not None:
-        problems = [p for p in sync.gather(f"staged_built_{name}", problem) if p]
-        problem = problem or (problems[0] if problems else None)
-    if problem is None:
-        return run
-    if run is not None:
-        run.close()
-    say(f"{name}: not staged ({problem})")
-    return None
