@@ -137,16 +137,12 @@ def _check(model: str, seeds: list[int]) -> None:
 
     import hlo_tools
     from disco_jax import zoo
-    from disco_jax.enactment.plan_check import EXACT_REFERENCE, count_opcode
+    from disco_jax.enactment.plan_check import count_opcode, reference_outputs
     from hlo_tools import plan as P
 
     step, args = zoo.get(model)(4, "tiny")
     text = hlo_tools.extract(step, *args)
-    wants = [jax.tree.leaves(jax.jit(step)(*args))]
-    if model in EXACT_REFERENCE:
-        run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
-                                       hlo_tools.CompileOptions(exact=True))
-        wants.append(jax.tree.leaves(run(*args)))
+    wants = reference_outputs(step, args, text, model)
     module = hlo_tools.parse(text)
     graph = hlo_tools.device_graph(module)
     space = P.FusionSpace(graph)

@@ -22,8 +22,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["check_plans", "run_isolated", "multi_op_fusions", "count_opcode"]
+__all__ = ["check_plans", "count_opcode", "multi_op_fusions", "reference_outputs", "run_isolated"]
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -123,12 +124,27 @@ def _planned(space, plan) -> tuple[int, int]:
     return fusions, count_opcode(graph.module, "all-reduce") - merged
 
 
+def reference_outputs(step: Any, args: Any, text: str, model: str) -> list[list[Any]]:
+    """The outputs a plan of ``model``'s step may match: ``jax.jit``'s, and for the
+    models of :data:`EXACT_REFERENCE` also those of the step's own text compiled exactly
+    (each a list of output leaves)."""
+    import jax
+
+    import hlo_tools
+
+    wants = [jax.tree.leaves(jax.jit(step)(*args))]
+    if model in EXACT_REFERENCE:
+        run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
+                                       hlo_tools.CompileOptions(exact=True))
+        wants.append(jax.tree.leaves(run(*args)))
+    return wants
+
+
 def check_plans(model: str, seeds: list[int], moves: int = 200,
                 size: str = "tiny") -> Iterator[dict]:
     """Yields one result dict per seed (see the module docstring)."""
     import random
 
-    import jax
     import numpy as np
 
     import hlo_tools
@@ -137,11 +153,7 @@ def check_plans(model: str, seeds: list[int], moves: int = 200,
 
     step, args = zoo.get(model)(4, size)
     text = hlo_tools.extract(step, *args)
-    want = [jax.tree.leaves(jax.jit(step)(*args))]
-    if model in EXACT_REFERENCE:
-        run = hlo_tools.compile_module(text, hlo_tools.InPlaceOf(step, args),
-                                       hlo_tools.CompileOptions(exact=True))
-        want.append(jax.tree.leaves(run(*args)))
+    want = reference_outputs(step, args, text, model)
     module = hlo_tools.parse(text)
     graph = hlo_tools.device_graph(module)
     space = P.FusionSpace(graph)
