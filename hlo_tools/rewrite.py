@@ -10,6 +10,15 @@
   reshaped to 1-D, the pieces are concatenated, one all-reduce sums the buffer, and
   slices of the result, reshaped back and named like the original all-reduces, give the
   users their values (see :func:`_bucket`).
+* The plan's all-reduces (buckets and single ones) are chained in schedule order: each
+  one reads a zero made from the previous one's result (:func:`_tie`), so none can start
+  before the one before it has ended. Every process of a job must run a program's
+  collectives in the same order (gloo pairs messages by arrival), and XLA orders
+  collectives that no data connects differently in different processes: its compile is
+  not deterministic across processes, and it drops ``opt-barrier`` and control
+  dependencies from this order. A bucket carries the zero as one extra element of its
+  buffer (the gradients' arithmetic is untouched); a single all-reduce adds it to its
+  operand (``x + 0``).
 * Compute groups nobody reads any more (every reader holds its own copy) are left out
   (:func:`hlo_tools.plan.dead_groups`).
 * The per-device computation is printed in the plan's schedule order.
@@ -93,18 +102,36 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     done: set[int] = dead_groups(FusionSpace(graph), plan)
     new_instrs: list[HloInstruction] = []
     new_comps: list[HloComputation] = []
+    last: HloInstruction | None = None  # the latest all-reduce written
     for node in plan.order:
         gid = plan.group[node]
         if gid in done:
             continue
         if gid not in groups:
-            new_instrs.append(instrs[node])
+            instr = instrs[node]
+            if graph.opcodes[node] == "all-reduce" and last is not None:
+                first = instr.operands[0]
+                shape = graph.computation.instructions[graph.index[first]].shape
+                if shape.is_array:
+                    tie, zero = _tie(last, shape.element_type, names)
+                    wide = HloInstruction(names.fresh(f"{first}.zero"), "broadcast",
+                                          shape, [zero],
+                                          {"dimensions": "{}"})
+                    tied = HloInstruction(names.fresh(f"{first}.ordered"), "add", shape,
+                                          [first, wide.name])
+                    new_instrs += [*tie, wide, tied]
+                    instr = instr.copy(operands=[tied.name, *instr.operands[1:]])
+            new_instrs.append(instr)
+            if graph.opcodes[node] == "all-reduce":
+                last = instr
             done.add(gid)
             continue
         done.add(gid)
         ms = groups[gid]
         if graph.opcodes[ms[0]] == "all-reduce":
-            new_instrs += _bucket(instrs, ms, names)
+            written = _bucket(instrs, ms, names, last)
+            new_instrs += written
+            last = next(i for i in written if i.opcode == "all-reduce")
         else:
             outputs = list(group_outputs(graph, plan, ms, readers))
             fused, body = _fusion(out, instrs, ms, copies.get(gid, []), outputs, names,
@@ -117,8 +144,48 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     return out
 
 
-def _bucket(instrs: list[HloInstruction], ms: list[int], names: UniqueNames
-            ) -> list[HloInstruction]:
+def _tie(last: HloInstruction, element_type: str, names: UniqueNames
+         ) -> tuple[list[HloInstruction], str]:
+    """A scalar zero of ``element_type`` computed from the all-reduce ``last``'s result
+    (its first element times 0), so that whatever reads it waits for ``last``.
+
+    XLA does not fold ``x * 0`` for floating-point types (it is NaN for an infinite or
+    NaN ``x``); for integer types it does, and such an all-reduce stays unordered.
+
+    Returns:
+        The instructions to write, and the name of the zero.
+    """
+    out: list[HloInstruction] = []
+    value, shape = last.name, last.shape
+    while shape.is_tuple:
+        shape = shape.tuple_shapes[0]
+        gte = HloInstruction(names.fresh(f"{last.name}.first"), "get-tuple-element", shape,
+                             [value], {"index": "0"})
+        out.append(gte)
+        value = gte.name
+    etype = shape.element_type
+    if shape.dims:
+        one = HloInstruction(names.fresh(f"{last.name}.head"), "slice",
+                             Shape(etype, (1,) * len(shape.dims), ""), [value],
+                             {"slice": "{" + ",".join("[0:1]" for _ in shape.dims) + "}"})
+        scalar = HloInstruction(names.fresh(f"{last.name}.head"), "reshape", Shape(etype),
+                                [one.name])
+        out += [one, scalar]
+        value = scalar.name
+    if etype != element_type:
+        cast = HloInstruction(names.fresh(f"{last.name}.head"), "convert",
+                              Shape(element_type), [value])
+        out.append(cast)
+        value = cast.name
+    zero = HloInstruction(names.fresh(f"{last.name}.nought"), "constant", Shape(element_type),
+                          payload="0")
+    tie = HloInstruction(names.fresh(f"{last.name}.tie"), "multiply", Shape(element_type),
+                         [value, zero.name])
+    return [*out, zero, tie], tie.name
+
+
+def _bucket(instrs: list[HloInstruction], ms: list[int], names: UniqueNames,
+            last: HloInstruction | None = None) -> list[HloInstruction]:
     """One all-reduce for the bucket ``ms`` over a flat buffer of all its gradients.
 
     Each gradient is reshaped to 1-D, the pieces are concatenated, one all-reduce sums
@@ -131,9 +198,16 @@ def _bucket(instrs: list[HloInstruction], ms: list[int], names: UniqueNames
     first = instrs[ms[0]]
     etype = first.shape.element_type
     sizes = [instrs[m].shape.num_elements for m in ms]
-    total = sum(sizes)
     out: list[HloInstruction] = []
     flat = []
+    if last is not None:  # element 0 of the buffer: the zero that orders it after ``last``
+        tie, zero = _tie(last, etype, names)
+        head = HloInstruction(names.fresh(f"{first.name}.order"), "reshape",
+                              Shape(etype, (1,), "{0}"), [zero])
+        out += [*tie, head]
+        flat.append(head.name)
+    lead = len(flat)
+    total = lead + sum(sizes)
     for m, n in zip(ms, sizes):
         piece = HloInstruction(names.fresh(f"{instrs[m].name}.flat"), "reshape",
                                Shape(etype, (n,), "{0}"), list(instrs[m].operands))
@@ -145,7 +219,7 @@ def _bucket(instrs: list[HloInstruction], ms: list[int], names: UniqueNames
     bucket = HloInstruction(names.fresh(f"{first.name}.bucket"), "all-reduce",
                             Shape(etype, (total,), "{0}"), [buffer.name], attrs)
     out += [buffer, bucket]
-    offset = 0
+    offset = lead
     for m, n in zip(ms, sizes):
         member = instrs[m]
         piece = HloInstruction(names.fresh(f"{member.name}.slice"), "slice",

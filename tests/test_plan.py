@@ -200,7 +200,37 @@ def test_allreduce_combination(env):
     assert ops["all-reduce"] == 5 and ops["concatenate"] == 1, to_text(out)
     assert out.entry.instruction("ar0").opcode == "reshape"
     bucket = [i for i in out.entry.instructions if i.name.endswith(".bucket")]
-    assert len(bucket) == 1 and bucket[0].shape.dims == (8,)
+    assert len(bucket) == 1 and bucket[0].shape.dims[0] in (8, 9)  # 9: ordered after another
+
+
+def _reads(comp, name):
+    """Every instruction ``name`` reads, directly or not."""
+    seen, todo = set(), [name]
+    while todo:
+        for op in comp.instruction(todo.pop()).operands:
+            if op not in seen:
+                seen.add(op)
+                todo.append(op)
+    return seen
+
+
+def test_allreduces_are_chained_in_plan_order(env):
+    """Each written all-reduce reads the one before it in the schedule (a zero made of
+    its result), so every process of a job runs them in the same order; a bucket carries
+    the zero as one extra element, a single all-reduce adds it to its operand."""
+    module, graph, space = env
+    plan = P.combine(space, P.initial_plan(graph), node(graph, "ar0"), node(graph, "ar1"))
+    out = apply_plan(module, plan, graph)
+    assert find_problems(out) == [], to_text(out)
+    comp = out.entry
+    written = [i.name for i in comp.instructions if i.opcode == "all-reduce"]
+    assert len(written) == 5
+    for before, after in zip(written, written[1:]):
+        assert before in _reads(comp, after), (before, after, to_text(out))
+    bucket = next(i for i in comp.instructions if i.name.endswith(".bucket"))
+    assert bucket.shape.dims == (8 + (written.index(bucket.name) > 0),)
+    assert sum(i.name.endswith(".ordered") for i in comp.instructions) == 4 - (
+        written.index(bucket.name) > 0)
 
 
 @pytest.mark.parametrize("a,b,reason", [
