@@ -493,9 +493,10 @@ def bucketed_plan(module: HloModule, threshold_bytes: int | None
 
 def _compile_bucketed(step: Callable[..., Any], args: Sequence[Any], module: HloModule,
                       thresholds: Sequence[int | None], platform: str,
-                      kwargs: Mapping[str, Any] | None, config: str | Path | None
-                      ) -> list[BucketedCandidate]:
-    """One candidate per threshold; thresholds giving the same buckets share one compile."""
+                      kwargs: Mapping[str, Any] | None, config: str | Path | None,
+                      afford: Callable[[], bool] | None = None) -> list[BucketedCandidate]:
+    """One candidate per threshold; thresholds giving the same buckets share one compile;
+    the sweep ends where ``afford()`` says False."""
     options = baseline_options(BUCKETED, platform, config=config)
     compiled: dict[tuple, tuple[int, jb.CompiledHlo]] = {}
     out = []
@@ -505,6 +506,8 @@ def _compile_bucketed(step: Callable[..., Any], args: Sequence[Any], module: Hlo
         members = bucket_members(space, plan)
         key = tuple(map(tuple, members))
         if key not in compiled:
+            if afford is not None and not afford():
+                break
             text = to_text(apply_plan(module, plan, graph))
             run = jb.compile_module(text, jb.InPlaceOf(step, args, kwargs),
                                     jb.CompileOptions(exact=False, extra=options))
@@ -557,6 +560,7 @@ def bucketed_candidates(
     kwargs: Mapping[str, Any] | None = None,
     config: str | Path | None = None,
     module: HloModule | None = None,
+    afford: Callable[[], bool] | None = None,
 ) -> list[BucketedCandidate]:
     """The ``bucketed`` sweep: one compiled candidate per threshold, in the given order.
 
@@ -569,12 +573,15 @@ def bucketed_candidates(
         fn, args, platform, kwargs, config: as for :func:`compile_bucketed`.
         thresholds: the bucket sizes T (None: one bucket).
         module: ``fn``'s pre-optimization module on ``args``, already parsed.
+        afford: asked before each compile; the sweep ends at the first False (the
+            candidates so far are returned).
     """
     platform = platform or jax.default_backend()
     step = jb.fresh_function(fn)
     if module is None:
         module = parse(jb.extract(step, *args, **(kwargs or {})))
-    return _compile_bucketed(step, args, module, thresholds, platform, kwargs, config)
+    return _compile_bucketed(step, args, module, thresholds, platform, kwargs, config,
+                             afford)
 
 
 # ----------------------------------------------------------------- reading the result
@@ -641,7 +648,8 @@ def _pieces(comps: Mapping[str, HloComputation], producer: HloInstruction | None
 
     A bucket written by ``apply_plan`` (and :func:`apply_buckets`) reaches XLA as one
     all-reduce of a ``concatenate``; after XLA's fusion the concatenate may be the root
-    of the fusion that produces the operand.
+    of the fusion that produces the operand. A bucket written after another all-reduce
+    counts one piece more: the element that orders it (:mod:`hlo_tools.rewrite`).
     """
     if producer is None:
         return 1

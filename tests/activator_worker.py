@@ -36,7 +36,7 @@ from disco_jax.jit import DiscoFallbackWarning  # noqa: E402
 from hlo_tools.jax_bridge import fresh_function  # noqa: E402
 
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-         "profile_rounds": 2, "predict_baselines": False}
+         "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
 _searches: list[int] = []
 
 
@@ -152,7 +152,7 @@ def main() -> None:
     if a.absent is not None:
         _absent(a, pid, out, step, (params, opt_state, batch))
     ref = jax.jit(fresh_function(step))
-    wrapped = disco_jax.jit(step, time_budget_s=1.0, search_options=QUICK)
+    wrapped = disco_jax.jit(step, search_options=QUICK)
     # each step of both programs on the same state (DisCo's): a rewrite must give jax.jit's
     # values within rtol 1e-5 per step; states fed back through Adam would compound the
     # rounding of near-zero gradients

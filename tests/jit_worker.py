@@ -31,7 +31,7 @@ from hlo_tools.jax_bridge import fresh_function  # noqa: E402
 
 #: What the tests search with: small, so a tiny model takes seconds.
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-         "profile_rounds": 2, "predict_baselines": False}
+         "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _compiles: list[str] = []
 
@@ -59,7 +59,7 @@ def _diff(got, want) -> tuple[float, bool]:
 def run_model(model: str, store: str, steps: int) -> dict:
     step, (params, opt_state, batch) = zoo.get(model)(4, "tiny")
     ref = jax.jit(fresh_function(step))
-    wrapped = disco_jax.jit(step, store=store, time_budget_s=1.0, search_options=QUICK)
+    wrapped = disco_jax.jit(step, store=store, search_options=QUICK)
     out = {"model": model, "store": store, "max_abs_diff": 0.0, "close": True}
     p_ref, o_ref, p_dj, o_dj = params, opt_state, params, opt_state
     with warnings.catch_warnings(record=True) as caught:

@@ -40,7 +40,7 @@ SLOW = tuple(m for m in MODELS if m not in FAST)
 MODEL_PARAMS = [pytest.param(m, marks=[pytest.mark.slow] if m in SLOW else [])
                 for m in MODELS]
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-         "profile_rounds": 2, "predict_baselines": False}
+         "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
 
 
 def _worker(flag: str | None, models, stores, tmp: Path) -> list[dict]:
@@ -100,7 +100,7 @@ def test_search_phase(phases, model):
     assert record["choice"] == info["choice"] and record["measured_s"][info["choice"]] > 0
     assert {"xla_default", "op_fusion", "bucketed_1MiB", "plan_0"} <= set(record["measured_s"])
     assert record["predicted_s"]["plan_0"] > 0
-    assert record["search"]["settings"]["time_budget_s"] == 1.0
+    assert record["search"]["settings"]["time_budget_s"] == 0.5
     assert record["hardware"]["name"] == "inproc4" and len(record["hardware"]["sha256"]) == 64
 
 
@@ -188,7 +188,7 @@ def test_static_and_donated_arguments(tmp_path, monkeypatch):
     ref = jax.jit(step, static_argnums=2)
     monkeypatch.setenv("ENABLE_SEARCH", "1")
     wrapped = disco_jax.jit(step, static_argnums=2, donate_argnums=0, store=tmp_path,
-                            time_budget_s=0.5, search_options=QUICK)
+                            search_options=QUICK)
     params = make_params()
     want = ref(params, batch, 0.1)
     donated = make_params()
@@ -227,7 +227,7 @@ def test_later_calls_take_jax_s_compiled_program_per_signature(tmp_path, monkeyp
         return step(params, batch, 0.1)
 
     monkeypatch.setenv("ENABLE_SEARCH", "1")
-    wrapped = disco_jax.jit(fixed_lr, donate_argnums=0, store=tmp_path, time_budget_s=0.5,
+    wrapped = disco_jax.jit(fixed_lr, donate_argnums=0, store=tmp_path,
                             search_options=QUICK)
     want = jax.jit(fixed_lr)(make_params(), batch)
     _close(wrapped(make_params(), batch), want)

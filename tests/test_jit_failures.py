@@ -26,7 +26,7 @@ from disco_jax.jit import DiscoFallbackWarning
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 host devices")
 
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-         "profile_rounds": 2, "predict_baselines": False}
+         "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
 
 
 def _run(tmp_path, monkeypatch, flag: str, **options):
@@ -34,7 +34,7 @@ def _run(tmp_path, monkeypatch, flag: str, **options):
     jax.jit's outputs, run info, DisCo's warnings)``."""
     monkeypatch.setenv("ENABLE_SEARCH", flag)
     step, params, batch = mlp_step()
-    wrapped = disco_jax.jit(step, static_argnums=2, store=tmp_path, time_budget_s=0.5,
+    wrapped = disco_jax.jit(step, static_argnums=2, store=tmp_path,
                             search_options={**QUICK, **options})
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

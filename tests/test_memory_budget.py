@@ -178,10 +178,10 @@ def test_jit_under_a_tiny_budget_chooses_among_the_baselines(tmp_path, monkeypat
 
     step, args = zoo.get("vgg")(4, "tiny")
     quick = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-             "profile_rounds": 2, "predict_baselines": False}
+             "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
     monkeypatch.setenv("ENABLE_SEARCH", "1")
     monkeypatch.setenv("DISCO_MEMORY_BUDGET", "1KiB")
-    wrapped = disco_jax.jit(step, store=tmp_path, time_budget_s=0.5, search_options=quick)
+    wrapped = disco_jax.jit(step, store=tmp_path, search_options=quick)
     got = wrapped(*args)
     info = wrapped.last_run_info
     assert info.mode == "searched" and not info.choice.startswith("plan_"), info

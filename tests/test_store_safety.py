@@ -51,7 +51,7 @@ from disco_jax.jit import DiscoFallbackWarning
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "store_safety_worker.py"
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-         "profile_rounds": 2, "predict_baselines": False}
+         "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
 LR = 0.125  # exactly representable: the HLO text holds constant(0.125)
 WRITES = 60  # per writer in the race
 
@@ -94,7 +94,7 @@ def searched(tmp_path_factory):
     store = tmp_path_factory.mktemp("searched") / "store"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ENABLE_SEARCH", "1")
-        wrapped = _wrap(step, store, time_budget_s=0.5, search_options=QUICK)
+        wrapped = _wrap(step, store, search_options=QUICK)
         wrapped(make_params(), batch, LR)
     info = wrapped.last_run_info
     assert info.mode == "searched", info.reason

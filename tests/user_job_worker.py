@@ -43,7 +43,7 @@ from disco_jax.jit import DiscoFallbackWarning  # noqa: E402
 from hlo_tools.jax_bridge import fresh_function  # noqa: E402
 
 QUICK = {"top_k": 1, "choice_rounds": 1, "bucket_thresholds": (1 << 20,),
-         "profile_rounds": 2, "predict_baselines": False}
+         "profile_rounds": 2, "predict_baselines": False, "search_s": 0.5}
 
 
 def _local_part(a: jax.Array) -> np.ndarray:

@@ -5,6 +5,7 @@ store keeps and as its compiled program."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -83,7 +84,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                      bucket_thresholds: Sequence[int | None] | None = None,
                      staged: Sequence[Any] = (), costs: Any = None, sync: Any = None,
                      say: Callable[[str], None] | None = None, staged_top: int = 3,
-                     chunk_bytes: int | None | str = "default") -> Candidates:
+                     chunk_bytes: int | None | str = "default", budget: Any = None,
+                     choice_rounds: int = 3) -> Candidates:
     """Compiles the candidates of a final choice for ``program``.
 
     Args:
@@ -99,6 +101,13 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             buckets give one program, named after the smallest.
         staged, costs, sync, say, staged_top, chunk_bytes: the staged candidates
             (:func:`staged_candidates`).
+        budget: the first call's :class:`~disco_jax.pipeline.budget.Budget` (None: no
+            limit). XLA's default is compiled first and always; the others in order of
+            priority -- the search's best plan, hand bucketing from the smallest bucket
+            size up, XLA's other baselines, the other plans, the staged programs -- each
+            only while the budget affords it (:meth:`~disco_jax.pipeline.budget.Budget.affords`;
+            in a job process 0 decides for all).
+        choice_rounds: the final choice's rounds (what the budget keeps time for).
 
     Returns:
         The :class:`Candidates`. On backends whose combiner takes a threshold (XLA:GPU),
@@ -115,9 +124,59 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     enactments: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     bucketed: dict[str, tuple[int | None, int]] = {}
-    seen: set = set()
     thresholds = bl.BUCKET_THRESHOLDS if bucket_thresholds is None else tuple(bucket_thresholds)
-    for cand in bl.bucketed_candidates(step, args, thresholds, module=program.module):
+    how = plan_compile_options(route)
+    plans: dict[str, Plan] = {f"plan_{i}": Plan.from_json(pj) for i, pj in enumerate(plans_json)}
+
+    say = say or (lambda text: None)
+    stopped: list[str] = []  # what the budget left out first
+
+    def affords(what: str, **need: Any) -> bool:
+        """Whether the budget affords ``what`` (process 0's answer, in a job); once it
+        does not, nothing more is compiled."""
+        if stopped:
+            return False
+        if budget is None or not budget.limited:
+            return True
+        ok = budget.affords(choice_rounds, **need)
+        if sync is not None:
+            ok = sync.share(f"budget_{what}", ok)
+        if not ok:
+            stopped.append(what)
+            say(f"time budget: {what} and what would follow left out")
+        return ok
+
+    def compiled(name: str, make: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        runs[name] = make()
+        if budget is not None:
+            budget.note_compile(time.perf_counter() - t0)
+            budget.keep()
+
+    def baseline(name: str, options: dict[str, Any]) -> None:
+        enactments[name] = Enactment.single(name, text, exact=False, compiler_options=options)
+        compiled(name, lambda: compile_module(text, InPlaceOf(step, args),
+                                              CompileOptions(exact=False, extra=options)))
+
+    def plan(name: str) -> None:
+        plan_text = to_text(apply_plan(program.module, plans[name], program.graph))
+        enactments[name] = Enactment.single(name, plan_text, **how)
+        compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args), CompileOptions(
+            exact=how["exact"], library=how.get("library", False),
+            extra=how.get("compiler_options"))))
+
+    others = [(b, bl.baseline_options(b, platform)) for b in baselines if b != "xla_default"]
+    others += bl.combine_threshold_candidates(platform, program.gradient_bytes)
+    if "xla_default" in baselines:
+        baseline("xla_default", bl.baseline_options("xla_default", platform))
+    names = list(plans)
+    if names and affords(names[0]):
+        plan(names[0])
+    t0 = time.perf_counter()
+    sweep = bl.bucketed_candidates(step, args, thresholds, module=program.module,
+                                   afford=lambda: affords("hand bucketing"))
+    seen: set = set()
+    for cand in sweep:
         if cand.buckets in seen:
             continue  # the same buckets as a smaller threshold
         seen.add(cand.buckets)
@@ -126,24 +185,23 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                                              compiler_options=dict(cand.run.compiler_options))
         runs[label] = cand.run
         bucketed[label] = (cand.threshold_bytes, len(cand.buckets))
-    swept = bl.combine_threshold_candidates(platform, program.gradient_bytes)
-    for name, options in [(b, bl.baseline_options(b, platform)) for b in baselines] + swept:
-        enactments[name] = Enactment.single(name, text, exact=False, compiler_options=options)
-        runs[name] = compile_module(text, InPlaceOf(step, args),
-                                    CompileOptions(exact=False, extra=options))
-    plans: dict[str, Plan] = {}
-    how = plan_compile_options(route)
-    for i, pj in enumerate(plans_json):
-        name = f"plan_{i}"
-        plans[name] = Plan.from_json(pj)
-        plan_text = to_text(apply_plan(program.module, plans[name], program.graph))
-        enactments[name] = Enactment.single(name, plan_text, **how)
-        runs[name] = compile_module(plan_text, InPlaceOf(step, args), CompileOptions(
-            exact=how["exact"], library=how.get("library", False),
-            extra=how.get("compiler_options")))
-    staged_runs, staged_info = staged_candidates(
-        program, staged, plans=plans, costs=costs, sync=sync, say=say, top=staged_top,
-        chunk_bytes=chunk_bytes)
+        if budget is not None:
+            budget.keep()
+    if budget is not None and seen:
+        budget.note_compile((time.perf_counter() - t0) / len(seen))
+    for name, options in others:
+        if affords(name):
+            baseline(name, options)
+    for name in names[1:]:
+        if affords(name):
+            plan(name)
+    plans = {name: p for name, p in plans.items() if name in runs}
+    staged_runs, staged_info = {}, {}
+    if staged and affords("staged programs", programs=staged_top + 1,
+                          compiles=staged_top + 1, extra_calls=10):
+        staged_runs, staged_info = staged_candidates(
+            program, staged, plans=plans, costs=costs, sync=sync, say=say, top=staged_top,
+            chunk_bytes=chunk_bytes)
     chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
     for name, run in staged_runs.items():
         enactments[name] = Enactment.of_stages(name, run.plan, exact=False, chunk_bytes=chunk)

@@ -109,7 +109,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   min_sample_s: float = 0.05, seed: int = 0, predict_baselines: bool = True,
                   bucket_thresholds: Sequence[int | None] | None = None,
                   profile_rounds: int = 5, memory_budget_bytes: int | None = None,
-                  route: str | None = None,
+                  route: str | None = None, search_s: float | None = None,
                   progress: Callable[[str], None] | None = None) -> Optimized:
     """Profiles, searches, compiles the candidates and chooses by measurement.
 
@@ -117,7 +117,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         step: the train step (plain or jitted), called with positional arguments only.
         args: its arguments, placed as they will be at run time. They are not donated:
             every candidate runs on them several times.
-        time_budget_s: search budget, seconds (None: ``configs/search.toml``).
+        time_budget_s: the budget of everything this function does, seconds, shared by
+            its phases by the rule of :mod:`disco_jax.pipeline.budget` (None: no limit;
+            the search stops at ``configs/search.toml``'s limit).
         hardware: hardware file name or path (None:
             :func:`~disco_jax.pipeline.fit.default_hardware`).
         sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (None: one process). Every
@@ -145,6 +147,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             the joint search), ``"buckets"`` (AllReduce buckets alone, over XLA's own
             fusion) or None: the backend's probe
             (:func:`~disco_jax.pipeline.candidates.enactment_route`).
+        search_s: the search's own limit, seconds, within its share of the budget (None:
+            ``configs/search.toml``'s).
         progress: called with a line per phase (None: silent).
 
     Returns:
@@ -157,6 +161,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     """
     import jax
 
+    from disco_jax.pipeline.budget import Budget
     from disco_jax.pipeline.candidates import build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, choose
     from disco_jax.pipeline.fit import default_hardware, in_context_costs
@@ -169,6 +174,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     if top_k < 1 or choice_rounds < 1:
         raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
     seconds: dict[str, float] = {}
+    budget = Budget(time_budget_s)
     t0 = t_phase = time.perf_counter()
 
     def lap(name: str) -> None:
@@ -184,8 +190,10 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
         f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
         f"({plan_route.reason}); hardware {hardware}; profiling in context")
+    rounds = budget.profile_rounds(profile_rounds)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
-                                  iterations=profile_rounds, rounds=profile_rounds)
+                                  iterations=rounds, rounds=rounds)
+    budget.note_iteration(measured.wall_s)
     lap("profile")
 
     costs = calibration = None
@@ -193,8 +201,11 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         costs, calibration = in_context_costs(program.module, hardware, measured,
                                               progress=False)
         lap("fit")
+    search_s = budget.search_s(search_s)
+    if sync is not None:  # process 0's clock decides
+        search_s = sync.share("budget_search_s", search_s)
     searched = plans_for_choice(graph, costs, sync=sync, seed=seed,
-                                time_budget_s=time_budget_s, top_k=top_k,
+                                time_budget_s=search_s, top_k=top_k,
                                 memory_budget_bytes=memory_budget_bytes,
                                 buckets_only=plan_route.name != EXACT, say=say)
     if costs is not None:
@@ -203,19 +214,24 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     say("compiling the candidates")
     cands = build_candidates(program, searched.plans_json, plan_route,
                              bucket_thresholds=bucket_thresholds, staged=staged, costs=costs,
-                             sync=sync, say=say)
+                             sync=sync, say=say, budget=budget, choice_rounds=choice_rounds)
     lap("compile")
 
+    sample_s = budget.sample_s(len(cands.runs), choice_rounds, min_sample_s)
+    if sync is not None:
+        sample_s = sync.share("budget_sample_s", sample_s)
     say(f"final choice among {len(cands.runs)} programs")
     choice = choose(cands.runs, program.args, rounds=choice_rounds, sync=sync,
-                    tag="optimize_choice", min_sample_s=min_sample_s, seed=seed,
+                    tag="optimize_choice", min_sample_s=sample_s, seed=seed,
                     tiers=choice_tiers(cands.runs))
     lap("choice")
     cands.close_except(choice.name)
 
     predicted: Mapping[str, float | None] = {name: None for name in cands.runs}
     if costs is not None:
-        predicted = _predictions(cands, searched, costs, predict_baselines)
+        # the baselines' predictions (standalone op times) only from time left over
+        spare = not budget.limited or budget.left_s() >= 0.25 * budget.total_s
+        predicted = _predictions(cands, searched, costs, predict_baselines and spare)
         lap("predict")
     report = OptimizeReport(
         choice=choice.name, predicted_s=dict(predicted), measured_s=dict(choice.medians_s),

@@ -1,0 +1,122 @@
+"""The first call's time budget, and how the pipeline's phases share it.
+
+Under ``ENABLE_SEARCH=1`` everything DisCo adds to a step's first call -- profiling in
+context, the fit, the search, compiling and measuring the candidates, predicting -- comes
+out of one budget of ``B`` seconds. The phases share it by one rule:
+
+1. **Profile and fit** take what they take (the fixed cost of any choice by
+   measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds.
+2. **Search**: :data:`SEARCH_SHARE` of what is left, never more than the search's own
+   limit.
+3. **Candidates** are compiled in order of priority -- XLA's default (always), the
+   search's best plan, hand bucketing from the smallest bucket size up, XLA's op fusion,
+   the other plans, staged programs -- each only while what is left covers its compile
+   (as long as the longest compile so far) and the final choice of the programs kept so
+   far (:meth:`Budget.affords`).
+4. **Final choice**: what is left, with every sample shortened to fit (at least one call
+   per program and round; :meth:`Budget.sample_s`).
+5. **Predictions** of the baselines (for the report) only while a quarter of the budget
+   is left.
+
+When the budget runs out the best so far wins, as in the search: the choice among the
+programs compiled by then. ``B = None`` means no budget (every phase as configured).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+__all__ = ["SEARCH_SHARE", "SHORT_S", "Budget"]
+
+#: The search's share of what is left of the budget after the profile and the fit.
+SEARCH_SHARE = 0.2
+#: Budgets under this many seconds profile with fewer rounds (3 instead of 5).
+SHORT_S = 20.0
+
+
+class Budget:
+    """A first call's budget of ``total_s`` seconds, counted from construction.
+
+    Args:
+        total_s: the budget, seconds (None: unlimited).
+        clock: seconds, monotonic (for tests).
+    """
+
+    def __init__(self, total_s: float | None,
+                 clock: Callable[[], float] = time.perf_counter):
+        if total_s is not None and not total_s > 0:
+            raise ValueError(f"a time budget must be positive, got {total_s}")
+        self.total_s = total_s
+        self._clock = clock
+        self._t0 = clock()
+        self._compile_s = 0.0  # the longest compile so far
+        self._iteration_s = 0.0  # one call of the step
+        self._kept = 0  # programs in the final choice so far
+
+    @property
+    def limited(self) -> bool:
+        return self.total_s is not None
+
+    def elapsed_s(self) -> float:
+        return self._clock() - self._t0
+
+    def left_s(self) -> float:
+        """Seconds left (infinite without a budget; never below 0)."""
+        if self.total_s is None:
+            return math.inf
+        return max(0.0, self.total_s - self.elapsed_s())
+
+    def profile_rounds(self, default: int) -> int:
+        """Profiled rounds: ``default``, or 3 for a budget under :data:`SHORT_S`."""
+        if self.total_s is not None and self.total_s < SHORT_S:
+            return min(default, 3)
+        return default
+
+    def search_s(self, limit_s: float | None) -> float | None:
+        """The search's time: :data:`SEARCH_SHARE` of what is left, at most ``limit_s``
+        (None: the search config's own limit), at least 0.1 s (start plans only)."""
+        if self.total_s is None:
+            return limit_s
+        share = max(0.1, SEARCH_SHARE * self.left_s())
+        return share if limit_s is None else min(limit_s, share)
+
+    def note_compile(self, seconds: float) -> None:
+        """A program took ``seconds`` to compile (the longest is the next one's guess)."""
+        self._compile_s = max(self._compile_s, seconds)
+
+    def note_iteration(self, seconds: float) -> None:
+        """One call of the step takes about ``seconds`` (the profile's measure; the
+        guess for every program of the final choice)."""
+        self._iteration_s = seconds
+
+    def keep(self) -> None:
+        """One more program takes part in the final choice."""
+        self._kept += 1
+
+    def choice_s(self, programs: int, rounds: int, warmup: int = 2) -> float:
+        """The least a final choice among ``programs`` can take: one call per program
+        per round and warm-up."""
+        return programs * (rounds + warmup) * self._iteration_s
+
+    def affords(self, rounds: int, *, programs: int = 1, compiles: int = 1,
+                extra_calls: int = 0) -> bool:
+        """Whether ``programs`` more fit: their ``compiles`` (each as long as the longest
+        so far), ``extra_calls`` calls of the step (a fit's own measuring) and a final
+        choice of ``rounds`` among the programs kept so far and them."""
+        if self.total_s is None:
+            return True
+        need = (compiles * self._compile_s + extra_calls * self._iteration_s
+                + self.choice_s(self._kept + programs, rounds))
+        return self.left_s() >= need
+
+    def sample_s(self, programs: int, rounds: int, default_s: float,
+                 warmup: int = 2) -> float:
+        """How long one sample of the final choice may last: ``default_s``, shortened so
+        that ``rounds`` rounds of ``programs`` samples fit in what is left (after the
+        warm-up); 0 means one call per sample."""
+        if self.total_s is None:
+            return default_s
+        left = self.left_s() - programs * warmup * self._iteration_s
+        return max(0.0, min(default_s, left / max(1, programs * rounds)))

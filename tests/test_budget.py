@@ -1,0 +1,97 @@
+"""The first call's budget: the sharing rule on a hand-driven clock, and a real
+candidate build that stops where the budget ends."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from disco_jax.pipeline.budget import SEARCH_SHARE, SHORT_S, Budget
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_no_budget_limits_nothing():
+    b = Budget(None, clock=Clock())
+    assert not b.limited and b.left_s() == math.inf
+    assert b.search_s(55.0) == 55.0 and b.search_s(None) is None
+    assert b.affords(3, programs=100, compiles=100)
+    assert b.sample_s(10, 3, 0.3) == 0.3
+    assert b.profile_rounds(5) == 5
+
+
+def test_search_gets_its_share_of_what_is_left():
+    clock = Clock()
+    b = Budget(30.0, clock=clock)
+    clock.now += 10.0  # profile and fit
+    assert b.left_s() == pytest.approx(20.0)
+    assert b.search_s(None) == pytest.approx(SEARCH_SHARE * 20.0)
+    assert b.search_s(1.0) == 1.0  # never above the search's own limit
+    clock.now += 25.0
+    assert b.left_s() == 0.0 and b.search_s(None) == 0.1  # start plans only
+
+
+def test_short_budgets_profile_fewer_rounds():
+    assert Budget(SHORT_S - 1).profile_rounds(5) == 3
+    assert Budget(SHORT_S).profile_rounds(5) == 5
+
+
+def test_a_program_is_afforded_with_its_compile_and_its_share_of_the_choice():
+    clock = Clock()
+    b = Budget(10.0, clock=clock)
+    b.note_iteration(0.1)
+    b.note_compile(2.0)
+    b.keep()  # XLA's default
+    # one more: 2 s compile + 2 programs x (3 rounds + 2 warm-up) x 0.1 s = 3 s
+    clock.now += 6.9
+    assert b.affords(3)
+    clock.now += 0.2
+    assert not b.affords(3)
+    b.note_compile(1.0)  # the longest compile is the guess
+    assert not b.affords(3)
+
+
+def test_samples_shrink_to_fit_the_rounds():
+    clock = Clock()
+    b = Budget(10.0, clock=clock)
+    b.note_iteration(0.01)
+    clock.now += 4.0
+    # 6 s left, 4 programs x 2 warm-up calls x 0.01 s = 0.08 s, 3 rounds of 4 samples
+    assert b.sample_s(4, 3, 1.0) == pytest.approx((6.0 - 0.08) / 12)
+    assert b.sample_s(4, 3, 0.1) == 0.1
+    clock.now += 10.0
+    assert b.sample_s(4, 3, 0.1) == 0.0  # one call per sample
+
+
+def test_a_budget_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
+        Budget(0.0)
+
+
+def test_candidates_stop_where_the_budget_ends():
+    """A real build on a tiny step: with the budget spent, XLA's default alone is compiled
+    (and runs); without one, every candidate."""
+    import jax
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.candidates import build_candidates, enactment_route
+    from disco_jax.pipeline.program import lower_program
+
+    program = lower_program(*zoo.get("vgg")(jax.device_count(), "tiny"))
+    route = enactment_route(None, program.platform)
+    lines: list[str] = []
+    spent = Budget(1e-3)
+    cands = build_candidates(program, [], route, bucket_thresholds=(None, 1 << 20),
+                             budget=spent, say=lines.append)
+    assert list(cands.runs) == ["xla_default"], list(cands.runs)
+    assert any("time budget" in line for line in lines), lines
+    jax.block_until_ready(cands.runs["xla_default"](*program.args))
+    full = build_candidates(program, [], route, bucket_thresholds=(None, 1 << 20))
+    assert {"xla_default", "op_fusion"} <= set(full.runs) and full.bucketed
