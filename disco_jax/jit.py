@@ -16,8 +16,9 @@ pre-optimization HLO (:func:`disco_jax.store.source_fingerprint`) and reads the
 environment variable ``ENABLE_SEARCH``:
 
 * ``1`` (search phase): profile, search and choose by measurement
-  (:func:`disco_jax.pipeline.optimize.optimize_step`; search budget: the ``time_budget_s``
-  argument, else ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``; plans predicted to
+  (:func:`disco_jax.pipeline.optimize.optimize_step`; the first call's budget: the
+  ``time_budget_s`` argument, else ``$DISCO_TIME_BUDGET``, else none, shared by the phases
+  as :mod:`disco_jax.pipeline.budget` says; plans predicted to
   need more memory than ``$DISCO_MEMORY_BUDGET`` or the device has are refused), store the winner
   (:mod:`disco_jax.store`) and run it. Mode ``"searched"``.
 * ``0`` (enactment phase): load the stored program for this fingerprint and run it as
@@ -91,7 +92,8 @@ __all__ = [
 
 #: The switch between the search phase (``1``) and the enactment phase (``0``).
 FLAG_ENV = "ENABLE_SEARCH"
-#: Search budget in seconds when ``jit``'s ``time_budget_s`` is not given.
+#: The first call's budget in seconds when ``jit``'s ``time_budget_s`` is not given: what
+#: DisCo may add to ``jax.jit``'s first call under ``ENABLE_SEARCH=1``.
 BUDGET_ENV = "DISCO_TIME_BUDGET"
 #: Memory budget of the search per device (a size, e.g. ``8GiB``; default: the device's).
 MEMORY_ENV = "DISCO_MEMORY_BUDGET"
@@ -795,8 +797,10 @@ def jit(fun: Callable[..., Any] | None = None, *, time_budget_s: float | None = 
     Args:
         fun: the function (a data-parallel ``shard_map`` train step gains; anything else
             runs as ``jax.jit``). Without it, returns a decorator.
-        time_budget_s: search budget under ``ENABLE_SEARCH=1``, seconds (default:
-            ``$DISCO_TIME_BUDGET``, else ``configs/search.toml``).
+        time_budget_s: what the first call under ``ENABLE_SEARCH=1`` may add to
+            ``jax.jit``'s, seconds: profile, search, candidates and final choice share it
+            (:mod:`disco_jax.pipeline.budget`; default: ``$DISCO_TIME_BUDGET``, else no
+            limit, the search stopping at ``configs/search.toml``'s).
         store: the strategy store's directory (default: ``$DISCO_STORE``, else the user
             cache directory; :func:`disco_jax.store.store_dir`).
         hardware: hardware file of the search's cost model (default: the shipped file of

@@ -73,6 +73,23 @@ def make_train_step(model, optimizer, mesh):
                          out_specs=(P(), P(), P()), check_vma=False)
 
 
+def setup(batch: int = 256, width: int = 512):
+    """The step and its arguments on a mesh of every device of the job:
+    ``(train_step, (params, opt_state, batch))``."""
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,))
+    model, optimizer = MLP(width=width), optax.adam(1e-3)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, 784)).astype(np.float32)
+    y = rng.integers(0, 10, size=(batch,)).astype(np.int32)
+    params = model.init(jax.random.key(0), x[:1])["params"]
+    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    params = jax.device_put(params, replicated)
+    opt_state = jax.device_put(optimizer.init(params), replicated)
+    data = jax.device_put({"x": x, "y": y}, sharded)
+    return make_train_step(model, optimizer, mesh), (params, opt_state, data)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=20, help="timed steps of each (default 20)")
@@ -83,18 +100,7 @@ def main() -> None:
     disco_jax.activator.initialize_from_env()
 
     n = len(jax.devices())
-    mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,))
-    model, optimizer = MLP(width=args.width), optax.adam(1e-3)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.batch, 784)).astype(np.float32)
-    y = rng.integers(0, 10, size=(args.batch,)).astype(np.int32)
-    params = model.init(jax.random.key(0), x[:1])["params"]
-    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-    params = jax.device_put(params, replicated)
-    opt_state = jax.device_put(optimizer.init(params), replicated)
-    batch = jax.device_put({"x": x, "y": y}, sharded)
-
-    train_step = make_train_step(model, optimizer, mesh)
+    train_step, (params, opt_state, batch) = setup(args.batch, args.width)
     with_jax = jax.jit(train_step)
     with_disco = disco_jax.jit(train_step)  # <- the one line DisCo needs
 

@@ -17,8 +17,8 @@
   collectives that no data connects differently in different processes: its compile is
   not deterministic across processes, and it drops ``opt-barrier`` and control
   dependencies from this order. A bucket carries the zero as one extra element of its
-  buffer (the gradients' arithmetic is untouched); a single all-reduce adds it to its
-  operand (``x + 0``).
+  buffer (the gradients' arithmetic is untouched); a single all-reduce adds it to the
+  first element of its operand (``x + 0``, :func:`_add_to_head`).
 * Compute groups nobody reads any more (every reader holds its own copy) are left out
   (:func:`hlo_tools.plan.dead_groups`).
 * The per-device computation is printed in the plan's schedule order.
@@ -114,12 +114,8 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
                 shape = graph.computation.instructions[graph.index[first]].shape
                 if shape.is_array:
                     tie, zero = _tie(last, shape.element_type, names)
-                    wide = HloInstruction(names.fresh(f"{first}.zero"), "broadcast",
-                                          shape, [zero],
-                                          {"dimensions": "{}"})
-                    tied = HloInstruction(names.fresh(f"{first}.ordered"), "add", shape,
-                                          [first, wide.name])
-                    new_instrs += [*tie, wide, tied]
+                    new_instrs += tie + _add_to_head(first, shape, zero, names)
+                    tied = new_instrs[-1]
                     instr = instr.copy(operands=[tied.name, *instr.operands[1:]])
             new_instrs.append(instr)
             if graph.opcodes[node] == "all-reduce":
@@ -182,6 +178,32 @@ def _tie(last: HloInstruction, element_type: str, names: UniqueNames
     tie = HloInstruction(names.fresh(f"{last.name}.tie"), "multiply", Shape(element_type),
                          [value, zero.name])
     return [*out, zero, tie], tie.name
+
+
+def _add_to_head(name: str, shape: Shape, zero: str, names: UniqueNames
+                 ) -> list[HloInstruction]:
+    """``name`` with the scalar ``zero`` added to its first element alone (a scalar: to
+    it), written back with ``dynamic-update-slice``: the value is unchanged and now
+    depends on ``zero``. Only one element is touched, and no elementwise op over the
+    whole array gives XLA's simplifier a reshape to move out of a hand-written fusion.
+
+    Returns:
+        The instructions to write; the last one stands for ``name``.
+    """
+    etype = shape.element_type
+    if not shape.dims:
+        return [HloInstruction(names.fresh(f"{name}.ordered"), "add", shape, [name, zero])]
+    ones = Shape(etype, (1,) * len(shape.dims), "")
+    head = HloInstruction(names.fresh(f"{name}.head"), "slice", ones, [name],
+                          {"slice": "{" + ",".join("[0:1]" for _ in shape.dims) + "}"})
+    wide = HloInstruction(names.fresh(f"{name}.zero"), "broadcast", ones, [zero],
+                          {"dimensions": "{}"})
+    moved = HloInstruction(names.fresh(f"{name}.head"), "add", ones, [head.name, wide.name])
+    index = HloInstruction(names.fresh(f"{name}.origin"), "constant", Shape("s32"),
+                           payload="0")
+    tied = HloInstruction(names.fresh(f"{name}.ordered"), "dynamic-update-slice", shape,
+                          [name, moved.name, *[index.name] * len(shape.dims)])
+    return [head, wide, moved, index, tied]
 
 
 def _bucket(instrs: list[HloInstruction], ms: list[int], names: UniqueNames,

@@ -38,6 +38,16 @@ def test_search_gets_its_share_of_what_is_left():
     assert b.left_s() == 0.0 and b.search_s(None) == 0.1  # start plans only
 
 
+def test_standalone_op_timing_only_with_half_the_budget_left():
+    clock = Clock()
+    b = Budget(10.0, clock=clock)
+    clock.now += 5.0
+    assert b.times_ops()
+    clock.now += 0.1
+    assert not b.times_ops()
+    assert Budget(None).times_ops()
+
+
 def test_short_budgets_profile_fewer_rounds():
     assert Budget(SHORT_S - 1).profile_rounds(5) == 3
     assert Budget(SHORT_S).profile_rounds(5) == 5

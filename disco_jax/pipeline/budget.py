@@ -5,7 +5,9 @@ context, the fit, the search, compiling and measuring the candidates, predicting
 out of one budget of ``B`` seconds. The phases share it by one rule:
 
 1. **Profile and fit** take what they take (the fixed cost of any choice by
-   measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds.
+   measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds, and ops
+   the profile did not see are timed standalone only while half the budget is left
+   (else the analytic model prices them).
 2. **Search**: :data:`SEARCH_SHARE` of what is left, never more than the search's own
    limit.
 3. **Candidates** are compiled in order of priority -- XLA's default (always), the
@@ -73,6 +75,11 @@ class Budget:
         if self.total_s is not None and self.total_s < SHORT_S:
             return min(default, 3)
         return default
+
+    def times_ops(self) -> bool:
+        """Whether the fit may time the ops its profile lacks standalone: without a
+        budget, or with half of it left."""
+        return self.total_s is None or self.left_s() >= 0.5 * self.total_s
 
     def search_s(self, limit_s: float | None) -> float | None:
         """The search's time: :data:`SEARCH_SHARE` of what is left, at most ``limit_s``

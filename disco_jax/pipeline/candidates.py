@@ -5,8 +5,11 @@ store keeps and as its compiled program."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from disco_jax.pipeline.program import Program
@@ -117,7 +120,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     from disco_jax.enactment.staged import CHUNK_BYTES
     from hlo_tools import apply_plan, to_text
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import CompileOptions, InPlaceOf, compile_module
+    from hlo_tools.jax_bridge import CompileOptions, HloCompileError, InPlaceOf, compile_module
     from hlo_tools.plan import Plan
 
     step, args, text, platform = program.step, program.args, program.text, program.platform
@@ -159,11 +162,26 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                                               CompileOptions(exact=False, extra=options)))
 
     def plan(name: str) -> None:
+        """Compiles a plan; one XLA rejects (in any process of a job) is left out of the
+        choice, with its text kept in the temp directory and a line that says why."""
         plan_text = to_text(apply_plan(program.module, plans[name], program.graph))
+        error = None
+        try:
+            compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),
+                                                  CompileOptions(
+                exact=how["exact"], library=how.get("library", False),
+                extra=how.get("compiler_options"))))
+        except HloCompileError as err:
+            error = str(err).splitlines()[0][:200]
+            kept = Path(tempfile.gettempdir()) / f"disco_rejected_{name}_{os.getpid()}.hlo"
+            kept.write_text(plan_text)
+            error += f"; text in {kept}"
+        errors = [error] if sync is None else sync.gather(f"compiled_{name}", error)
+        if any(errors):
+            runs.pop(name, None)
+            say(f"{name}: XLA rejected it, left out ({next(e for e in errors if e)})")
+            return
         enactments[name] = Enactment.single(name, plan_text, **how)
-        compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args), CompileOptions(
-            exact=how["exact"], library=how.get("library", False),
-            extra=how.get("compiler_options"))))
 
     others = [(b, bl.baseline_options(b, platform)) for b in baselines if b != "xla_default"]
     others += bl.combine_threshold_candidates(platform, program.gradient_bytes)

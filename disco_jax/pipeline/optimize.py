@@ -199,7 +199,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     costs = calibration = None
     if jax.process_index() == 0:
         costs, calibration = in_context_costs(program.module, hardware, measured,
-                                              progress=False)
+                                              progress=False, bench=budget.times_ops())
         lap("fit")
     search_s = budget.search_s(search_s)
     if sync is not None:  # process 0's clock decides
