@@ -49,8 +49,9 @@ def test_standalone_op_timing_only_with_half_the_budget_left():
 
 
 def test_short_budgets_profile_fewer_rounds():
-    assert Budget(SHORT_S - 1).profile_rounds(5) == 3
-    assert Budget(SHORT_S).profile_rounds(5) == 5
+    assert Budget(SHORT_S - 1).profile_rounds(5) == 3 and Budget(SHORT_S - 1).short
+    assert Budget(SHORT_S).profile_rounds(5) == 5 and not Budget(SHORT_S).short
+    assert not Budget(None).short
 
 
 def test_a_program_is_afforded_with_its_compile_and_its_share_of_the_choice():

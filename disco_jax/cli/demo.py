@@ -51,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--hardware", default="inproc4",
                         help="hardware profile name or path (default: inproc4)")
     parser.add_argument("--time-budget", type=float, default=20.0,
-                        help="search time budget in seconds (default: 20)")
+                        help="seconds: the table's search, and the product path's first "
+                             "call (what it may add to jax.jit's; default: 20)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the search and the round order (default: 0)")
     parser.add_argument("--repeats", type=int, default=10,

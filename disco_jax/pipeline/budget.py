@@ -5,7 +5,8 @@ context, the fit, the search, compiling and measuring the candidates, predicting
 out of one budget of ``B`` seconds. The phases share it by one rule:
 
 1. **Profile and fit** take what they take (the fixed cost of any choice by
-   measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds, and ops
+   measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds and
+   traces the no-fusion program alone (:attr:`Budget.short`), and ops
    the profile did not see are timed standalone only while half the budget is left
    (else the analytic model prices them).
 2. **Search**: :data:`SEARCH_SHARE` of what is left, never more than the search's own
@@ -70,11 +71,15 @@ class Budget:
             return math.inf
         return max(0.0, self.total_s - self.elapsed_s())
 
+    @property
+    def short(self) -> bool:
+        """A budget under :data:`SHORT_S`: the profile does the least it can
+        (:func:`~disco_jax.pipeline.profile.profile_in_context`'s ``quick``)."""
+        return self.total_s is not None and self.total_s < SHORT_S
+
     def profile_rounds(self, default: int) -> int:
         """Profiled rounds: ``default``, or 3 for a budget under :data:`SHORT_S`."""
-        if self.total_s is not None and self.total_s < SHORT_S:
-            return min(default, 3)
-        return default
+        return min(default, 3) if self.short else default
 
     def times_ops(self) -> bool:
         """Whether the fit may time the ops its profile lacks standalone: without a

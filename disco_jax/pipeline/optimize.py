@@ -192,7 +192,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         f"({plan_route.reason}); hardware {hardware}; profiling in context")
     rounds = budget.profile_rounds(profile_rounds)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
-                                  iterations=rounds, rounds=rounds)
+                                  iterations=rounds, rounds=rounds, quick=budget.short)
     budget.note_iteration(measured.wall_s)
     lap("profile")
 
@@ -220,7 +220,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     sample_s = budget.sample_s(len(cands.runs), choice_rounds, min_sample_s)
     if sync is not None:
         sample_s = sync.share("budget_sample_s", sample_s)
-    say(f"final choice among {len(cands.runs)} programs")
+    n = len(cands.runs)
+    say(f"final choice among {n} program{'s' if n != 1 else ''}")
     choice = choose(cands.runs, program.args, rounds=choice_rounds, sync=sync,
                     tag="optimize_choice", min_sample_s=sample_s, seed=seed,
                     tiers=choice_tiers(cands.runs))

@@ -80,7 +80,8 @@ class InContext(NamedTuple):
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
                        iterations: int = 5, warmup: int = 2, rounds: int = 5,
-                       library: bool = True, sync: Sync | None = None) -> InContext:
+                       library: bool = True, sync: Sync | None = None,
+                       quick: bool = False) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
     and times it beside the same program with one gradient bucket, compiled once with
     nothing fused and once with XLA's op fusion, and in a multi-process job beside the
@@ -98,6 +99,9 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             (:class:`hlo_tools.CompileOptions`' ``library``), so their in-context times are
             the times a plan's dots will take.
         sync: the job's :class:`Sync` (None: one process).
+        quick: for a short budget: the one-bucket program is timed but not traced (its
+            bucket's copies are then priced standalone) and inconsistent timings are not
+            measured again.
     """
     graph = hlo_tools.device_graph(module)
     one = _one_bucket(module, graph)
@@ -116,7 +120,8 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
         runs["flat"] = lambda *_: probe.run_flat()
     return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=sync, buckets_differ=several,
-                         tuple_buffers=len(buffers) if "tuple" in runs else None)
+                         tuple_buffers=len(buffers) if "tuple" in runs else None,
+                         quick=quick)
 
 
 def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
@@ -203,7 +208,7 @@ def inconsistent_walls(walls: Mapping[str, Sequence[float]]) -> bool:
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   one: HloModule, *, iterations: int, warmup: int, rounds: int,
                   sync: Sync | None, buckets_differ: bool,
-                  tuple_buffers: int | None = None) -> InContext:
+                  tuple_buffers: int | None = None, quick: bool = False) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
     program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
     the tuple probe ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers),
@@ -211,15 +216,17 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
     all-reduces or more, so the bucket has copies), ``runs["one_bucket"]`` is profiled
     too, and timings that are :func:`inconsistent_walls` get up to
     :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled (every
-    process of a job sees the same samples, so all decide alike)."""
+    process of a job sees the same samples, so all decide alike). ``quick``: neither the
+    one-bucket trace nor the extra rounds."""
     from hlo_tools import baselines as bl
 
     profile = trace.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                     warmup=warmup)
     one_profile = (trace.profile_program(runs["one_bucket"], *args, iterations=iterations,
-                                         warmup=warmup) if buckets_differ else None)
+                                         warmup=warmup) if buckets_differ and not quick
+                   else None)
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
-    for again in range(REMEASURE_INCONSISTENT if buckets_differ else 0):
+    for again in range(REMEASURE_INCONSISTENT if buckets_differ and not quick else 0):
         if not inconsistent_walls(walls):
             break
         more = measure(runs, args, rounds=rounds, sync=sync, tag=f"in_context_{again}")

@@ -593,7 +593,7 @@ def plans_for_choice(graph: DeviceGraph, costs: CostModel | None, *, sync: Any =
     say = say or (lambda text: None)
     plans_json = outcome = refused = None
     if costs is not None:
-        say(f"searching ({'config' if time_budget_s is None else f'{time_budget_s:g} s'} "
+        say(f"searching ({'config' if time_budget_s is None else f'{time_budget_s:.2g} s'} "
             "budget)")
         budget = memory_budget_bytes or device_memory_bytes()
         try:
