@@ -76,7 +76,7 @@ class UniqueNames:
 
 
 def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
-               backend: str = "cpu") -> HloModule:
+               backend: str = "cpu", ordered: bool | None = None) -> HloModule:
     """Writes ``plan`` into a copy of ``module``.
 
     Args:
@@ -84,12 +84,20 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
         plan: the plan to enact.
         graph: the plan's graph (default: ``device_graph(module)``).
         backend: ``"cpu"`` or ``"gpu"``, for the fusion kinds.
+        ordered: chain the all-reduces in schedule order (the module docstring; None:
+            on ``"cpu"``, where a program's gloo all-reduces run inline and the chain
+            costs no overlap). On a GPU the zero's small kernel would hold the compute
+            stream until the all-reduce before it ends. False also writes the plan alone
+            for comparing it with the plan's own cost (the simulator does not price the
+            chain).
 
     Returns:
         A new module in which the per-device computation holds the planned fusions and
         AllReduce buckets, in the plan's schedule order.
     """
     graph = graph or device_graph(module)
+    if ordered is None:
+        ordered = backend == "cpu"
     out = module.clone()
     comp = out.computation(graph.computation.name)
     instrs = comp.instructions
@@ -118,7 +126,7 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
                     tied = new_instrs[-1]
                     instr = instr.copy(operands=[tied.name, *instr.operands[1:]])
             new_instrs.append(instr)
-            if graph.opcodes[node] == "all-reduce":
+            if graph.opcodes[node] == "all-reduce" and ordered:
                 last = instr
             done.add(gid)
             continue
@@ -127,7 +135,8 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
         if graph.opcodes[ms[0]] == "all-reduce":
             written = _bucket(instrs, ms, names, last)
             new_instrs += written
-            last = next(i for i in written if i.opcode == "all-reduce")
+            if ordered:
+                last = next(i for i in written if i.opcode == "all-reduce")
         else:
             outputs = list(group_outputs(graph, plan, ms, readers))
             fused, body = _fusion(out, instrs, ms, copies.get(gid, []), outputs, names,
