@@ -71,9 +71,21 @@ def _raising_candidates(real):
     return candidates
 
 
+def test_a_plan_xla_rejects_is_left_out(tmp_path, monkeypatch, capfd):
+    """A real compile error of the search's plans leaves them out of the final choice;
+    the search ends with another program, no warning, no traceback."""
+    target = "disco_jax.pipeline.candidates.plan_compile_options"
+    module, name = target.rsplit(".", 1)
+    monkeypatch.setattr(target, _bad_plan_options(getattr(importlib.import_module(module),
+                                                          name)))
+    got, want, info, ours = _run(tmp_path, monkeypatch, "1")
+    _same(got, want)
+    assert info.mode == "searched" and not info.choice.startswith("plan_"), info
+    assert ours == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("stage, target, replace, words", [
-    ("compile error", "disco_jax.pipeline.candidates.plan_compile_options", _bad_plan_options,
-     "HloCompileError"),
     ("profiler error", "disco_estimator.ops.trace.profile_program",
      lambda _: _raise("injected: the profiler failed"), "the profiler failed"),
     ("a candidate that raises", "hlo_tools.baselines.bucketed_candidates",
