@@ -131,7 +131,10 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     how = plan_compile_options(route)
     plans: dict[str, Plan] = {f"plan_{i}": Plan.from_json(pj) for i, pj in enumerate(plans_json)}
 
+    from disco_jax.pipeline.budget import Budget
+
     say = say or (lambda text: None)
+    budget = budget or Budget(None)
     stopped: list[str] = []  # what the budget left out first
 
     def affords(what: str, **need: Any) -> bool:
@@ -139,7 +142,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         does not, nothing more is compiled."""
         if stopped:
             return False
-        if budget is None or not budget.limited:
+        if not budget.limited:
             return True
         ok = budget.affords(choice_rounds, **need)
         if sync is not None:
@@ -152,9 +155,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     def compiled(name: str, make: Callable[[], Any]) -> None:
         t0 = time.perf_counter()
         runs[name] = make()
-        if budget is not None:
-            budget.note_compile(time.perf_counter() - t0)
-            budget.keep()
+        budget.note_compile(time.perf_counter() - t0)
+        budget.keep()
 
     def baseline(name: str, options: dict[str, Any]) -> None:
         enactments[name] = Enactment.single(name, text, exact=False, compiler_options=options)
@@ -203,9 +205,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                                              compiler_options=dict(cand.run.compiler_options))
         runs[label] = cand.run
         bucketed[label] = (cand.threshold_bytes, len(cand.buckets))
-        if budget is not None:
-            budget.keep()
-    if budget is not None and seen:
+        budget.keep()
+    if seen:
         budget.note_compile((time.perf_counter() - t0) / len(seen))
     for name, options in others:
         if affords(name):
