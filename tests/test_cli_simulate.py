@@ -22,9 +22,9 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_json_report_on_the_fixture(tmp_path, monkeypatch, capsys) -> None:
+def test_json_report_on_the_fixture_without_running_it(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path / "cache"))
-    code, out, err = _run(capsys, str(FIXTURE), "--json")
+    code, out, err = _run(capsys, str(FIXTURE), "--json", "--no-in-context")
     assert code == 0, err
     report = json.loads(out)
     assert KEYS <= set(report)

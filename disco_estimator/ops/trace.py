@@ -57,6 +57,7 @@ __all__ = [
     "module_name",
     "op_events",
     "per_device_samples",
+    "profile_calls",
     "profile_program",
     "read_trace_events",
     "summarize",
@@ -380,20 +381,6 @@ def _place_args(compiled: Any, args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(jax.device_put(a, s) for a, s in zip(args, shardings, strict=True))
 
 
-def _timed_calls(compiled: Any, args: Sequence[Any], n: int,
-                 fresh: Callable[[], Sequence[Any]] | None) -> list[float]:
-    """Runs ``compiled`` ``n`` times; returns each call's wall time in seconds."""
-    import jax
-
-    times = []
-    for _ in range(n):
-        call_args = jax.block_until_ready(fresh()) if fresh is not None else args
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*call_args))
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def profile_program(fn: Any, *args: Any, iterations: int = 10, warmup: int = 3,
                     trace_dir: str | None = None, donated: bool = False) -> ProgramProfile:
     """Profiles a jitted function (or ``Compiled``) and returns per-instruction times.
@@ -415,16 +402,52 @@ def profile_program(fn: Any, *args: Any, iterations: int = 10, warmup: int = 3,
     import jax
 
     compiled = _compile(fn, args)
-    hlo_text = compiled.as_text()
-    module = module_name(hlo_text)
     placed = _place_args(compiled, args)
     fresh = (lambda: jax.tree.map(lambda x: x.copy(), placed)) if donated else None
-    _timed_calls(compiled, placed, warmup, fresh)
+    return profile_calls(compiled, compiled.as_text(), inputs=fresh, iterations=iterations,
+                         warmup=warmup, trace_dir=trace_dir, args=placed)
+
+
+def profile_calls(call: Callable[..., Any], hlo_text: str, *, args: Sequence[Any] = (),
+                  inputs: Callable[[], Sequence[Any]] | None = None, iterations: int = 10,
+                  warmup: int = 3, trace_dir: str | None = None) -> ProgramProfile:
+    """Profiles a program run by ``call(*args)`` (one execution, its inputs already
+    placed) and returns per-instruction times.
+
+    Args:
+        call: runs the program once and returns its result (waited for here).
+        hlo_text: the compiled module's text (its name picks the trace's events).
+        args: the placed inputs of every call.
+        inputs: makes each call's inputs instead (untimed; e.g. copies of ``args`` for a
+            program that donates them).
+        iterations: profiled iterations (the medians are over these).
+        warmup: untraced iterations run first.
+        trace_dir: where to write the trace (kept); a temporary directory if None.
+
+    Returns:
+        The profile; ``times_s`` is keyed by compiled instruction name.
+
+    Raises:
+        RuntimeError: if the trace holds no instruction events of the program.
+    """
+    import jax
+
+    def timed(n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            given = jax.block_until_ready(inputs()) if inputs is not None else args
+            t0 = time.perf_counter()
+            jax.block_until_ready(call(*given))
+            times.append(time.perf_counter() - t0)
+        return times
+
+    module = module_name(hlo_text)
+    timed(warmup)
     tmp = trace_dir or tempfile.mkdtemp(prefix="disco_trace_")
     try:
         jax.profiler.start_trace(tmp)
         try:
-            walls = _timed_calls(compiled, placed, iterations, fresh)
+            walls = timed(iterations)
         finally:
             jax.profiler.stop_trace()
         events = op_events(read_trace_events(find_trace_file(tmp)), module)

@@ -349,12 +349,15 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
 
     from disco_jax.pipeline.fit import in_context_costs
     from disco_jax.pipeline.profile import profile_module_in_context
+    from hlo_tools.compiled import is_compiled
     from hlo_tools.jax_bridge import HloCompileError
 
     hardware = load_hardware_file(args.hardware)
     op_profile = _profile(args.profile)
     platform = jax.default_backend()
     reason = _setup_mismatch(hardware, platform) if mode is None else None
+    if reason is None and is_compiled(module):
+        return _compiled_in_context(module, hardware, args, mode)
     measured = None
     if reason is None:
         try:
@@ -386,6 +389,36 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
                    "d_s": cal.d_s, "compute_scale": cal.compute_scale,
                    "fused_scale": cal.fused_scale, "d_tuple_extra_s": cal.d_tuple_extra_s,
                    "copy_s_per_byte": cal.copy_s_per_byte}
+
+
+def _compiled_in_context(module: Any, hardware: Any, args: argparse.Namespace,
+                         mode: bool | None) -> tuple[Any, dict[str, Any]]:
+    """:func:`cost_model_in_context` for XLA's compiled module: compiled again and run
+    here (:func:`disco_jax.pipeline.profile.profile_compiled_in_context`), each
+    instruction at its traced time, the compute scale fitted to the measured iteration
+    (:func:`disco_jax.pipeline.fit.compiled_in_context_costs`)."""
+    import jax
+
+    from disco_jax.pipeline.fit import compiled_in_context_costs
+    from disco_jax.pipeline.profile import profile_compiled_in_context
+    from hlo_tools.jax_bridge import HloCompileError
+
+    try:
+        measured = profile_compiled_in_context(module)
+    except (HloCompileError, RuntimeError, ValueError) as err:
+        if mode:
+            raise UserError(f"--in-context: {_one_line(err)}") from None
+        print(f"disco: note: not profiling in context: {_one_line(err)}; costing without "
+              "it (--no-in-context hides this note)", file=sys.stderr)
+        return cost_model(module, args), {"profiled": False, "reason": _one_line(err)}
+    costs, fit = compiled_in_context_costs(module, hardware, measured,
+                                           overlap=getattr(args, "overlap", None))
+    _apply_gnn(costs, args)
+    return costs, {"profiled": True, "as_written": True, "devices": measured.devices,
+                   "platform": jax.default_backend(), "wall_s": {"as_written": fit.wall_s},
+                   "predicted_s": {"as_written": fit.predicted_s},
+                   "traced_s": fit.traced_s, "compute_scale": fit.compute_scale,
+                   "timed_nodes": len(measured.node_s)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -447,6 +480,12 @@ def in_context_line(ic: dict[str, Any]) -> str:
     if not ic["profiled"]:
         return f"in context: not profiled ({ic['reason']})"
     wall, pred = ic["wall_s"], ic["predicted_s"]
+    if ic.get("as_written"):
+        return (f"in context on {ic['devices']} {ic['platform']} devices: compiled again "
+                f"and run, {ic['timed_nodes']} instructions timed; measured "
+                f"{_fmt_s(wall['as_written'])}, at the traced times the simulator gives "
+                f"{_fmt_s(ic['traced_s'])}; fit (compute scale "
+                f"{ic['compute_scale']:.3g}) predicts {_fmt_s(pred['as_written'])}")
     return (f"in context on {ic['devices']} {ic['platform']} devices: measured no fusion "
             f"{_fmt_s(wall['no_fusion'])}, one bucket {_fmt_s(wall['one_bucket'])}; fit "
             f"(D = {ic['d_s']:.3g} s, compute scale {ic['compute_scale']:.3g}) predicts "

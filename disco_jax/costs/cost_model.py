@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -418,6 +418,8 @@ class CostModel:
         self._comp_times: _ByIdentity[HloModule, tuple[float, bool]] = _ByIdentity()
         #: (module, computation name) -> its graph
         self._bodies: _ByIdentity[HloModule, DeviceGraph] = _ByIdentity()
+        #: module -> measured seconds per execution of its instructions, by name
+        self._node_times: _ByIdentity[HloModule, Mapping[str, float]] = _ByIdentity()
 
     @classmethod
     def for_module(cls, module: HloModule, hardware: HardwareConfig | str = "inproc4", *,
@@ -496,6 +498,20 @@ class CostModel:
         self._graphs.clear()
         self._comp_times.clear()
 
+    def set_node_times(self, module: HloModule, times: Mapping[str, float]) -> None:
+        """Prices ``module``'s instructions at measured times: seconds per execution by
+        instruction name (e.g. XLA's compiled module timed in context as written,
+        :func:`disco_jax.pipeline.profile.profile_compiled_in_context`), fusions and
+        collectives included; instructions without a time keep the model's rule. Drops
+        cached costs."""
+        self._node_times.put(module, dict(times))
+        self._graphs.clear()
+        self._comp_times.clear()
+
+    def node_times(self, module: HloModule) -> Mapping[str, float] | None:
+        """The measured times :meth:`set_node_times` gave ``module`` (None: none)."""
+        return self._node_times.get(module)
+
     # -- per-graph costs
 
     def graph_costs(self, graph: DeviceGraph) -> GraphCosts:
@@ -528,7 +544,17 @@ class CostModel:
 
     def node_cost(self, graph: DeviceGraph, k: int, instr: HloInstruction
                   ) -> tuple[float, bool, str, bool, int]:
-        """``(seconds, estimated, source, is_comm, out_bytes)`` of node ``k`` run alone."""
+        """``(seconds, estimated, source, is_comm, out_bytes)`` of node ``k`` run alone:
+        its measured time where :meth:`set_node_times` gave one (a node the rule holds
+        free stays free), else the rule's."""
+        ruled = self._rule_cost(graph, k, instr)
+        measured = self._node_times.get(graph.module)
+        if measured is None or instr.name not in measured or ruled[2] == "free":
+            return ruled
+        return measured[instr.name], False, "in context", ruled[3], ruled[4]
+
+    def _rule_cost(self, graph: DeviceGraph, k: int, instr: HloInstruction
+                   ) -> tuple[float, bool, str, bool, int]:
         kind, op = graph.kinds[k], instr.opcode
         nbytes = instr.shape.byte_size()
         if kind in (NodeKind.PARAMETER, NodeKind.CONSTANT):

@@ -15,16 +15,19 @@ from disco_estimator.interface import FallbackFusedEstimator
 from disco_estimator.ops import OpProfile, bench_ops, benchable_ops
 from disco_estimator.probes import tuple_buffer_latency
 from disco_jax.costs.cost_model import CostModel
-from disco_jax.pipeline.profile import InContext
+from disco_jax.pipeline.profile import CompiledInContext, InContext
 from hlo_tools.ir import HloInstruction, HloModule
 
 __all__ = [
     "COPY_RATE_BOUNDS",
     "FUSED_SCALE_BOUNDS",
+    "COMPUTE_SCALE_BOUNDS",
     "Calibration",
+    "CompiledFit",
     "bucket_copies",
     "bucket_copy_rate",
     "calibrate_in_context",
+    "compiled_in_context_costs",
     "cover",
     "default_hardware",
     "in_context_costs",
@@ -297,6 +300,64 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
                            measured.fused_wall_s, fused_got, extra, per_buffer, copy)
+
+
+#: The compute scale fitted to a compiled module run as written stays in this range.
+COMPUTE_SCALE_BOUNDS = (0.25, 8.0)
+
+
+class CompiledFit(NamedTuple):
+    """The fit of :func:`compiled_in_context_costs`.
+
+    Attributes:
+        compute_scale: the factor on every compute kernel's traced time.
+        wall_s: the measured (untraced) seconds per iteration.
+        predicted_s: the simulated seconds per iteration after the fit.
+        traced_s: the simulated seconds per iteration at the traced times (scale 1).
+    """
+
+    compute_scale: float
+    wall_s: float
+    predicted_s: float
+    traced_s: float
+
+
+def compiled_in_context_costs(module: HloModule, hardware: HardwareConfig | str,
+                              measured: CompiledInContext, *, overlap: float | None = None
+                              ) -> tuple[CostModel, CompiledFit]:
+    """The cost model of XLA's compiled ``module`` run as written here
+    (:func:`~disco_jax.pipeline.profile.profile_compiled_in_context`).
+
+    Each instruction is priced at its traced time, collectives included (in one process
+    an all-reduce's time holds the wait for the slowest device); instructions no kernel
+    maps to keep the model's rule. The compute scale is then fitted so that the simulated
+    iteration equals the measured untraced one: the trace's own cost on every kernel is
+    what the scale takes out, as the fit of a pre-optimization module takes it out
+    (:func:`calibrate_in_context`). ``overlap``: the compute and communication overlap
+    instead of the hardware file's.
+    """
+    from disco_jax.costs.lower import sim_graph_from_module
+    from disco_jax.costs.simulator import simulate
+
+    base = CostModel.for_module(module, hardware, bench=False)
+    if overlap is not None:
+        base.set_overlap(overlap, "overlap given")
+
+    def model(scale: float) -> CostModel:
+        consts = dataclasses.replace(base.constants, compute_scale=scale,
+                                     source=f"{base.constants.source} + in-context fit")
+        cm = CostModel(base.hardware, op_times=base.op_times, constants=consts)
+        cm.set_node_times(module, measured.node_s)
+        return cm
+
+    def time_at(scale: float) -> float:
+        cm = model(scale)
+        return simulate(sim_graph_from_module(module, cm), cm.overlap).iteration_s
+
+    traced = time_at(1.0)
+    scale, got = _fit_affine(time_at, measured.wall_s, 1.0, lambda x: 0.5 * x,
+                             *COMPUTE_SCALE_BOUNDS)
+    return model(scale), CompiledFit(scale, measured.wall_s, got, traced)
 
 
 def _fit_affine(time_at: Callable[[float], float], want: float, x: float,

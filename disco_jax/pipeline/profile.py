@@ -2,7 +2,8 @@
 it runs, beside the same program with one gradient bucket (nothing fused, and XLA's fusion
 of it) and, in a multi-process job, the tuple probe. Every process of a job calls it
 alike (the programs have collectives). :func:`profile_module_in_context` does the same for
-a module given alone (an HLO file), on this process's devices."""
+a module given alone (an HLO file), on this process's devices, and
+:func:`profile_compiled_in_context` runs XLA's compiled module as written."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ from hlo_tools.ir import HloModule
 
 __all__ = [
     "REMEASURE_INCONSISTENT",
+    "CompiledInContext",
     "InContext",
+    "compile_again",
     "inconsistent_walls",
     "pooled",
+    "profile_compiled_in_context",
     "profile_in_context",
     "profile_module_in_context",
 ]
@@ -170,6 +174,105 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=None,
                          buckets_differ=len(graph.gradient_allreduces) >= 2)
+
+
+class CompiledInContext(NamedTuple):
+    """What :func:`profile_compiled_in_context` measured of a compiled module run as
+    written.
+
+    Attributes:
+        node_s: seconds per execution of each instruction of the module that ran kernels,
+            by name (the kernels XLA made of it summed, medians over iterations and
+            devices).
+        wall_s: untraced seconds per iteration (median of the samples).
+        samples_s: the samples behind ``wall_s``.
+        profile: the traced profile of the program (its kernels by XLA's new names).
+        devices: the devices it ran on.
+    """
+
+    node_s: Mapping[str, float]
+    wall_s: float
+    samples_s: Sequence[float]
+    profile: trace.ProgramProfile
+    devices: int
+
+
+def compile_again(module: HloModule, devices: int) -> Any:
+    """XLA's compiled ``module`` compiled again from its ops, as one replica on each of
+    ``devices`` local devices: :func:`hlo_tools.compiled.runnable` hands XLA the ops, and
+    XLA's default pipeline fuses them as it did the first time. Where XLA does not compile
+    a combined all-reduce given as text (jaxlib < 0.12), its buffers are given separately
+    and XLA's combiner combines them again.
+
+    Returns:
+        The :class:`hlo_tools.jax_bridge.StandaloneHlo` program.
+
+    Raises:
+        hlo_tools.HloCompileError: XLA does not compile it.
+    """
+    from hlo_tools.compiled import runnable
+    from hlo_tools.jax_bridge import CompileOptions, HloCompileError, Standalone, compile_module
+
+    def compiled(split: bool) -> Any:
+        text = hlo_tools.to_text(runnable(module, split_combined=split))
+        return compile_module(text, Standalone(devices), CompileOptions(exact=False))
+
+    try:
+        return compiled(False)
+    except HloCompileError:
+        if not any(i.opcode == "all-reduce" and i.shape.is_tuple
+                   for _, i in module.instructions()):
+            raise
+        return compiled(True)
+
+
+def profile_compiled_in_context(module: HloModule, *, iterations: int = 5, warmup: int = 2,
+                                rounds: int = 5, seed: int = 0) -> CompiledInContext:
+    """Runs XLA's compiled ``module`` here, on this process's devices, and times each of
+    its instructions in context.
+
+    XLA compiles the module's ops again (:func:`compile_again`); the program runs on
+    seeded inputs made from the parameters (every device the same), is profiled and
+    timed untraced. Kernels map back to the module's instructions through their
+    tags; a fusion whose ops XLA put into another instruction's kernel takes no time.
+
+    Raises:
+        hlo_tools.jax_bridge.DevicesUnavailableError: the module needs more devices than
+            this process has.
+        hlo_tools.HloCompileError: XLA does not compile it again.
+        RuntimeError: the trace holds no kernels of it.
+    """
+    import jax
+
+    from hlo_tools.compiled import tagged_node
+    from hlo_tools.devices import module_devices
+    from hlo_tools.jax_bridge import DevicesUnavailableError
+
+    devices = module_devices(module)
+    if devices > jax.local_device_count():
+        raise DevicesUnavailableError(
+            f"the module runs on {devices} devices, this process has "
+            f"{jax.local_device_count()} {jax.default_backend()} device(s)")
+
+    program = compile_again(module, devices)
+    placed = program.put_random(seed)
+
+    def run(*inputs: Any) -> Any:
+        return program.run(inputs)
+
+    profile = trace.profile_calls(run, program.as_text(), args=placed,
+                                  iterations=iterations, warmup=warmup)
+    kernels = hlo_tools.parse(profile.hlo_text)
+    node_of = {i.name: tagged_node(i.op_name) for _, i in kernels.instructions()}
+    node_s = {i.name: 0.0 for _, i in module.instructions() if i.opcode == "fusion"}
+    for name, total in profile.times_s.items():
+        node = node_of.get(name)
+        if node is not None:
+            node_s[node] = node_s.get(node, 0.0) + total / max(profile.counts.get(name, 1.0),
+                                                                1.0)
+    samples = measure({"as_written": run}, placed, rounds=rounds,
+                      tag="compiled_in_context")["as_written"]
+    return CompiledInContext(node_s, statistics.median(samples), samples, profile, devices)
 
 
 def _one_bucket(module: HloModule, graph: hlo_tools.DeviceGraph) -> HloModule:

@@ -262,6 +262,13 @@ class StandaloneHlo:
                 placed.append(jax.device_put(host, sharding))
         return placed
 
+    def put_random(self, seed: int = 0) -> list[Any]:
+        """Places inputs made from the parameters' shapes on every replica (standard
+        normal floats, ints in ``0..7``, random booleans; the same for the same
+        ``seed``), as :class:`FromText` makes them."""
+        rng = np.random.default_rng(seed)
+        return self.put(*(_random_array(rng, dims, dtype) for dims, dtype in self.param_shapes))
+
     def run(self, placed: Sequence[Any]) -> list[list[Any]]:
         """Executes once on placed inputs and waits; returns ``[leaf][replica]`` arrays."""
         results = self.executable.execute_sharded(list(placed))
