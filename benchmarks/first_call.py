@@ -88,18 +88,16 @@ def worker_first(a: argparse.Namespace) -> None:
             "jax_first_s": jax_first, "disco_first_s": disco_first,
             "added_s": disco_first - jax_first, "mode": info.mode, "choice": info.choice,
             "reason": info.reason, "measured_s": info.measured_s,
-            "pipeline_s": _pipeline_seconds(info.store_path)}))
+            **_from_record(info.store_path)}))
 
 
-def _pipeline_seconds(path: str | None) -> dict | None:
-    """The phases' seconds the store record keeps (None: not found)."""
-    if not path:
-        return None
-    for name in ("record.json",):
-        f = Path(path) / name
-        if f.exists():
-            return json.loads(f.read_text()).get("pipeline_s")
-    return None
+def _from_record(path: str | None) -> dict:
+    """The phases' seconds the store record keeps, and why the search was skipped (None:
+    not found, or not skipped)."""
+    f = Path(path) / "record.json" if path else None
+    record = json.loads(f.read_text()) if f is not None and f.exists() else {}
+    return {"pipeline_s": record.get("pipeline_s"),
+            "skipped": (record.get("search") or {}).get("skipped")}
 
 
 def worker_compare(a: argparse.Namespace) -> None:
@@ -141,8 +139,13 @@ def worker_compare(a: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- driver
 
 
-def _run(setup: str, argv: list[str], timeout_s: float) -> None:
-    """Runs this script's worker in a fresh process, or a fresh 2-process job."""
+def _run(setup: str, argv: list[str], timeout_s: float, log: Path) -> None:
+    """Runs this script's worker in a fresh process, or a fresh 2-process job, its output
+    in ``log``.
+
+    Raises:
+        RuntimeError: it failed or timed out (the last lines of its output).
+    """
     me = [sys.executable, str(Path(__file__).resolve()), *argv]
     env = dict(os.environ)
     if setup == "inproc4":
@@ -152,8 +155,16 @@ def _run(setup: str, argv: list[str], timeout_s: float) -> None:
         env.pop("XLA_FLAGS", None)
         cmd = [sys.executable, "-m", "disco_jax", "launch", "-n", "2",
                "--timeout", str(int(timeout_s)), "--", *me]
-    subprocess.run(cmd, env=env, check=True, timeout=timeout_s + 60,
-                   stdout=subprocess.DEVNULL if setup != "inproc4" else None)
+    with open(log, "w") as out:
+        try:
+            done = subprocess.run(cmd, env=env, timeout=timeout_s + 60, stdout=out,
+                                  stderr=subprocess.STDOUT)
+        except subprocess.TimeoutExpired:
+            done = None
+    if done is None or done.returncode != 0:
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-6:])
+        what = "timed out" if done is None else f"exited {done.returncode}"
+        raise RuntimeError(f"{' '.join(argv[:2])} {what}: {tail[-600:]}")
 
 
 def bench(setup: str, model: str, size: str, budgets: list[float], ref_above: float | None,
@@ -163,25 +174,41 @@ def bench(setup: str, model: str, size: str, budgets: list[float], ref_above: fl
     every = sorted(set(budgets) | set(refs))
     first: dict[float, dict] = {}
     stores: dict[float, Path] = {}
+    errors: dict[float | str, str] = {}
     for b in every:
         stores[b] = tmp / f"{setup}_{model}_{b:g}"
         out = tmp / f"{setup}_{model}_{b:g}.json"
         t0 = time.perf_counter()
-        _run(setup, ["worker", "first", "--model", model, "--size", size, "--budget", str(b),
-                     "--store", str(stores[b]), "--out", str(out)], timeout_s=4 * b + 900)
+        try:
+            _run(setup, ["worker", "first", "--model", model, "--size", size, "--budget",
+                         str(b), "--store", str(stores[b]), "--out", str(out)],
+                 timeout_s=4 * b + 900, log=out.with_suffix(".log"))
+        except RuntimeError as err:
+            print(f"  {setup} {model} B={b:g} s: {err}", flush=True)
+            errors[b] = str(err)
+            continue
         first[b] = json.loads(out.read_text())
         print(f"  {setup} {model} B={b:g} s: first call +{first[b]['added_s']:.1f} s "
               f"({first[b]['mode']} {first[b]['choice']}; {time.perf_counter() - t0:.0f} s)",
               flush=True)
     out = tmp / f"{setup}_{model}_compare.json"
-    _run(setup, ["worker", "compare", "--model", model, "--size", size, "--rounds",
-                 str(rounds), "--out", str(out),
-                 "--stores", ",".join(f"{b:g}={stores[b]}" for b in every)], timeout_s=900)
-    compare = json.loads(out.read_text())
-    med = compare["median_s"]
+    med: dict[str, float] = {}
+    try:
+        _run(setup, ["worker", "compare", "--model", model, "--size", size, "--rounds",
+                     str(rounds), "--out", str(out),
+                     "--stores", ",".join(f"{b:g}={stores[b]}" for b in first)],
+             timeout_s=900, log=out.with_suffix(".log"))
+        med = json.loads(out.read_text())["median_s"]
+    except RuntimeError as err:
+        print(f"  {setup} {model} comparison: {err}", flush=True)
+        errors["compare"] = str(err)
     rows = []
     for b in budgets:
         ref = b * REFERENCE_FACTOR
+        if b not in first:
+            rows.append({"setup": setup, "model": model, "size": size, "budget_s": b,
+                         "error": errors[b]})
+            continue
         f = first[b]
         cost = (med[f"{b:g}"] / med[f"{ref:g}"]
                 if f"{ref:g}" in med and f"{b:g}" in med else None)
@@ -193,7 +220,8 @@ def bench(setup: str, model: str, size: str, budgets: list[float], ref_above: fl
                      "reference_budget_s": ref if ref in first else None,
                      "reference_choice": first[ref]["choice"] if ref in first else None,
                      "reference_step_s": med.get(f"{ref:g}"), "cost": cost,
-                     "pipeline_s": f["pipeline_s"]})
+                     "pipeline_s": f["pipeline_s"], "skipped": f.get("skipped"),
+                     **({"compare_error": errors["compare"]} if "compare" in errors else {})})
     return rows
 
 
@@ -202,6 +230,10 @@ def _table(rows: list[dict]) -> str:
             f"{'added/B':>7} {'choice':<16} {'ms/step':>8} {'4B choice':<16} {'cost':>5}")
     lines = [head, "-" * len(head)]
     for r in rows:
+        if "error" in r:
+            lines.append(f"{r['setup']:<8} {r['model']:<12} {r['budget_s']:>5g} failed: "
+                         f"{r['error'][:120]}")
+            continue
         cost = f"{r['cost']:.2f}" if r["cost"] is not None else "-"
         step = f"{r['step_s'] * 1e3:.2f}" if r["step_s"] else "-"
         lines.append(

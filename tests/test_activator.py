@@ -30,7 +30,9 @@ def _job(tmp: Path, stores: list[Path], *, flag: str | None, extra: tuple[str, .
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("ENABLE_SEARCH", "DISCO_STORE")}
     env.update({f"DISCO_STORE_{i}": str(s) for i, s in enumerate(stores)})
-    env["DISCO_TIME_BUDGET"] = "1"
+    # a short budget (under 20 s: the quick profile) that affords the profile (five
+    # compiles of the tiny step) and little after it: a brief search, a quick choice
+    env["DISCO_TIME_BUDGET"] = "19"
     if flag is not None:
         env["ENABLE_SEARCH"] = flag
     env.update(env_extra or {})

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from disco_jax.pipeline.budget import SEARCH_SHARE, SHORT_S, Budget
+from disco_jax.pipeline.budget import PROFILE_COMPILES, SEARCH_SHARE, SHORT_S, Budget
 
 
 class Clock:
@@ -79,6 +79,41 @@ def test_samples_shrink_to_fit_the_rounds():
     assert b.sample_s(4, 3, 0.1) == 0.1
     clock.now += 10.0
     assert b.sample_s(4, 3, 0.1) == 0.0  # one call per sample
+
+
+def test_the_profile_is_afforded_at_its_price_in_compiles():
+    clock = Clock()
+    b = Budget(10.0, clock=clock)
+    b.note_compile(1.0)
+    clock.now += 1.0  # XLA's default compiled: 9 s left
+    assert b.affords_profile()  # 9 >= 5 compiles of 1 s
+    clock.now += 4.5
+    assert not b.affords_profile()  # 4.5 < 5
+    assert Budget(None).affords_profile()
+    assert PROFILE_COMPILES == 5.0
+
+
+def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
+    """A real first call with a budget the profile cannot fit in: XLA's default, compiled
+    once, chosen without a search; it computes what jax.jit computes."""
+    import jax
+    import numpy as np
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.optimize import optimize_step
+
+    step, args = zoo.get("vgg")(jax.device_count(), "tiny")
+    lines: list[str] = []
+    opt = optimize_step(step, args, time_budget_s=1e-3, progress=lines.append)
+    assert opt.report.choice == "xla_default" and opt.enactment.name == "xla_default"
+    assert "below" not in opt.report.search["skipped"]
+    assert "leaves less than profiling this step takes" in opt.report.search["skipped"]
+    assert opt.report.measured_s == {} and opt.report.calibration is None
+    assert set(opt.report.seconds) == {"lower", "compile", "total"}
+    assert any(line.startswith("time budget:") for line in lines), lines
+    got, want = opt.run(*args), jax.jit(step)(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_a_budget_must_be_positive():

@@ -31,7 +31,9 @@ def _job(tmp: Path, flag: str, local: int, inputs: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("ENABLE_SEARCH", "DISCO_STORE", "XLA_FLAGS")}
     env.update({f"DISCO_STORE_{i}": str(tmp / f"store_{i}") for i in range(2)})
-    env.update({"DISCO_TIME_BUDGET": "1", "ENABLE_SEARCH": flag})
+    # a short budget (under 20 s: the quick profile) that affords the profile (five
+    # compiles of the tiny step) and little after it: a brief search, a quick choice
+    env.update({"DISCO_TIME_BUDGET": "19", "ENABLE_SEARCH": flag})
     cmd = [sys.executable, "-m", "disco_jax", "launch", "-n", "2", "--devices-per-process",
            str(local), "--timeout", str(JOB_TIMEOUT_S), "--", sys.executable, str(WORKER),
            "--out", str(out), "--inputs", inputs]

@@ -15,9 +15,12 @@ inputs made from its parameters and profiled
 (:func:`disco_jax.pipeline.profile.profile_module_in_context`); its op times come right after
 ``--profile``'s, and the hardware file's AllReduce latency ``D`` and compute scale are
 fitted to the two measured iterations (:func:`disco_jax.pipeline.fit.calibrate_in_context`).
-When it cannot (too few devices, a compiled module, another kind of setup), a one-line
-note on stderr says why and the costs are built as without it; ``--no-in-context``
-skips it.
+XLA's compiled module is compiled again from its ops instead
+(:func:`disco_jax.pipeline.profile.profile_compiled_in_context`), each instruction priced
+at its traced time and the compute scale fitted to the measured iteration
+(:func:`disco_jax.pipeline.fit.compiled_in_context_costs`). When it cannot (too few
+devices, XLA rejects the module, another kind of setup), a one-line note on stderr says
+why and the costs are built as without it; ``--no-in-context`` skips it.
 
 This module holds the subcommand's parser (:func:`register`), the reading and checking
 of its input (:func:`load_module`, hardware and profile files) and its run and report
@@ -60,8 +63,10 @@ Reads HLO text (jax's lowered.as_text(dialect="hlo"), or XLA's compiled module) 
 prices its per-device program with the cost model: single ops timed on this machine
 (cached), fusions predicted from their members, all-reduces from the hardware file's
 T = C * bytes + D. When this machine can run the module, it is first profiled here and
-the model is fitted to that run (a note says when it cannot). Prints the iteration time,
-its computation and communication, overlap and peak memory."""
+the model is fitted to that run (a note says when it cannot): a pre-optimization module
+compiled with nothing fused and with one gradient bucket; a compiled module compiled again
+by XLA from its ops, each instruction then priced at its traced time. Prints the
+iteration time, its computation and communication, overlap and peak memory."""
 
 #: Examples, after the options in ``--help``.
 EXAMPLES = """examples:
@@ -159,11 +164,14 @@ def add_in_context_argument(p: argparse.ArgumentParser) -> None:
     """``--in-context`` / ``--no-in-context`` (default: when possible), for the commands
     that cost a module with :func:`cost_model_in_context`."""
     p.add_argument("--in-context", action=argparse.BooleanOptionalAction, default=None,
-                   help="profile the module here first (compiled with nothing fused and "
-                        "with one gradient bucket, run on this process's devices) and fit "
-                        "the hardware file's AllReduce latency and compute scale to it "
-                        "(default: when this process's devices can run the module and the "
-                        "hardware file is for this kind of setup; else a note on stderr)")
+                   help="profile the module here first, on this process's devices, and fit "
+                        "the cost model to it: a pre-optimization module compiled with "
+                        "nothing fused and with one gradient bucket (the AllReduce latency "
+                        "and compute scale fitted), XLA's compiled module compiled again "
+                        "from its ops (every instruction at its traced time, the compute "
+                        "scale fitted) (default: when this process's devices can run the "
+                        "module and the hardware file is for this kind of setup; else a "
+                        "note on stderr)")
 
 
 # --------------------------------------------------------------------------- input
@@ -327,8 +335,10 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     here; op times come from ``--profile``, then that profile, then standalone timings
     (unless ``--no-bench``), then the analytic model; ``--overlap`` is applied, and the
     AllReduce latency and compute scale are fitted to the two measured programs
-    (:func:`disco_jax.pipeline.fit.calibrate_in_context`). By default, when that is not possible
-    here -- the devices cannot run the module, it is compiled, the hardware file is for
+    (:func:`disco_jax.pipeline.fit.calibrate_in_context`). XLA's compiled module is
+    compiled again and each instruction priced at its traced time instead
+    (:func:`_compiled_in_context`). By default, when that is not possible
+    here -- the devices cannot run the module, XLA rejects it, the hardware file is for
     another backend or a multi-process job -- a one-line note goes to stderr and the
     model is :func:`cost_model`'s.
 
@@ -336,7 +346,9 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
         The cost model and the in-context report: ``{"profiled": True, "devices",
         "platform", "wall_s", "predicted_s", "d_s", "compute_scale"}`` (``wall_s`` and
         ``predicted_s``: ``{"no_fusion", "one_bucket"}`` seconds per iteration, measured
-        and after the fit) or ``{"profiled": False, "reason"}``.
+        and after the fit; for a compiled module ``{"as_written"}``, with ``"as_written":
+        True``, ``"traced_s"``, the simulated iteration at the traced times, and
+        ``"timed_nodes"``) or ``{"profiled": False, "reason"}``.
 
     Raises:
         UserError: a bad hardware or profile file; with ``--in-context``, a module that

@@ -4,6 +4,10 @@ Under ``ENABLE_SEARCH=1`` everything DisCo adds to a step's first call -- profil
 context, the fit, the search, compiling and measuring the candidates, predicting -- comes
 out of one budget of ``B`` seconds. The phases share it by one rule:
 
+0. **XLA's default** is compiled first (it is always a candidate), and its compile time
+   ``c`` prices the profile at :data:`PROFILE_COMPILES` ``x c``; when less than that is
+   left there is no time to choose by measurement, and the first call runs XLA's default
+   (:meth:`Budget.affords_profile`).
 1. **Profile and fit** take what they take (the fixed cost of any choice by
    measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds and
    traces the no-fusion program alone (:attr:`Budget.short`), and ops
@@ -31,12 +35,16 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["SEARCH_SHARE", "SHORT_S", "Budget"]
+__all__ = ["PROFILE_COMPILES", "SEARCH_SHARE", "SHORT_S", "Budget"]
 
 #: The search's share of what is left of the budget after the profile and the fit.
 SEARCH_SHARE = 0.2
 #: Budgets under this many seconds profile with fewer rounds (3 instead of 5).
 SHORT_S = 20.0
+#: What the in-context profile costs, in compiles of XLA's default: it compiles three
+#: programs of the step, traces one and times them; on the zoo's tiny steps it took
+#: 0.9-1.4 times five of jax.jit's first calls (benchmarks/results/first_call.json).
+PROFILE_COMPILES = 5.0
 
 
 class Budget:
@@ -97,6 +105,11 @@ class Budget:
     def note_compile(self, seconds: float) -> None:
         """A program took ``seconds`` to compile (the longest is the next one's guess)."""
         self._compile_s = max(self._compile_s, seconds)
+
+    def affords_profile(self) -> bool:
+        """Whether the profile fits in what is left: :data:`PROFILE_COMPILES` compiles, each
+        as long as the longest so far (XLA's default's, compiled first)."""
+        return self.total_s is None or self.left_s() >= PROFILE_COMPILES * self._compile_s
 
     def note_iteration(self, seconds: float) -> None:
         """One call of the step takes about ``seconds`` (the profile's measure; the

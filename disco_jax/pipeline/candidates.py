@@ -16,6 +16,7 @@ from disco_jax.pipeline.program import Program
 
 __all__ = [
     "Candidates",
+    "baseline_program",
     "build_candidates",
     "enactment_route",
     "plan_compile_options",
@@ -82,13 +83,23 @@ def plan_compile_options(route: Any) -> dict[str, Any]:
             "compiler_options": bl.baseline_options(bl.BUCKETED, route.platform)}
 
 
+def baseline_program(program: Program, options: Mapping[str, Any]) -> Any:
+    """``program`` compiled by XLA with a baseline's ``options``
+    (:func:`hlo_tools.baselines.baseline_options`)."""
+    from hlo_tools.jax_bridge import CompileOptions, InPlaceOf, compile_module
+
+    return compile_module(program.text, InPlaceOf(program.step, program.args),
+                          CompileOptions(exact=False, extra=dict(options)))
+
+
 def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                      baselines: Sequence[str] = ("xla_default", "op_fusion"),
                      bucket_thresholds: Sequence[int | None] | None = None,
                      staged: Sequence[Any] = (), costs: Any = None, sync: Any = None,
                      say: Callable[[str], None] | None = None, staged_top: int = 3,
                      chunk_bytes: int | None | str = "default", budget: Any = None,
-                     choice_rounds: int = 3) -> Candidates:
+                     choice_rounds: int = 3,
+                     compiled_already: Mapping[str, Any] | None = None) -> Candidates:
     """Compiles the candidates of a final choice for ``program``.
 
     Args:
@@ -111,6 +122,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             only while the budget affords it (:meth:`~disco_jax.pipeline.budget.Budget.affords`;
             in a job process 0 decides for all).
         choice_rounds: the final choice's rounds (what the budget keeps time for).
+        compiled_already: baselines compiled before, by name (not compiled again).
 
     Returns:
         The :class:`Candidates`. On backends whose combiner takes a threshold (XLA:GPU),
@@ -160,8 +172,11 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
 
     def baseline(name: str, options: dict[str, Any]) -> None:
         enactments[name] = Enactment.single(name, text, exact=False, compiler_options=options)
-        compiled(name, lambda: compile_module(text, InPlaceOf(step, args),
-                                              CompileOptions(exact=False, extra=options)))
+        if name in (compiled_already or {}):
+            runs[name] = compiled_already[name]
+            budget.keep()
+            return
+        compiled(name, lambda: baseline_program(program, options))
 
     def plan(name: str) -> None:
         """Compiles a plan; one XLA rejects (in any process of a job) is left out of the

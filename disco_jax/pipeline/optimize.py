@@ -102,6 +102,22 @@ def _predictions(cands: Any, searched: Any, costs: Any, baselines: bool
     return predicted
 
 
+def _xla_default_only(program: Any, route: Any, hardware: str,
+                      compiled_already: Mapping[str, Any], why: str,
+                      seconds: dict[str, float], t0: float) -> Optimized:
+    """XLA's default alone, compiled already, when the budget leaves no time to choose
+    (the report's ``search`` says why)."""
+    from disco_jax.pipeline.candidates import build_candidates
+
+    cands = build_candidates(program, (), route, baselines=("xla_default",),
+                             bucket_thresholds=(), compiled_already=compiled_already)
+    report = OptimizeReport(
+        choice="xla_default", predicted_s={"xla_default": None}, measured_s={}, wins={},
+        against={}, search={"skipped": why}, hardware=hardware, route=route.to_json(),
+        calibration=None, seconds={**seconds, "total": time.perf_counter() - t0})
+    return Optimized(cands.enactments["xla_default"], cands.runs["xla_default"], report)
+
+
 def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   time_budget_s: float | None = None, hardware: str | None = None,
                   sync: Any = None, top_k: int = 3,
@@ -161,13 +177,14 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     """
     import jax
 
-    from disco_jax.pipeline.budget import Budget
-    from disco_jax.pipeline.candidates import build_candidates, enactment_route
+    from disco_jax.pipeline.budget import PROFILE_COMPILES, Budget
+    from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, choose
     from disco_jax.pipeline.fit import default_hardware, in_context_costs
     from disco_jax.pipeline.profile import profile_in_context
     from disco_jax.pipeline.program import lower_program
     from disco_jax.pipeline.search import plans_for_choice
+    from hlo_tools import baselines as bl
     from hlo_tools.jax_bridge import EXACT
 
     say = progress or (lambda text: None)
@@ -180,16 +197,36 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     def lap(name: str) -> None:
         nonlocal t_phase
         now = time.perf_counter()
-        seconds[name] = now - t_phase
+        seconds[name] = seconds.get(name, 0.0) + now - t_phase
         t_phase = now
 
     program = lower_program(step, args)
+    lap("lower")
     plan_route = enactment_route(route, program.platform)
     hardware = hardware or default_hardware(jax.process_count(), program.platform)
     graph = program.graph
+    first = "compiling XLA's default" if budget.limited else "profiling in context"
     say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
         f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
-        f"({plan_route.reason}); hardware {hardware}; profiling in context")
+        f"({plan_route.reason}); hardware {hardware}; {first}")
+    compiled_already: dict[str, Any] = {}
+    if budget.limited:  # XLA's default first: its compile prices the profile
+        t_default = time.perf_counter()
+        compiled_already["xla_default"] = baseline_program(
+            program, bl.baseline_options("xla_default", program.platform))
+        budget.note_compile(time.perf_counter() - t_default)
+        lap("compile")
+        affords = budget.affords_profile()
+        if sync is not None:
+            affords = sync.share("budget_profile", affords)
+        if not affords:
+            why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
+                   f"takes (about {PROFILE_COMPILES:g} times its {seconds['compile']:.1f} s "
+                   "compile): running XLA's default")
+            say(f"time budget: {why}")
+            return _xla_default_only(program, plan_route, hardware, compiled_already, why,
+                                     seconds, t0)
+        say("profiling in context")
     rounds = budget.profile_rounds(profile_rounds)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
                                   iterations=rounds, rounds=rounds, quick=budget.short)
@@ -214,7 +251,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     say("compiling the candidates")
     cands = build_candidates(program, searched.plans_json, plan_route,
                              bucket_thresholds=bucket_thresholds, staged=staged, costs=costs,
-                             sync=sync, say=say, budget=budget, choice_rounds=choice_rounds)
+                             sync=sync, say=say, budget=budget, choice_rounds=choice_rounds,
+                             compiled_already=compiled_already)
     lap("compile")
 
     sample_s = budget.sample_s(len(cands.runs), choice_rounds, min_sample_s)
