@@ -7,7 +7,13 @@ import math
 
 import pytest
 
-from disco_jax.pipeline.budget import PROFILE_COMPILES, SEARCH_SHARE, SHORT_S, Budget
+from disco_jax.pipeline.budget import (
+    PROFILE_COMPILES,
+    PROFILE_FIXED_S,
+    SEARCH_SHARE,
+    SHORT_S,
+    Budget,
+)
 
 
 class Clock:
@@ -86,11 +92,12 @@ def test_the_profile_is_afforded_at_its_price_in_compiles():
     b = Budget(10.0, clock=clock)
     b.note_compile(1.0)
     clock.now += 1.0  # XLA's default compiled: 9 s left
-    assert b.affords_profile()  # 9 >= 5 compiles of 1 s
-    clock.now += 4.5
-    assert not b.affords_profile()  # 4.5 < 5
+    assert (PROFILE_FIXED_S, PROFILE_COMPILES) == (3.0, 6.0)
+    assert b.profile_s() == 9.0  # 3 s + 6 compiles of 1 s
+    assert b.affords_profile()
+    clock.now += 0.5
+    assert not b.affords_profile()  # 8.5 s left
     assert Budget(None).affords_profile()
-    assert PROFILE_COMPILES == 5.0
 
 
 def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
@@ -106,7 +113,6 @@ def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
     lines: list[str] = []
     opt = optimize_step(step, args, time_budget_s=1e-3, progress=lines.append)
     assert opt.report.choice == "xla_default" and opt.enactment.name == "xla_default"
-    assert "below" not in opt.report.search["skipped"]
     assert "leaves less than profiling this step takes" in opt.report.search["skipped"]
     assert opt.report.measured_s == {} and opt.report.calibration is None
     assert set(opt.report.seconds) == {"lower", "compile", "total"}

@@ -5,9 +5,9 @@ context, the fit, the search, compiling and measuring the candidates, predicting
 out of one budget of ``B`` seconds. The phases share it by one rule:
 
 0. **XLA's default** is compiled first (it is always a candidate), and its compile time
-   ``c`` prices the profile at :data:`PROFILE_COMPILES` ``x c``; when less than that is
-   left there is no time to choose by measurement, and the first call runs XLA's default
-   (:meth:`Budget.affords_profile`).
+   ``c`` prices the profile at :data:`PROFILE_FIXED_S` ``+`` :data:`PROFILE_COMPILES`
+   ``x c``; when less than that is left there is no time to choose by measurement, and the
+   first call runs XLA's default (:meth:`Budget.affords_profile`).
 1. **Profile and fit** take what they take (the fixed cost of any choice by
    measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds and
    traces the no-fusion program alone (:attr:`Budget.short`), and ops
@@ -35,16 +35,20 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["PROFILE_COMPILES", "SEARCH_SHARE", "SHORT_S", "Budget"]
+__all__ = ["PROFILE_COMPILES", "PROFILE_FIXED_S", "SEARCH_SHARE", "SHORT_S", "Budget"]
 
 #: The search's share of what is left of the budget after the profile and the fit.
 SEARCH_SHARE = 0.2
 #: Budgets under this many seconds profile with fewer rounds (3 instead of 5).
 SHORT_S = 20.0
-#: What the in-context profile costs, in compiles of XLA's default: it compiles three
-#: programs of the step, traces one and times them; on the zoo's tiny steps it took
-#: 0.9-1.4 times five of jax.jit's first calls (benchmarks/results/first_call.json).
-PROFILE_COMPILES = 5.0
+#: What the in-context profile costs: :data:`PROFILE_FIXED_S` (the profiler's start and
+#: stop, the timed calls) and this many compiles of XLA's default (it compiles three
+#: programs of the step and traces one). On the zoo's tiny steps and examples/train.py
+#: in one process the profile took 6.9-29.7 s where XLA's default compiled in 0.8-4.5 s
+#: (benchmarks/results/first_call.json), about 3 s + 6 compiles.
+PROFILE_COMPILES = 6.0
+#: The profile's cost that does not grow with the compile time, seconds.
+PROFILE_FIXED_S = 3.0
 
 
 class Budget:
@@ -106,10 +110,15 @@ class Budget:
         """A program took ``seconds`` to compile (the longest is the next one's guess)."""
         self._compile_s = max(self._compile_s, seconds)
 
+    def profile_s(self) -> float:
+        """What the profile is expected to take: :data:`PROFILE_FIXED_S` and
+        :data:`PROFILE_COMPILES` compiles, each as long as the longest so far."""
+        return PROFILE_FIXED_S + PROFILE_COMPILES * self._compile_s
+
     def affords_profile(self) -> bool:
-        """Whether the profile fits in what is left: :data:`PROFILE_COMPILES` compiles, each
-        as long as the longest so far (XLA's default's, compiled first)."""
-        return self.total_s is None or self.left_s() >= PROFILE_COMPILES * self._compile_s
+        """Whether the profile fits in what is left (:meth:`profile_s`; the compile so far
+        is XLA's default's, compiled first)."""
+        return self.total_s is None or self.left_s() >= self.profile_s()
 
     def note_iteration(self, seconds: float) -> None:
         """One call of the step takes about ``seconds`` (the profile's measure; the

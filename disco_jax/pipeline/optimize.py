@@ -177,7 +177,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     """
     import jax
 
-    from disco_jax.pipeline.budget import PROFILE_COMPILES, Budget
+    from disco_jax.pipeline.budget import Budget
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, choose
     from disco_jax.pipeline.fit import default_hardware, in_context_costs
@@ -221,8 +221,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             affords = sync.share("budget_profile", affords)
         if not affords:
             why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
-                   f"takes (about {PROFILE_COMPILES:g} times its {seconds['compile']:.1f} s "
-                   "compile): running XLA's default")
+                   f"takes (about {budget.profile_s():.0f} s, from its "
+                   f"{seconds['compile']:.1f} s compile): running XLA's default")
             say(f"time budget: {why}")
             return _xla_default_only(program, plan_route, hardware, compiled_already, why,
                                      seconds, t0)
