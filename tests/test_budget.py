@@ -147,3 +147,46 @@ def test_candidates_stop_where_the_budget_ends():
     jax.block_until_ready(cands.runs["xla_default"](*program.args))
     full = build_candidates(program, [], route, bucket_thresholds=(None, 1 << 20))
     assert {"xla_default", "op_fusion"} <= set(full.runs) and full.bucketed
+
+
+class _Process0:
+    """Process 0 of a job, alone: its shares and gathers go through a key-value store
+    that refuses a key set twice, as jax.distributed's coordination service does."""
+
+    def __init__(self):
+        self.keys: list[str] = []
+
+    def _set(self, key: str) -> None:
+        assert key not in self.keys, f"key {key} already exists"
+        self.keys.append(key)
+
+    def barrier(self, tag: str) -> None:
+        pass
+
+    def share(self, key, value):
+        self._set(key)
+        return value
+
+    def gather(self, key, value):
+        self._set(key)
+        return [value]
+
+
+def test_each_budget_question_of_a_job_has_its_own_key():
+    """The hand-bucketing sweep asks the budget once per bucket size; in a job every
+    answer is shared under a key of its own (a repeated key ended a 2-process search
+    with ALREADY_EXISTS on process 0 while process 1 waited)."""
+    import jax
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.candidates import build_candidates, enactment_route
+    from disco_jax.pipeline.program import lower_program
+
+    program = lower_program(*zoo.get("vgg")(jax.device_count(), "tiny"))
+    job = _Process0()
+    cands = build_candidates(program, [], enactment_route(None, program.platform),
+                             bucket_thresholds=(1 << 10, 1 << 14, None), budget=Budget(600.0),
+                             sync=job)
+    asked = [k for k in job.keys if k.startswith("budget_") and "hand bucketing" in k]
+    assert len(asked) >= 2 and len(set(asked)) == len(asked), job.keys
+    assert "xla_default" in cands.runs and cands.bucketed

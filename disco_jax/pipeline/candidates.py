@@ -148,17 +148,20 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     say = say or (lambda text: None)
     budget = budget or Budget(None)
     stopped: list[str] = []  # what the budget left out first
+    asked = [0]  # how often it was asked: every process asks in the same order
 
     def affords(what: str, **need: Any) -> bool:
-        """Whether the budget affords ``what`` (process 0's answer, in a job); once it
-        does not, nothing more is compiled."""
+        """Whether the budget affords ``what`` (process 0's answer, in a job, under a key
+        of its own: the sweep asks once per bucket size); once it does not, nothing more
+        is compiled."""
         if stopped:
             return False
         if not budget.limited:
             return True
         ok = budget.affords(choice_rounds, **need)
+        asked[0] += 1
         if sync is not None:
-            ok = sync.share(f"budget_{what}", ok)
+            ok = sync.share(f"budget_{asked[0]}_{what}", ok)
         if not ok:
             stopped.append(what)
             say(f"time budget: {what} and what would follow left out")
