@@ -17,6 +17,7 @@ processes over gloo on 127.0.0.1, one device each). Prints a table and writes
     python benchmarks/first_call.py                                   # the full matrix
     python benchmarks/first_call.py --models vgg --setups inproc4 --budgets 5
     python benchmarks/first_call.py --no-reference-above 15           # 4 B only for B <= 15
+    python benchmarks/first_call.py --setups gloo2 --keep first_call.json  # add a setup
 """
 
 from __future__ import annotations
@@ -266,6 +267,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the "
                     "comparison (default 7)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--keep", metavar="JSON",
+                    help="keep the rows of an earlier run (this script's JSON) for the setups "
+                         "and steps not measured now; its provenance goes under 'kept_from'")
     a = ap.parse_args()
     if a.cmd == "worker":
         (worker_first if a.what == "first" else worker_compare)(a)
@@ -273,13 +277,22 @@ def main() -> None:
     from benchmarks.provenance import write_result
 
     budgets = [float(b) for b in a.budgets.split(",")]
+    now = {(s, m) for s in a.setups.split(",") for m in a.models.split(",")}
+    kept: list[dict] = []
+    extra: dict = {}
+    if a.keep:
+        old = json.loads(Path(a.keep).read_text())
+        kept = [r for r in old["rows"] if (r["setup"], r["model"]) not in now]
+        extra = {"kept_from": old.get("provenance")}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="disco_first_call_") as tmp:
         for setup in a.setups.split(","):
             for model in a.models.split(","):
                 rows += bench(setup, model, a.size, budgets, a.no_reference_above,
                               a.rounds, Path(tmp))
-                write_result(a.out, {"rows": rows, "reference_factor": REFERENCE_FACTOR})
+                write_result(a.out, {"rows": kept + rows, "reference_factor": REFERENCE_FACTOR,
+                                     **extra})
+    rows = kept + rows
     print()
     print(_table(rows))
     print("added: disco_jax.jit's first call minus jax.jit's (target: within 20% of B); "

@@ -2,7 +2,8 @@
 
 A search's first call takes seconds to minutes; a user who sees nothing for that long
 assumes a hang. :class:`FirstCallProgress` stays silent while the call is short and, once
-it has run :data:`QUIET_S` seconds, writes to stderr the phase it is in, the time spent,
+it has run :data:`QUIET_S` seconds (a line saying what the time budget left out:
+at once), writes to stderr the phase it is in, the time spent,
 what is left of the budget and the best figure so far: one ``rich`` status line that
 updates in place on a terminal, a plain line per phase otherwise (a log file, a job's
 captured output). In a multi-process job only process 0 writes.
@@ -15,10 +16,12 @@ import threading
 import time
 from typing import IO
 
-__all__ = ["QUIET_S", "FirstCallProgress"]
+__all__ = ["ALWAYS", "QUIET_S", "FirstCallProgress"]
 
-#: A first call shorter than this prints nothing, seconds.
+#: A first call shorter than this prints nothing, seconds...
 QUIET_S = 2.0
+#: ...but the lines that start so: what the time budget left out (the user set it).
+ALWAYS = ("time budget:",)
 
 
 class FirstCallProgress:
@@ -73,6 +76,8 @@ class FirstCallProgress:
             self._phase = text
             if self._shown:
                 self._render()
+            elif self.enabled and text.startswith(ALWAYS):
+                self._console().print(self.line(), markup=False, soft_wrap=True)
 
     def line(self) -> str:
         """The current status: phase, elapsed, remaining budget, best so far."""

@@ -17,6 +17,20 @@ def test_a_short_first_call_prints_nothing():
     assert out.getvalue() == ""
 
 
+def test_what_the_budget_left_out_is_said_at_once():
+    out = io.StringIO()
+    with FirstCallProgress(5.0, stream=out, quiet_s=5.0) as progress:
+        progress("compiling XLA's default")
+        progress("time budget: the 5 s budget leaves less than profiling this step takes")
+    assert out.getvalue().splitlines() == [
+        "DisCo first call 0 s | 5 s of the budget left | time budget: the 5 s budget "
+        "leaves less than profiling this step takes"]
+    quiet = io.StringIO()
+    with FirstCallProgress(5.0, stream=quiet, quiet_s=5.0, enabled=False) as progress:
+        progress("time budget: plan_0 and what would follow left out")
+    assert quiet.getvalue() == ""
+
+
 def test_a_long_first_call_says_phase_budget_and_best():
     out = io.StringIO()
     with FirstCallProgress(10.0, stream=out, quiet_s=0.2) as progress:
