@@ -107,6 +107,7 @@ def worker_compare(a: argparse.Namespace) -> None:
     import jax
 
     import disco_jax
+    from disco_jax.pipeline.sync import job_sync
 
     os.environ["ENABLE_SEARCH"] = "0"
     step, args = _step(a.model, a.size)
@@ -125,6 +126,9 @@ def worker_compare(a: argparse.Namespace) -> None:
         return (time.perf_counter() - t0) / k
 
     ks = {b: max(1, round(0.2 / max(timed(fn, 1), 1e-5))) for b, fn in runs.items()}
+    sync = job_sync("first_call_compare")
+    if sync is not None:  # every process makes the same calls (each one a collective)
+        ks = sync.share("ks", ks)
     samples: dict[str, list[float]] = {b: [] for b in runs}
     names = sorted(runs, key=float)
     for r in range(a.rounds):
