@@ -104,6 +104,8 @@ GLOO_LOOP_ENV = "DISCO_GLOO_LOOP"
 SEARCHED, STORED, FALLBACK = "searched", "stored", "fallback"
 #: Tolerances of the verification of a stored plan before it is first trusted.
 VERIFY_RTOL, VERIFY_ATOL = 1e-5, 1e-6
+#: ...or this many times what XLA's own reordering moves an output (:func:`_compare_outputs`).
+REORDER_FACTOR = 2.0
 
 
 class DiscoFallbackWarning(UserWarning):
@@ -458,18 +460,28 @@ class DiscoJitted:
     def _run_both(self, run: Callable[..., Any], args: tuple, kwargs: dict, dyn: tuple
                   ) -> tuple[bool, float | None, str]:
         """Runs ``run`` and ``jax.jit``'s program once on these arguments (nothing donated:
-        both read the same buffers) and compares every output (:data:`VERIFY_RTOL`,
-        :data:`VERIFY_ATOL`): ``(ok, largest absolute difference, what differed)``.
-        Raises what running raises."""
+        both read the same buffers) and compares every output (:func:`_compare_outputs`):
+        ``(ok, largest absolute difference, what differed)``. Where values differ beyond
+        :data:`VERIFY_RTOL` / :data:`VERIFY_ATOL` (in a job: always, every process alike),
+        XLA's own program of the step with nothing fused runs too, and sets how far
+        floating-point order alone moves each output. Raises what running raises."""
         import jax
 
         # waited for before jax.jit's program starts: in a job the two programs' all-reduces
         # then reach every process in the same order
         got = jax.block_until_ready(run(*dyn))
         # jax.jit of the function without donation (the user's may donate)
-        want = (self._dynamic_jit(args, kwargs)(*dyn) if self._donates
-                else self._plain(*args, **kwargs))
-        return _compare_outputs(got, want)
+        want = jax.block_until_ready(self._dynamic_jit(args, kwargs)(*dyn) if self._donates
+                                     else self._plain(*args, **kwargs))
+        verdict = _compare_outputs(got, want)
+        if verdict[0] and jax.process_count() == 1:
+            return verdict
+        # in a job every process runs the reference (its all-reduces), whatever it found
+        from hlo_tools.jax_bridge import CompileOptions, InPlaceOf, compile_module
+
+        reference = compile_module(None, InPlaceOf(self._dynamic_jit(args, kwargs), dyn),
+                                   CompileOptions(exact=True))
+        return _compare_outputs(got, want, jax.block_until_ready(reference(*dyn)))
 
     def _record_verdict(self, key: str, record: Mapping[str, Any], ok: bool,
                         worst: float | None, detail: str) -> str | None:
@@ -752,10 +764,20 @@ def _local_values(x: Any) -> Any:
     return np.stack([np.asarray(s.data) for s in shards])
 
 
-def _compare_outputs(got: Any, want: Any) -> tuple[bool, float | None, str]:
+def _compare_outputs(got: Any, want: Any, reference: Any = None
+                     ) -> tuple[bool, float | None, str]:
     """Whether two output pytrees agree (same structure, shapes and dtypes; values within
     :data:`VERIFY_RTOL` / :data:`VERIFY_ATOL`, NaN where NaN), the largest absolute
-    difference (None: not finite), and what differs in words."""
+    difference (None: not finite), and what differs in words.
+
+    ``reference``: the outputs of another program of the same step that XLA compiled
+    with another order of floating-point operations (nothing fused). A value of ``got``
+    then also agrees when it is no farther from ``want`` than :data:`REORDER_FACTOR` times
+    the reference's largest difference in that output: what reordering alone moves. An
+    optimizer step divides by the root of a squared gradient (Adam), so a gradient within
+    one rounding of zero can move its parameter by a thousand times the tolerance in
+    XLA's own programs of the step (examples/train.py: 31 output values differ between
+    jax.jit's program and the one with nothing fused, by up to 4.6e-5)."""
     import jax
     import numpy as np
 
@@ -779,14 +801,22 @@ def _compare_outputs(got: Any, want: Any) -> tuple[bool, float | None, str]:
         diff = np.where(same, 0.0, np.abs(x - y))
         worst = max(worst, float(np.max(diff, initial=0.0))) if np.all(np.isfinite(diff)) \
             else math.inf
-        if not np.all(np.isclose(x, y, rtol=VERIFY_RTOL, atol=VERIFY_ATOL, equal_nan=True)):
+        close = np.isclose(x, y, rtol=VERIFY_RTOL, atol=VERIFY_ATOL, equal_nan=True)
+        if not np.all(close) and reference is not None:
+            r = _local_values(jax.tree.leaves(reference)[i]).astype(wide)
+            moved = np.abs(r - y)
+            if np.all(np.isfinite(moved)):
+                close |= diff <= REORDER_FACTOR * float(np.max(moved, initial=0.0))
+        if not np.all(close):
             bad.append(i)
     finite = worst if math.isfinite(worst) else None
     shown = "not finite" if finite is None else f"{worst:.3g}"
+    within = (f"rtol {VERIFY_RTOL:g}, atol {VERIFY_ATOL:g}" if reference is None else
+              f"rtol {VERIFY_RTOL:g}, atol {VERIFY_ATOL:g}, or {REORDER_FACTOR:g} times what "
+              "XLA's own reordering moves")
     if bad:
-        return False, finite, (f"outputs {bad[:8]} differ, largest difference {shown} "
-                               f"(rtol {VERIFY_RTOL:g}, atol {VERIFY_ATOL:g})")
-    return True, finite, f"largest difference {shown}"
+        return False, finite, f"outputs {bad[:8]} differ, largest difference {shown} ({within})"
+    return True, finite, f"largest difference {shown} ({within})"
 
 
 def jit(fun: Callable[..., Any] | None = None, *, time_budget_s: float | None = None,

@@ -6,7 +6,7 @@ and buckets). The only DisCo line is ``disco_jax.jit(train_step)``.
 
 Run it twice::
 
-    ENABLE_SEARCH=1 DISCO_TIME_BUDGET=15 python examples/train.py   # search, store, train
+    ENABLE_SEARCH=1 DISCO_TIME_BUDGET=30 python examples/train.py   # search, store, train
     ENABLE_SEARCH=0 python examples/train.py                        # train with the stored plan
 
 The first run profiles the step where it runs, searches, measures the best plans against
@@ -19,7 +19,7 @@ store list``) and trains with it. The second loads it. Both print the per-step t
 Without ``XLA_FLAGS`` the script gives itself 4 host CPU devices. The same script runs as
 a multi-process job (process 0 searches or reads the store and broadcasts the program)::
 
-    ENABLE_SEARCH=1 DISCO_TIME_BUDGET=15 disco launch -n 2 -- python examples/train.py
+    ENABLE_SEARCH=1 DISCO_TIME_BUDGET=30 disco launch -n 2 -- python examples/train.py
 """
 
 from __future__ import annotations
