@@ -81,7 +81,7 @@ def runnable(module: HloModule, *, split_combined: bool = False) -> HloModule:
     fused = {name for _, i in out.instructions() if i.opcode == "fusion"
              for name in i.called_computations}
     channels = [max((int(i.attrs["channel_id"]) for _, i in out.instructions()
-                     if "channel_id" in i.attrs), default=0)]
+                     if "channel_id" in i.attrs), default=0) if split_combined else 0]
     for comp in out.computations:
         if comp.name in fused:
             continue

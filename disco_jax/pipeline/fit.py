@@ -20,8 +20,8 @@ from hlo_tools.ir import HloInstruction, HloModule
 
 __all__ = [
     "COPY_RATE_BOUNDS",
-    "FUSED_SCALE_BOUNDS",
     "COMPUTE_SCALE_BOUNDS",
+    "FUSED_SCALE_BOUNDS",
     "Calibration",
     "CompiledFit",
     "bucket_copies",
@@ -32,6 +32,7 @@ __all__ = [
     "default_hardware",
     "in_context_costs",
     "predict_module",
+    "simulated_s",
 ]
 
 
@@ -244,8 +245,6 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     import numpy as np
 
-    from disco_jax.costs.lower import sim_graph_from_module
-    from disco_jax.costs.simulator import simulate
 
     has_fused = measured.fused is not None and measured.fused_wall_s is not None
     if has_fused and bench:
@@ -266,12 +265,9 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
                          op_times=costs.op_times, constants=consts, fused=estimator)
 
-    def time_of(m: HloModule, cm: CostModel) -> float:
-        return simulate(sim_graph_from_module(m, cm), cm.overlap).iteration_s
-
     def times(scale: float, d: float) -> np.ndarray:
         cm = model(scale, d)
-        return np.array([time_of(m, cm) for m in modules])
+        return np.array([simulated_s(m, cm) for m in modules])
 
     x = np.array([s0, max(d0, 1e-5)])
     lo, hi = np.array([0.25 * s0, 0.0]), np.array([8.0 * s0, 1.0])
@@ -288,7 +284,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     fused, fused_got = costs.constants.fused_scale, None
     if has_fused:
         fused, fused_got = _fit_affine(
-            lambda f: time_of(measured.fused, model(*x, f)), measured.fused_wall_s, fused,
+            lambda f: simulated_s(measured.fused, model(*x, f)), measured.fused_wall_s, fused,
             lambda f: 0.5 * f, *FUSED_SCALE_BOUNDS)
     extra, per_buffer = costs.hardware.allreduce.d_tuple_extra_s, None
     if (measured.tuple_buffers or 0) >= 2 and measured.tuple_wall_s is not None \
@@ -336,8 +332,6 @@ def compiled_in_context_costs(module: HloModule, hardware: HardwareConfig | str,
     (:func:`calibrate_in_context`). ``overlap``: the compute and communication overlap
     instead of the hardware file's.
     """
-    from disco_jax.costs.lower import sim_graph_from_module
-    from disco_jax.costs.simulator import simulate
 
     base = CostModel.for_module(module, hardware, bench=False)
     if overlap is not None:
@@ -351,8 +345,7 @@ def compiled_in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         return cm
 
     def time_at(scale: float) -> float:
-        cm = model(scale)
-        return simulate(sim_graph_from_module(module, cm), cm.overlap).iteration_s
+        return simulated_s(module, model(scale))
 
     traced = time_at(1.0)
     scale, got = _fit_affine(time_at, measured.wall_s, 1.0, lambda x: 0.5 * x,
@@ -385,8 +378,13 @@ def _fit_affine(time_at: Callable[[float], float], want: float, x: float,
 def predict_module(module: HloModule, costs: CostModel) -> float:
     """Predicted seconds per iteration of a module as written (e.g. XLA's compiled
     program), its ops the profile lacks timed standalone first (:func:`cover`)."""
+    cover(costs, module)
+    return simulated_s(module, costs)
+
+
+def simulated_s(module: HloModule, costs: CostModel) -> float:
+    """Simulated seconds per iteration of ``module`` as written, under ``costs``."""
     from disco_jax.costs.lower import sim_graph_from_module
     from disco_jax.costs.simulator import simulate
 
-    cover(costs, module)
     return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s

@@ -245,15 +245,9 @@ def profile_compiled_in_context(module: HloModule, *, iterations: int = 5, warmu
     import jax
 
     from hlo_tools.compiled import tagged_node
-    from hlo_tools.devices import module_devices
-    from hlo_tools.jax_bridge import DevicesUnavailableError
+    from hlo_tools.jax_bridge.devices import local_devices_for
 
-    devices = module_devices(module)
-    if devices > jax.local_device_count():
-        raise DevicesUnavailableError(
-            f"the module runs on {devices} devices, this process has "
-            f"{jax.local_device_count()} {jax.default_backend()} device(s)")
-
+    devices = len(local_devices_for(module, jax.default_backend()))
     program = compile_again(module, devices)
     placed = program.put_random(seed)
 
