@@ -12,18 +12,29 @@ error ``|predicted - measured| / measured`` and points of its CDF -- overall, by
 of random plans, and XLA's own fusions). The training settings are fixed in advance
 (``--epochs`` etc.); nothing is tuned on the held-out folds.
 
-Targets of the issue: 90% of held-out predictions within 10%, and better than the
-fallback on every fold.
+``--kind context`` scores the labels of the context dataset instead (fused ops timed in
+whole-program traces, ``benchmarks/estimator_context.py``): training weights each label
+by how well it repeated (:func:`disco_estimator.gnn.context.repeat_weight`; ``--weights
+none`` for plain), each fold reports its *ceiling* -- the fraction of its held-out labels
+that a second trace reproduced within 10%, the most any estimator scored against one
+measurement can expect -- and whether the GNN reaches 80% of it; and a model trained on
+every zoo model is scored on the held-out steps' labels (``heldout:<step>``: programs we
+did not write), median error on ops of 10 us or more against a target of 15%.
+
+Targets: within 10% for at least 80% of the ceiling per held-out model, better than the
+fallback in within-10% and median error on every fold.
 
 Prints the per-fold table and writes ``benchmarks/results/estimator_accuracy.json``
-atomically (``predictions_per_s`` is copied from ``gnn_inference_speed.json`` when that
-benchmark has run). Run from the repository root:
+(``--kind context``: ``estimator_accuracy_context.json``) atomically
+(``predictions_per_s`` is copied from ``gnn_inference_speed.json`` when that benchmark
+has run). Run from the repository root:
 ``python -m benchmarks.estimator_accuracy [--epochs N]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -36,12 +47,16 @@ from typing import Any
 
 import numpy as np
 
+from disco_estimator.gnn.context import repeat_agreement, repeat_weight
 from disco_estimator.gnn.evaluate import SMALL_OP_S, breakdown, fallback_time, split_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.provenance import write_result  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "estimator_accuracy.json"
+CONTEXT_RESULTS = Path(__file__).parent / "results" / "estimator_accuracy_context.json"
+#: Source prefix of the held-out steps' samples in the context dataset.
+HELDOUT = "heldout:"
 SPEED = Path(__file__).parent / "results" / "gnn_inference_speed.json"
 MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
 
@@ -63,10 +78,11 @@ def run_fold(samples: list[Any], held_out: str, args: argparse.Namespace, consta
     if not test_set or not train_set:
         return fold
     steps = args.epochs * math.ceil(len(train_set) / args.batch_size)
+    weights = ([repeat_weight(s) for s in train_set] if args.weights == "repeat" else None)
     result = train([s.subgraph for s in train_set], [s.time_s for s in train_set],
                    steps=steps, learning_rate=args.learning_rate,
                    batch_size=args.batch_size, seed=args.seed, config=GnnConfig(),
-                   log_every=max(1, steps // 5))
+                   log_every=max(1, steps // 5), weights=weights)
     measured = np.array([s.time_s for s in test_set])
     gnn = GnnFusedEstimator(result.params, result.config).predict_subgraphs(
         [s.subgraph for s in test_set])
@@ -80,6 +96,12 @@ def run_fold(samples: list[Any], held_out: str, args: argparse.Namespace, consta
     }
     acc = breakdown({"gnn": gnn, "fallback": fallback}, measured, parts)
     g, f = acc["all"]["gnn"], acc["all"]["fallback"]
+    ceiling = repeat_agreement(test_set)
+    if ceiling["n"]:
+        fold.update({"ceiling_within_10pct": ceiling["within"],
+                     "ceiling_n": ceiling["n"],
+                     "reaches_80pct_of_ceiling": bool(g["within_10"]
+                                                      >= 0.8 * ceiling["within"])})
     fold.update({
         "within_10pct": g["within_10"], "within_14pct": g["within_14"],
         "median_rel_err": g["median_rel_err"],
@@ -96,6 +118,31 @@ def run_fold(samples: list[Any], held_out: str, args: argparse.Namespace, consta
         "measured_s": measured.tolist(), "kinds": [s.kind for s in test_set],
     })
     return fold
+
+
+def held_out_programs(samples: list[Any], programs: list[Any], args: argparse.Namespace,
+                      constants: Any) -> dict[str, Any]:
+    """Trained on every zoo model, scored on the held-out steps' labels: per step and
+    over all, with the median error of ops of 10 us or more (target 15%)."""
+    fold = run_fold([*samples, *[dataclasses.replace(p, source=HELDOUT) for p in programs]],
+                    HELDOUT, args, constants)
+    steps = [p.source for p in programs]
+    measured = np.asarray(fold.get("measured_s", []))
+    out = {"all": {k: v for k, v in fold.items() if not k.endswith("_s") and k != "kinds"},
+           "steps": {}}
+    for step in sorted(set(steps)):
+        idx = [i for i, s in enumerate(steps) if s == step]
+        out["steps"][step] = breakdown(
+            {"gnn": np.asarray(fold["predicted_s"])[idx],
+             "fallback": np.asarray(fold["fallback_s"])[idx]}, measured[idx],
+            {"over_10us": lambda i, m=measured[idx]: m[i] >= SMALL_OP_S})
+    big = measured >= SMALL_OP_S
+    for name, key in (("gnn", "predicted_s"), ("fallback", "fallback_s")):
+        pred = np.asarray(fold[key])
+        rel = np.abs(pred[big] - measured[big]) / measured[big]
+        out[f"{name}_median_err_over_10us"] = float(np.median(rel)) if rel.size else None
+    out["n_over_10us"] = int(big.sum())
+    return out
 
 
 def pooled(folds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -149,6 +196,22 @@ def print_table(report: dict[str, Any]) -> None:
               f"{_pct(f['fallback_median_rel_err']):>8s} {xla['gnn']['n']:>6d} "
               f"{_pct(xla['gnn']['within_10']):>12s} {_pct(xla['fallback']['within_10']):>11s} "
               f"{_pct(big['within_10']):>15s} {'yes' if f['gnn_beats_fallback'] else 'no':>7s}")
+    ceilings = [f for f in report["folds"] if "ceiling_within_10pct" in f]
+    if ceilings:
+        print("ceiling: held-out labels a second trace reproduced within 10%")
+        for f in ceilings:
+            print(f"  {f['held_out']:12s} ceiling {_pct(f['ceiling_within_10pct'])}, GNN "
+                  f"{_pct(f['within_10pct'])}, 80% of the ceiling reached: "
+                  f"{'yes' if f['reaches_80pct_of_ceiling'] else 'no'}")
+    unseen = report.get("held_out_programs")
+    if unseen:
+        a = unseen["all"]
+        print(f"held-out programs ({a['n_test']} ops; trained on every zoo model): GNN within "
+              f"10% {_pct(a['within_10pct'])}, median {_pct(a['median_rel_err'])}; fallback "
+              f"{_pct(a['fallback_within_10pct'])}, median "
+              f"{_pct(a['fallback_median_rel_err'])}; ops >= 10 us ({unseen['n_over_10us']}) "
+              f"median: GNN {_pct(unseen['gnn_median_err_over_10us'])}, fallback "
+              f"{_pct(unseen['fallback_median_err_over_10us'])} (target 15%)")
     z = report["measurement_noise"]
     print(f"measurement noise: median fused op {z['median_time_s'] * 1e6:.2f} us "
           f"({z['frac_under_10us'] * 100:.0f}% under 10 us); median relative IQR of the "
@@ -179,8 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hardware", default="inproc4",
                    help="hardware file of the fallback rule (default: %(default)s)")
-    p.add_argument("--out", default=str(RESULTS), help="JSON output (default: %(default)s)")
+    p.add_argument("--kind", choices=("standalone", "context"), default="standalone",
+                   help="which labels: fused ops timed standalone, or in whole-program "
+                        "traces (default: %(default)s)")
+    p.add_argument("--weights", choices=("repeat", "none"), default=None,
+                   help="training weights (default: repeat for --kind context)")
+    p.add_argument("--out", help=f"JSON output (default: {RESULTS.name}, or "
+                                 f"{CONTEXT_RESULTS.name} for --kind context)")
     args = p.parse_args(argv)
+    context = args.kind == "context"
+    args.weights = args.weights or ("repeat" if context else "none")
+    args.out = args.out or str(CONTEXT_RESULTS if context else RESULTS)
     if args.epochs < 1 or args.batch_size < 1 or not args.learning_rate > 0:
         p.error("--epochs and --batch-size must be >= 1, --learning-rate > 0")
 
@@ -190,8 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     from disco_jax.costs.cost_model import BackendConstants
 
     t0 = time.perf_counter()
-    path = Path(args.dataset) if args.dataset else dataset_path(backend_fingerprint())
-    samples = [s for s in load_samples(path) if s.time_s > 0]
+    if args.dataset:
+        path = Path(args.dataset)
+    elif context:
+        from benchmarks.estimator_context import context_dataset_path
+
+        path = context_dataset_path()
+    else:
+        path = dataset_path(backend_fingerprint())
+    everything = [s for s in load_samples(path) if s.time_s > 0]
+    samples = [s for s in everything if not s.source.startswith(HELDOUT)]
+    programs = [s for s in everything if s.source.startswith(HELDOUT)]
     if not samples:
         print(f"error: {path}: no samples; generate them first with `disco train-estimator "
               "--generate --generate-only`", file=sys.stderr)
@@ -201,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in [m for m in args.models.split(",") if m]:
         print(f"fold {model}: training on the other models ...", file=sys.stderr, flush=True)
         folds.append(run_fold(samples, model, args, constants))
+    unseen = held_out_programs(samples, programs, args, constants) if programs else None
     speed = None
     if SPEED.is_file():
         try:
@@ -222,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                      "hardware": args.hardware},
         "folds": folds,
         "pooled": pooled(folds),
+        "held_out_programs": unseen,
+        "kind": args.kind, "weights": args.weights,
         "predictions_per_s": speed,
         "predictions_per_s_source": str(SPEED.name) if speed is not None else None,
         "seconds": time.perf_counter() - t0,

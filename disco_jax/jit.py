@@ -19,8 +19,10 @@ environment variable ``ENABLE_SEARCH``:
   (:func:`disco_jax.pipeline.optimize.optimize_step`; the first call's budget: the
   ``time_budget_s`` argument, else ``$DISCO_TIME_BUDGET``, else none, shared by the phases
   as :mod:`disco_jax.pipeline.budget` says; plans predicted to
-  need more memory than ``$DISCO_MEMORY_BUDGET`` or the device has are refused), store the winner
-  (:mod:`disco_jax.store`) and run it. Mode ``"searched"``.
+  need more memory than ``$DISCO_MEMORY_BUDGET`` or the device has are refused; fused ops
+  priced by the estimator ``$DISCO_FUSED_ESTIMATOR`` names,
+  :mod:`disco_jax.costs.fused_choice`), store the winner (:mod:`disco_jax.store`; its record
+  names the estimator and its checkpoint's sha256) and run it. Mode ``"searched"``.
 * ``0`` (enactment phase): load the stored program for this fingerprint and run it as
   stored (:func:`disco_jax.enactment.build`: compiled with ``exact=True`` for a plan,
   staged or not). Mode ``"stored"``.
@@ -74,6 +76,8 @@ import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
+
+from disco_jax.costs.fused_choice import FUSED_ESTIMATOR_ENV
 
 __all__ = [
     "BUDGET_ENV",
@@ -385,7 +389,8 @@ class DiscoJitted:
             entry = self._first_call_unguarded(args, kwargs, dyn, lowered)
         except Exception as err:  # noqa: BLE001 - never a traceback out of the user's step
             if isinstance(err, ActivatorError) or (isinstance(err, ValueError) and str(
-                    err).startswith((FLAG_ENV, BUDGET_ENV, MEMORY_ENV, GLOO_LOOP_ENV))):
+                    err).startswith((FLAG_ENV, BUDGET_ENV, MEMORY_ENV, GLOO_LOOP_ENV,
+                                     FUSED_ESTIMATOR_ENV))):
                 raise  # the job is broken (jax.jit would hang), or a setting is malformed
             entry = self._fallback(_failure("DisCo failed on the first call", err), None,
                                    None)
@@ -664,7 +669,7 @@ class DiscoJitted:
                                     memory_budget_bytes=memory, progress=progress,
                                     **options)
         except ValueError as err:
-            if str(err).startswith((BUDGET_ENV, MEMORY_ENV)):
+            if str(err).startswith((BUDGET_ENV, MEMORY_ENV, FUSED_ESTIMATOR_ENV)):
                 raise
             return self._fallback(f"DisCo cannot optimize this step: {err}", source_fp,
                                   source_fp)
@@ -685,6 +690,7 @@ class DiscoJitted:
                 predicted_s=report.predicted_s, measured_s=report.measured_s,
                 search=report.search,
                 extra={"calibration": report.calibration, "route": report.route,
+                       "fused_estimator": report.fused_estimator,
                        "pipeline_s": report.seconds, **_step_source(self._fun)})
             try:
                 path = str(st.write_entry(source_fp, record, enactment, root=self._store))

@@ -167,3 +167,44 @@ def test_staged_without_enactment_is_a_user_error(tmp_path, capsys):
                  "--time-budget", "1", "--staged", "2"])
     assert code == 2 and "--enactment" in capsys.readouterr().err
     assert not (tmp_path / "o.hlo").exists()
+
+
+def test_the_fused_estimator_is_chosen_once_and_recorded(tmp_path, capsys, monkeypatch):
+    """--fused-estimator gnn (no local checkpoint here: the shipped one) prices the
+    search and is named, with its checkpoint's sha256, in the report and OUT.plan.json;
+    contradictory or malformed choices are one-line errors that write nothing."""
+    import hashlib
+
+    from disco_estimator.gnn.checkpoint import pretrained
+
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DISCO_FUSED_ESTIMATOR", raising=False)
+    src = tmp_path / "in.hlo"
+    src.write_text(FIXTURE.read_text())
+    out = tmp_path / "o.hlo"
+    base = ["optimize", str(src), "-o", str(out), "--no-bench", "--no-in-context",
+            "--time-budget", "1"]
+    assert main([*base, "--json", "--fused-estimator", "gnn"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    shipped = pretrained("cpu")
+    want = {"name": "gnn", "checkpoint": str(shipped),
+            "sha256": hashlib.sha256(shipped.read_bytes()).hexdigest()}
+    assert report["fused_estimator"] == want
+    assert report["cost_model"]["fused_estimator"] == "GnnFusedEstimator"
+    plan = json.loads((tmp_path / "o.hlo.plan.json").read_text())
+    assert plan["fused_estimator"] == want
+    monkeypatch.setenv("DISCO_FUSED_ESTIMATOR", "gnn")  # the option wins over it
+    assert main([*base, "--fused-estimator", "fallback"]) == 0
+    assert "fused ops: the fallback rule (--fused-estimator: " in capsys.readouterr().out
+    out.unlink()
+    for argv, what in ((["--gnn", str(shipped), "--fused-estimator", "fallback"],
+                        "does not go with --fused-estimator fallback"),
+                       (["--gnn", str(tmp_path / "none.msgpack")], "no such file")):
+        assert main([*base, *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and what in err, err
+    monkeypatch.setenv("DISCO_FUSED_ESTIMATOR", "xgboost")
+    assert main(base) == 2
+    assert "DISCO_FUSED_ESTIMATOR='xgboost': use one of gnn, fallback" in \
+        capsys.readouterr().err
+    assert not out.exists()

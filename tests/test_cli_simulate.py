@@ -104,3 +104,18 @@ def test_subprocess_has_no_traceback(tmp_path) -> None:
     assert proc.returncode == 2
     assert f"{bad}:4:" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_fused_estimator_option(tmp_path, capsys, monkeypatch) -> None:
+    """--fused-estimator (and $DISCO_FUSED_ESTIMATOR) swap the GNN in; the report names it."""
+    monkeypatch.setenv("DISCO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DISCO_FUSED_ESTIMATOR", "gnn")
+    code, out, err = _run(capsys, str(FIXTURE), "--no-bench", "--no-in-context", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["fused_estimator"]["name"] == "gnn"
+    assert report["cost_model"]["fused_estimator"] == "GnnFusedEstimator"
+    code, out, err = _run(capsys, str(FIXTURE), "--no-bench", "--no-in-context",
+                          "--fused-estimator", "fallback")
+    assert code == 0, err
+    assert "fused ops: the fallback rule (--fused-estimator: the fallback rule)" in out

@@ -39,7 +39,6 @@ Times are seconds and sizes bytes throughout.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -78,6 +77,7 @@ __all__ = [
     "DATASET_VERSION",
     "Sample",
     "KINDS",
+    "STANDALONE_KINDS",
     "dataset_path",
     "fused_module",
     "fusion_groups",
@@ -94,8 +94,12 @@ __all__ = [
 #: one CPU (:class:`~disco_estimator.ops.PinnedTimer`; v2's unpinned timings of the same op
 #: swung by up to 10x from one batch of runs to the next).
 DATASET_VERSION = 3
-#: Kinds of samples: groups of random plans, XLA's own fusions.
-KINDS = ("plan", "xla")
+#: Kinds of samples: groups of random plans, XLA's own fusions (both timed standalone,
+#: drawn by :func:`generate`), fused ops timed in whole-program traces
+#: (:mod:`disco_estimator.gnn.context`).
+KINDS = ("plan", "xla", "context")
+#: The kinds :func:`generate` draws and times standalone.
+STANDALONE_KINDS = ("plan", "xla")
 #: Opcodes whose operands past the first are indices (drawn as 0: in bounds).
 _INDEXED = frozenset({"gather", "scatter", "dynamic-slice", "dynamic-update-slice"})
 
@@ -114,7 +118,10 @@ class Sample:
         p75_s: 75th percentile, seconds.
         samples: timed executions.
         kind: one of :data:`KINDS`: ``"plan"`` (a group of a random plan) or ``"xla"``
-            (one of XLA's own fusions).
+            (one of XLA's own fusions), both timed standalone, or ``"context"`` (a fused
+            op of a whole program, timed in its trace: :mod:`disco_estimator.gnn.context`).
+        retest_s: median seconds of a second, independent measurement (None: not
+            measured again); how well the label repeats.
     """
 
     key: str
@@ -125,27 +132,33 @@ class Sample:
     p75_s: float
     samples: int
     kind: str = "plan"
+    retest_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "source": self.source, "kind": self.kind,
-                "subgraph": self.subgraph.to_json(),
-                "time_s": self.time_s, "p25_s": self.p25_s, "p75_s": self.p75_s,
-                "samples": self.samples, "feature_version": FEATURE_VERSION}
+        out = {"key": self.key, "source": self.source, "kind": self.kind,
+               "subgraph": self.subgraph.to_json(),
+               "time_s": self.time_s, "p25_s": self.p25_s, "p75_s": self.p75_s,
+               "samples": self.samples, "feature_version": FEATURE_VERSION}
+        if self.retest_s is not None:
+            out["retest_s"] = self.retest_s
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Sample:
         return cls(str(d["key"]), str(d["source"]), FusedSubgraph.from_json(d["subgraph"]),
                    float(d["time_s"]), float(d["p25_s"]), float(d["p75_s"]),
-                   int(d["samples"]), str(d.get("kind", "plan")))
+                   int(d["samples"]), str(d.get("kind", "plan")),
+                   float(d["retest_s"]) if d.get("retest_s") is not None else None)
 
 
 def dataset_path(fingerprint: dict[str, Any], directory: str | os.PathLike | None = None
                  ) -> Path:
     """The JSON-lines file of one backend fingerprint (default directory:
     ``hlo_tools.dirs.cache_dir("gnn")``)."""
-    tag = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    from disco_estimator.gnn.local import fingerprint_tag
+
     root = Path(directory) if directory is not None else dirs.cache_dir("gnn")
-    return root / f"dataset-v{DATASET_VERSION}-{tag}.jsonl"
+    return root / f"dataset-v{DATASET_VERSION}-{fingerprint_tag(fingerprint)}.jsonl"
 
 
 def load_samples(path: str | os.PathLike) -> list[Sample]:
@@ -424,7 +437,7 @@ def _candidates(module: HloModule, kind: str, seed: int, replicas: int, progress
         return [(body, node_arrays(body, np.nan_to_num(times), free), tuple(ms), ())
                 for (_, body, ms), (times, free) in zip(fusions, timed)
                 if not np.isnan(times[ms]).any()]
-    raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(KINDS)}")
+    raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(STANDALONE_KINDS)}")
 
 
 def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_module: int = 50,
@@ -457,8 +470,8 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
     """
     from hlo_tools import parse
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(KINDS)}")
+    if kind not in STANDALONE_KINDS:
+        raise ValueError(f"unknown sample kind {kind!r}; valid: {', '.join(STANDALONE_KINDS)}")
     shown = sys.stderr.isatty() if progress is None else progress
     fingerprint = backend_fingerprint(replicas)
     path = dataset_path(fingerprint, directory)

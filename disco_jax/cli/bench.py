@@ -54,6 +54,7 @@ BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "b
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bench`` subcommand."""
     from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES
+    from disco_jax.cli.simulate import add_fused_estimator_argument
     from disco_jax.pipeline.bench import SETUPS
 
     parser = subparsers.add_parser(
@@ -111,6 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "benchmarks/gpu_check.py --profiles DIR)")
     parser.add_argument("--hardware", default=None,
                         help="hardware file (name or path) of --predict-only")
+    add_fused_estimator_argument(parser)
     parser.set_defaults(func=run_bench)
 
 
@@ -140,6 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from disco_estimator.hardware import load_hardware
     from disco_jax import zoo
     from disco_jax.cli import UserError
+    from disco_jax.cli.simulate import fused_choice
     from disco_jax.pipeline.bench import SETUPS, run_job
     from disco_jax.pipeline.search import load_config
     from hlo_tools.dirs import write_atomic
@@ -170,6 +173,9 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UserError(f"--pool-threads must be >= 1, got {args.pool_threads}")
     if args.chunk_bytes is not None and args.chunk_bytes < 0:
         raise UserError(f"--chunk-bytes must be >= 0, got {args.chunk_bytes}")
+    # the setups run on CPU; --predict-only prices ops of the hardware file's backend
+    fused = fused_choice(args, str(hw.hardware.get("backend", "cpu")) if args.predict_only
+                         else "cpu")
     out = Path(args.out)
     rows: list[dict[str, Any]] = []
     if args.resume and out.exists():
@@ -188,6 +194,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     "choice_rounds": args.choice_rounds, "min_sample_s": args.min_sample_s,
                     "pin_cpus": not args.no_pin, "gloo_loop": args.gloo_loop,
                     "staged": [c for c in args.staged.split(",") if c],
+                    "gnn": fused.checkpoint, "fused_estimator": fused.to_json(),
                     **_staged_settings(args)}
             if args.predict_only:
                 spec.update(predict_only=True, hardware=args.hardware,

@@ -41,6 +41,8 @@ DEVICES = 4
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``demo`` subcommand."""
+    from disco_jax.cli.simulate import add_fused_estimator_argument
+
     parser = subparsers.add_parser(
         "demo", help="optimize a bundled zoo train step and compare with XLA's default",
         description=HELP, epilog=EXAMPLES,
@@ -60,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--store", default=None,
                         help="strategy store directory (default: $DISCO_STORE, else the "
                              "user cache directory)")
+    add_fused_estimator_argument(parser)
     parser.set_defaults(func=run_demo)
 
 
@@ -71,6 +74,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from disco_jax import zoo
     from disco_jax.cli import UserError
     from disco_jax.cli.bench import TABLE_LEGEND, render_table
+    from disco_jax.cli.simulate import fused_choice
     from disco_jax.pipeline.bench import bench_row
 
     if len(jax.devices()) < DEVICES:
@@ -78,9 +82,11 @@ def run_demo(args: argparse.Namespace) -> int:
                         f"--xla_force_host_platform_device_count={DEVICES}")
     if args.model not in zoo.names():
         raise UserError(f"unknown model {args.model!r}; valid: {', '.join(zoo.names())}")
+    fused = fused_choice(args)
     spec = {"model": args.model, "setup": "inproc4", "hardware": args.hardware,
             "size": args.size, "seed": args.seed, "time_budget_s": args.time_budget,
-            "top_k": 3, "rounds": args.repeats, "choice_rounds": 5, "min_sample_s": 0.05}
+            "top_k": 3, "rounds": args.repeats, "choice_rounds": 5, "min_sample_s": 0.05,
+            "gnn": fused.checkpoint, "fused_estimator": fused.to_json()}
     row = bench_row(spec)
     print()
     print(render_table([row]))
@@ -106,12 +112,15 @@ def _product_path(args: argparse.Namespace, table_choice: str) -> None:
     import numpy as np
 
     from disco_jax import zoo
+    from disco_jax.costs.fused_choice import FUSED_ESTIMATOR_ENV
     from disco_jax.jit import FLAG_ENV, jit
 
     step, step_args = zoo.get(args.model)(DEVICES, args.size)
     want = jax.jit(step)(*step_args)
     print(f"\nThe product path: disco_jax.jit(step) with {FLAG_ENV}=1, then {FLAG_ENV}=0")
-    saved = os.environ.get(FLAG_ENV)
+    saved = {k: os.environ.get(k) for k in (FLAG_ENV, FUSED_ESTIMATOR_ENV)}
+    if args.fused_estimator:  # the search of disco_jax.jit reads it
+        os.environ[FUSED_ESTIMATOR_ENV] = args.fused_estimator
     infos = []
     try:
         for flag in ("1", "0"):
@@ -128,10 +137,11 @@ def _product_path(args: argparse.Namespace, table_choice: str) -> None:
                   + (f"; fell back: {info.reason}" if info.reason else ""))
             infos.append(info)
     finally:
-        if saved is None:
-            os.environ.pop(FLAG_ENV, None)
-        else:
-            os.environ[FLAG_ENV] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     if infos[0].store_path:
         print(f"  stored in {infos[0].store_path} (disco store list)")
     if infos[0].mode == "searched" and infos[0].choice != table_choice:

@@ -49,10 +49,13 @@ from typing import Any
 from disco_jax.cli import EXIT_INTERRUPTED, UserError
 from disco_jax.cli.simulate import (
     add_cost_model_arguments,
+    add_fused_estimator_argument,
     add_gnn_argument,
     add_in_context_argument,
     check_arguments,
     cost_model_in_context,
+    fused_choice,
+    fused_line,
     in_context_line,
     load_module,
 )
@@ -114,6 +117,7 @@ def register(subparsers: Any) -> None:
                         "optimized module")
     add_cost_model_arguments(p)
     add_gnn_argument(p)
+    add_fused_estimator_argument(p)
     add_in_context_argument(p)
     p.set_defaults(func=run)
 
@@ -247,6 +251,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     from hlo_tools.plan import FusionSpace
 
     check_arguments(args)
+    fused = fused_choice(args)  # a bad checkpoint or setting fails before any profiling
     out = _check_output(args.output)
     if args.staged and not args.enactment:
         raise UserError("--staged needs --enactment OUT.json")
@@ -301,7 +306,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
               "computation": graph.computation.name, "nodes": graph.num_nodes,
               "fingerprint": graph_fingerprint(graph), "predicted_s": outcome.cost_s,
               "seed": outcome.seed, "stop_reason": outcome.stats.stop_reason,
-              "plan": outcome.plan.to_json()}
+              "fused_estimator": fused.to_json(), "plan": outcome.plan.to_json()}
     enactment = _enactment(args, module, graph, outcome.plan, text, route)
     try:
         write_atomic(plan_file, json.dumps(record), mkdir=False)
@@ -312,13 +317,14 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
         raise UserError(f"cannot write the output: {err.strerror or err}") from None
     report = _report(args, graph, outcome, costs)
     report["in_context"] = in_context
+    report["fused_estimator"] = fused.to_json()
     report["route"] = route.to_json()
     report["plan_file"] = str(plan_file)
     report["resumed"] = resumed is not None
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
-        _print_report(report)
+        _print_report(report, fused)
     if signals.received is not None:
         name = signal.Signals(signals.received).name
         print(f"disco: interrupted ({name}): the best plan so far is in {out} and "
@@ -406,7 +412,7 @@ def _fmt_ms(t: float) -> str:
     return f"{t * 1e3:10.3f} ms" if math.isfinite(t) else str(t)
 
 
-def _print_report(r: dict[str, Any]) -> None:
+def _print_report(r: dict[str, Any], fused: Any) -> None:
     out = sys.stdout
     print(f"{r['file']}: {r['computation']}, {r['nodes']} nodes -> {r['output']}", file=out)
     best = r["start_predicted_s"][r["best_start"]]
@@ -423,6 +429,7 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"memory: predicted peak {format_bytes(m['peak_bytes'])} per device (no fusion "
           f"{format_bytes(m['no_fusion_peak_bytes'])}; budget {format_bytes(m['budget_bytes'])}"
           f", {m['refused']} candidates refused)", file=out)
+    print(fused_line(fused), file=out)
     print(in_context_line(r["in_context"]), file=out)
     print(f"search: {s['evaluated']} candidates, {s['pops']} pops in {s['seconds']:.1f} s "
           f"(seed {s['seed']}, stopped by {s['stop_reason']})", file=out)

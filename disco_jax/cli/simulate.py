@@ -44,11 +44,14 @@ from disco_jax.units import format_bytes
 
 __all__ = [
     "add_cost_model_arguments",
+    "add_fused_estimator_argument",
     "add_gnn_argument",
     "add_in_context_argument",
     "check_arguments",
     "cost_model",
     "cost_model_in_context",
+    "fused_choice",
+    "fused_line",
     "in_context_line",
     "load_gnn",
     "load_module",
@@ -87,6 +90,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", metavar="FILE.hlo", help="HLO text (pre- or post-optimization)")
     add_cost_model_arguments(p)
     add_gnn_argument(p)
+    add_fused_estimator_argument(p)
     add_in_context_argument(p)
     p.add_argument("--overlap", type=float, metavar="PHI",
                    help="override the hardware's compute/communication overlap phi in [0, 1]")
@@ -111,51 +115,111 @@ def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_gnn_argument(p: argparse.ArgumentParser) -> None:
-    """``--gnn CHECKPOINT``: price fused ops with the GNN instead of the fallback rule."""
+    """``--gnn CHECKPOINT``: price fused ops with this GNN (see :func:`fused_choice`)."""
     p.add_argument("--gnn", metavar="CHECKPOINT",
                    help="price fused ops with this GNN estimator checkpoint (disco "
                         "train-estimator --out; 'pretrained': the one shipped for this "
                         "backend) instead of the fallback rule")
 
 
+def add_fused_estimator_argument(p: argparse.ArgumentParser) -> None:
+    """``--fused-estimator {gnn,fallback}``: which estimator prices fused ops (see
+    :func:`fused_choice`)."""
+    from disco_jax.costs.fused_choice import (
+        DEFAULT_FUSED_ESTIMATOR,
+        FUSED_ESTIMATOR_ENV,
+        FUSED_ESTIMATORS,
+    )
+
+    p.add_argument("--fused-estimator", choices=FUSED_ESTIMATORS,
+                   help="price fused ops with the GNN (the local checkpoint of disco "
+                        "train-estimator --local when it beat the shipped one, else the "
+                        "shipped one) or the fallback rule (default: "
+                        f"${FUSED_ESTIMATOR_ENV}, else {DEFAULT_FUSED_ESTIMATOR})")
+
+
+def _checkpoint_file(path: str, option: str) -> str:
+    """``path``, or for ``pretrained`` the checkpoint shipped for this backend
+    (:func:`disco_estimator.gnn.checkpoint.pretrained`); raises :class:`UserError` naming
+    ``option`` when none ships."""
+    if path != "pretrained":
+        return path
+    import jax
+
+    from disco_estimator.gnn import checkpoint as ckpt_io
+    from hlo_tools.jax_bridge import platform_family
+
+    family = platform_family(jax.default_backend()) or jax.default_backend()
+    shipped = ckpt_io.pretrained(family)
+    if shipped is None:
+        raise UserError(f"{option} pretrained: no checkpoint ships for {family!r}; "
+                        "train one with disco train-estimator --out")
+    return str(shipped)
+
+
+def _choose(option: str, name: str | None = None, checkpoint: str | None = None,
+            platform: str = "cpu") -> Any:
+    """:func:`disco_jax.costs.fused_choice.choose_fused_estimator`, its errors as
+    :class:`UserError` naming ``option``."""
+    from disco_jax.costs.fused_choice import choose_fused_estimator
+
+    try:
+        return choose_fused_estimator(name, platform=platform, checkpoint=checkpoint,
+                                      origin=option)
+    except FileNotFoundError:
+        raise UserError(f"{option} {checkpoint}: no such file") from None
+    except OSError as err:
+        raise UserError(f"{option} {checkpoint}: cannot read: {err.strerror or err}") \
+            from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
 def load_gnn(path: str, option: str = "--gnn") -> Any:
     """The GNN fused-op estimator of checkpoint ``path`` (``pretrained``: the one shipped
     for this backend, :func:`disco_estimator.gnn.checkpoint.pretrained`; no member-time source
     bound yet); raises :class:`UserError` naming ``option`` for a missing or bad file."""
-    from disco_estimator.gnn import checkpoint as ckpt_io
-    from disco_estimator.gnn.estimator import GnnFusedEstimator
-
-    if path == "pretrained":
-        import jax
-
-        from hlo_tools.jax_bridge import platform_family
-
-        family = platform_family(jax.default_backend()) or jax.default_backend()
-        shipped = ckpt_io.pretrained(family)
-        if shipped is None:
-            raise UserError(f"{option} pretrained: no checkpoint ships for {family!r}; "
-                            "train one with disco train-estimator --out")
-        path = str(shipped)
-    try:
-        ck = ckpt_io.load(path)
-    except FileNotFoundError:
-        raise UserError(f"{option} {path}: no such file") from None
-    except OSError as err:
-        raise UserError(f"{option} {path}: cannot read: {err.strerror or err}") from None
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return GnnFusedEstimator(ck.params, ck.config)
+    return _choose(option, checkpoint=_checkpoint_file(path, option)).estimator
 
 
-def _gnn(args: argparse.Namespace) -> Any:
-    """The GNN fused-op estimator of ``--gnn`` (None without the option)."""
-    path = getattr(args, "gnn", None)
-    return load_gnn(path) if path else None
+def fused_choice(args: argparse.Namespace, platform: str | None = None) -> Any:
+    """The fused-op estimator the options choose
+    (:class:`~disco_jax.costs.fused_choice.FusedChoice`): ``--gnn CHECKPOINT`` (the GNN of
+    that checkpoint), else ``--fused-estimator``, else ``$DISCO_FUSED_ESTIMATOR``, else the
+    default. Chosen once per run (kept on ``args``).
+
+    Args:
+        args: the parsed options.
+        platform: whose shipped and local checkpoints (default: the ``--hardware``
+            file's backend, ``cpu`` without one).
+
+    Raises:
+        UserError: a missing or bad checkpoint, a bad ``$DISCO_FUSED_ESTIMATOR``, or
+            ``--gnn`` with ``--fused-estimator fallback``.
+    """
+    chosen = getattr(args, "fused_choice", None)
+    if chosen is not None:
+        return chosen
+    gnn, name = getattr(args, "gnn", None), getattr(args, "fused_estimator", None)
+    if gnn:
+        if name == "fallback":
+            raise UserError("--gnn prices fused ops with a GNN: it does not go with "
+                            "--fused-estimator fallback")
+        chosen = _choose("--gnn", checkpoint=_checkpoint_file(gnn, "--gnn"))
+    else:
+        hardware = getattr(args, "hardware", None)
+        if platform is None:
+            platform = (str(load_hardware_file(hardware).hardware.get("backend", "cpu"))
+                        if hardware else "cpu")
+        chosen = _choose("--fused-estimator", name, platform=platform)
+    args.fused_choice = chosen
+    return chosen
 
 
 def _apply_gnn(costs: Any, args: argparse.Namespace) -> None:
-    """Swaps the GNN of ``--gnn`` into the cost model (a no-op without the option)."""
-    gnn = _gnn(args)
+    """Swaps the chosen fused-op estimator (:func:`fused_choice`) into the cost model (a
+    no-op for the fallback rule, the cost model's own)."""
+    gnn = fused_choice(args).estimator
     if gnn is not None:
         costs.set_fused_estimator(gnn.bind(costs))
 
@@ -388,7 +452,8 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     try:
         costs, cal = in_context_costs(module, hardware, measured, bench=not args.no_bench,
                                       op_profile=op_profile, replicas=replicas,
-                                      fused=_gnn(args), overlap=getattr(args, "overlap", None))
+                                      fused=fused_choice(args).estimator,
+                                      overlap=getattr(args, "overlap", None))
     except ValueError as err:
         raise UserError(f"hardware {args.hardware!r}: {err}") from None
     names = ("no_fusion", "one_bucket")
@@ -440,6 +505,7 @@ def run(args: argparse.Namespace) -> int:
     from hlo_tools.graph import device_graph
 
     check_arguments(args)
+    fused_choice(args)  # a bad checkpoint or setting fails before any profiling
     module = load_module(args.file)
     try:
         graph = device_graph(module)
@@ -464,6 +530,7 @@ def run(args: argparse.Namespace) -> int:
         "time_sources": summary["sources"],
         "estimated_nodes": summary["estimated_nodes"],
         "cost_model": costs.describe(),
+        "fused_estimator": fused_choice(args).to_json(),
         "in_context": in_context,
     }
     if args.trace is not None:
@@ -485,6 +552,12 @@ def _fmt_s(t: float) -> str:
     if t >= 1e-3:
         return f"{t * 1e3:.3f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def fused_line(choice: Any) -> str:
+    """One line of a report on the fused-op estimator (:func:`fused_choice`)."""
+    what = f"the GNN of {choice.checkpoint}" if choice.checkpoint else "the fallback rule"
+    return f"fused ops: {what} ({choice.why})"
 
 
 def in_context_line(ic: dict[str, Any]) -> str:
@@ -512,6 +585,7 @@ def _print_report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"hardware {cm['hardware']}: overlap phi = {cm['overlap']:g}, compute scale "
           f"{cm['compute_scale']:g}, AllReduce T = {cm['allreduce']['c_s_per_byte']:.3g} "
           f"s/B * bytes + {cm['allreduce']['d_s']:.3g} s", file=out)
+    print(fused_line(fused_choice(args)), file=out)
     print(in_context_line(r["in_context"]), file=out)
     rows = [("iteration", _fmt_s(r["iteration_s"])),
             ("compute (stream occupied)", _fmt_s(r["compute_s"])),

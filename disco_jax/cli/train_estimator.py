@@ -15,6 +15,13 @@ stderr. ``--held-out MODEL`` keeps that model's samples out of training. The tra
 model is written to ``--out`` (:func:`disco_estimator.gnn.checkpoint.save`, atomically) with
 the dataset's backend fingerprint and the training notes.
 
+``--local`` fine-tunes ``--base`` (default: the shipped checkpoint) on the user's local
+dataset of this backend (:mod:`disco_estimator.gnn.local`: fused ops timed in context),
+holds out :data:`LOCAL_HELD_OUT` of it (:func:`~disco_estimator.gnn.local.held_out_split`)
+and writes the result to :func:`~disco_estimator.gnn.local.local_checkpoint_path` -- where
+``--fused-estimator gnn`` finds it (:mod:`disco_jax.costs.fused_choice`) -- only when its
+held-out mean squared log error is below the base's.
+
 The report compares the GNN with the fallback rule
 (:func:`disco_estimator.interface.fallback_fused_time`, with the ``--hardware`` file's launch and
 memory costs) on the held-out samples (else on the training samples): their number,
@@ -60,12 +67,16 @@ The samples are fusion groups timed as standalone fused ops, kept in a resumable
 (default: the cache directory's gnn/ folder). --generate first times new ones from the
 zoo models (groups of random plans, and XLA's own fusions); --generate-only stops there.
 Training shows progress, writes the model to --out and reports its accuracy beside the
-fallback rule's (within 10% and 14%, median error), on --held-out MODEL if given."""
+fallback rule's (within 10% and 14%, median error), on --held-out MODEL if given.
+--local fine-tunes the shipped model (or --base) on the fused ops this machine timed in
+context (disco_jax.jit, disco optimize, disco simulate) and keeps it for --fused-estimator
+gnn only if it beats the base on a held-out fifth of them."""
 
 #: Examples, after the options in ``--help``.
 EXAMPLES = """examples:
   disco train-estimator --generate --generate-only --size tiny --per-module 120
-  disco train-estimator --held-out resnet --out gnn.msgpack"""
+  disco train-estimator --held-out resnet --out gnn.msgpack
+  disco train-estimator --local"""
 
 #: Zoo models ``--generate`` draws from by default (all six, so that every model can be
 #: held out).
@@ -74,6 +85,13 @@ DEFAULT_MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
 DEFAULT_KINDS = ("plan", "xla")
 #: Host devices the zoo models are built on (as ``disco demo`` does).
 _DEVICES = 4
+#: Local samples ``--local`` needs at least.
+LOCAL_MIN_SAMPLES = 20
+#: ``--epochs`` of ``--local`` when not given (it starts from a trained model).
+LOCAL_EPOCHS = 30
+#: Share of the local samples ``--local`` holds out
+#: (:func:`disco_estimator.gnn.local.held_out_split`).
+LOCAL_HELD_OUT = 0.2
 
 
 def register(subparsers: Any) -> None:
@@ -85,8 +103,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dataset", metavar="PATH",
                    help="dataset file (.jsonl), or a directory of them (this backend's "
                         "file is used; default: the cache's gnn directory)")
-    p.add_argument("--generate", action="store_true",
-                   help="first add samples of the --models to the dataset (resumable)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--generate", action="store_true",
+                      help="first add samples of the --models to the dataset (resumable)")
+    mode.add_argument("--local", action="store_true",
+                      help="fine-tune --base on this machine's local samples (fused ops "
+                           "timed in context by disco_jax.jit, disco optimize, disco "
+                           "simulate); the model is kept, where --fused-estimator gnn finds "
+                           "it, only if it beats --base on the held-out local samples")
+    p.add_argument("--base", metavar="CHECKPOINT",
+                   help="with --local: the checkpoint to start from (default: the one "
+                        "shipped for this backend)")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
                    help="comma-separated zoo models for --generate (default: %(default)s)")
     p.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
@@ -103,8 +130,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-pin", action="store_true",
                    help="--generate: time in this process, on all its CPUs (by default "
                         "ops are timed in a child process pinned to one CPU)")
-    p.add_argument("--epochs", type=int, default=100,
-                   help="passes over the training samples (default: 100)")
+    p.add_argument("--epochs", type=int,
+                   help="passes over the training samples (default: 100; with --local: "
+                        f"{LOCAL_EPOCHS})")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="fused ops per step (default: 64)")
     p.add_argument("--learning-rate", type=float, default=1e-3, metavar="LR",
@@ -144,6 +172,17 @@ def resolve_dataset(spec: str | os.PathLike | None, fingerprint: dict[str, Any])
 
 def _check_arguments(args: argparse.Namespace) -> list[str]:
     """The ``--models`` list; raises :class:`UserError` for bad option values."""
+    if args.epochs is None:
+        args.epochs = LOCAL_EPOCHS if args.local else 100
+    if args.local:
+        given = [opt for opt, value in (("--dataset", args.dataset),
+                                        ("--held-out", args.held_out), ("--out", args.out))
+                 if value is not None]
+        if given:
+            raise UserError(f"--local does not go with {', '.join(given)}: it reads this "
+                            "backend's local dataset and holds out a share of it itself")
+    elif args.base is not None:
+        raise UserError("--base needs --local")
     for name in ("epochs", "batch_size", "per_module", "repeats"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, "
@@ -307,12 +346,159 @@ def _print_report(r: dict[str, Any]) -> None:
               file=out)
 
 
+def _log_loss(predicted_s: Any, measured_s: Any) -> float:
+    """Mean squared log error of predictions (the training loss)."""
+    import numpy as np
+
+    err = np.log(np.asarray(predicted_s, np.float64)) - np.log(np.asarray(measured_s,
+                                                                          np.float64))
+    return float(np.mean(err ** 2))
+
+
+def _base_checkpoint(spec: str | None) -> tuple[Path, Any, str]:
+    """``(path, checkpoint, sha256 of its bytes)`` of ``--base`` (default: the shipped
+    checkpoint of this backend); raises :class:`UserError`."""
+    import hashlib
+
+    import jax
+
+    from disco_estimator.gnn import checkpoint as ckpt_io
+    from hlo_tools.jax_bridge import platform_family
+
+    if spec is None:
+        family = platform_family(jax.default_backend()) or jax.default_backend()
+        shipped = ckpt_io.pretrained(family)
+        if shipped is None:
+            raise UserError(f"--local: no checkpoint ships for {family!r}; give --base "
+                            "CHECKPOINT (e.g. one of disco train-estimator --out)")
+        spec = str(shipped)
+    path = Path(spec)
+    try:
+        data = path.read_bytes()
+        ck = ckpt_io.load(path)
+    except FileNotFoundError:
+        raise UserError(f"--base {spec}: no such file") from None
+    except OSError as err:
+        raise UserError(f"--base {spec}: cannot read: {err.strerror or err}") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return path, ck, hashlib.sha256(data).hexdigest()
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    """``--local``: fine-tunes ``--base`` on the local samples of this backend and keeps
+    the result only when it beats the base on the held-out ones."""
+    from disco_estimator.gnn import checkpoint as ckpt_io
+    from disco_estimator.gnn.context import repeat_weight
+    from disco_estimator.gnn.estimator import GnnFusedEstimator
+    from disco_estimator.gnn.local import (
+        held_out_split,
+        load_local_samples,
+        local_checkpoint_path,
+        local_dataset_path,
+    )
+    from disco_estimator.gnn.train import train
+    from disco_estimator.ops import backend_fingerprint
+
+    fingerprint = backend_fingerprint(1)
+    path = local_dataset_path(fingerprint)
+    samples = [s for s in load_local_samples(fingerprint) if s.time_s > 0]
+    if len(samples) < LOCAL_MIN_SAMPLES:
+        raise UserError(f"--local: {len(samples)} local samples for this backend in {path}, "
+                        f"{LOCAL_MIN_SAMPLES} needed; run train steps through disco_jax.jit "
+                        "(ENABLE_SEARCH=1) or disco demo: their first call traces the final "
+                        "choice's programs in context and adds their fused ops")
+    train_set, held_out = held_out_split(samples, LOCAL_HELD_OUT)
+    if not train_set or not held_out:
+        raise UserError(f"--local: the {len(samples)} local samples in {path} leave "
+                        f"{len(held_out)} held out and {len(train_set)} to train on; add "
+                        "more (see disco train-estimator --help)")
+    base_path, base, base_sha256 = _base_checkpoint(args.base)
+    steps = args.epochs * math.ceil(len(train_set) / args.batch_size)
+    callback, close, log_every = _progress(steps)
+    try:
+        result = train([s.subgraph for s in train_set], [s.time_s for s in train_set],
+                       steps=steps, learning_rate=args.learning_rate,
+                       batch_size=args.batch_size, seed=args.seed, config=base.config,
+                       params=base.params, log_every=log_every, progress=callback,
+                       weights=[repeat_weight(s) for s in train_set])
+    except FloatingPointError as err:
+        raise UserError(f"training diverged: {err}; try a smaller --learning-rate") from None
+    finally:
+        close()
+    measured = [s.time_s for s in held_out]
+    subs = [s.subgraph for s in held_out]
+    base_pred = GnnFusedEstimator(base.params, base.config).predict_subgraphs(subs)
+    tuned_pred = GnnFusedEstimator(result.params, result.config).predict_subgraphs(subs)
+    loss, base_loss = _log_loss(tuned_pred, measured), _log_loss(base_pred, measured)
+    out = local_checkpoint_path(fingerprint)
+    kinds: dict[str, int] = {}
+    for s in samples:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    report = {
+        "dataset": str(path), "samples": len(samples), "kinds": kinds,
+        "base": str(base_path), "base_sha256": base_sha256,
+        "training": {"samples": len(train_set), "epochs": args.epochs, "steps": steps,
+                     "batch_size": min(args.batch_size, len(train_set)),
+                     "learning_rate": args.learning_rate, "seed": args.seed,
+                     "final_loss": result.history[-1]["loss"], "seconds": result.seconds},
+        "held_out": len(held_out),
+        "evaluation": {"base": {"loss": base_loss, **accuracy(base_pred, measured)},
+                       "fine-tuned": {"loss": loss, **accuracy(tuned_pred, measured)}},
+        "out": str(out) if loss < base_loss else None,
+    }
+    if loss < base_loss:
+        notes = {"beats_shipped": True, "base_sha256": base_sha256, "held_out_loss": loss,
+                 "base_held_out_loss": base_loss, "samples": len(samples),
+                 **{k: report[k] for k in ("base", "held_out", "kinds", "training")}}
+        try:
+            ckpt_io.save(out, ckpt_io.Checkpoint(result.params, result.config, fingerprint,
+                                                 notes))
+        except OSError as err:
+            raise UserError(f"{out}: cannot write: {err.strerror or err}") from None
+    else:
+        from disco_jax.costs.fused_choice import choose_fused_estimator
+
+        report["in_use"] = choose_fused_estimator(
+            "gnn", platform=fingerprint["platform"], fingerprint=fingerprint).checkpoint
+    _print_local_report(report)
+    return 0
+
+
+def _print_local_report(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["kinds"].items()))
+    print(f"local dataset {r['dataset']}: {r['samples']} samples ({kinds})", file=out)
+    t = r["training"]
+    print(f"fine-tuned {r['base']} on {t['samples']} samples: {t['epochs']} epochs = "
+          f"{t['steps']} steps of {t['batch_size']}, final loss {t['final_loss']:.4g} (mean "
+          f"squared log error), {t['seconds']:.1f} s", file=out)
+    print(f"evaluation on the {r['held_out']} held-out local samples:", file=out)
+    print(f"  {'model':10s} {'n':>6s} {'log loss':>9s} {'within 10%':>11s} "
+          f"{'within 14%':>11s} {'median rel. err':>16s}", file=out)
+    for name, m in r["evaluation"].items():
+        print(f"  {name:10s} {m['n']:>6d} {m['loss']:>9.4g} {_fmt_pct(m['within_10']):>11s} "
+              f"{_fmt_pct(m['within_14']):>11s} {_fmt_pct(m['median_rel_err']):>16s}",
+              file=out)
+    if r["out"]:
+        print(f"checkpoint written to {r['out']}: it beats the base on the held-out local "
+              "samples, and --fused-estimator gnn uses it", file=out)
+    else:
+        in_use = r["in_use"] or "the fallback rule"
+        print("checkpoint not written: the fine-tuned model does not beat the base on the "
+              f"held-out local samples; --fused-estimator gnn keeps using {in_use}", file=out)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco train-estimator``; returns the exit code."""
     models = _check_arguments(args)
+    if args.local:
+        return _run_local(args)
     if args.generate:  # the zoo models are built on 4 host devices (before jax starts)
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
     from disco_estimator.gnn import checkpoint as ckpt_io
+    from disco_estimator.gnn.context import repeat_weight
+    from disco_estimator.gnn.dataset import KINDS
     from disco_estimator.gnn.estimator import GnnFusedEstimator
     from disco_estimator.gnn.train import train
     from disco_estimator.ops import backend_fingerprint
@@ -339,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
         result = train([s.subgraph for s in train_set], [s.time_s for s in train_set],
                        steps=steps, learning_rate=args.learning_rate,
                        batch_size=args.batch_size, seed=args.seed, log_every=log_every,
-                       progress=callback)
+                       progress=callback, weights=[repeat_weight(s) for s in train_set])
     except FloatingPointError as err:
         raise UserError(f"training diverged: {err}; try a smaller --learning-rate") from None
     finally:
@@ -354,7 +540,7 @@ def run(args: argparse.Namespace) -> int:
         "dataset": str(path),
         "samples": len(samples),
         "sources": {src: sum(s.source == src for s in samples) for src in sources},
-        "kinds": {k: n for k in DEFAULT_KINDS if (n := sum(s.kind == k for s in samples))},
+        "kinds": {k: n for k in KINDS if (n := sum(s.kind == k for s in samples))},
         "training": {"samples": len(train_set), "epochs": args.epochs, "steps": steps,
                      "batch_size": min(args.batch_size, len(train_set)),
                      "learning_rate": args.learning_rate, "seed": args.seed,

@@ -2,6 +2,8 @@
 
 * :mod:`~disco_jax.costs.cost_model` -- op times, fused-op estimators and the AllReduce
   model into per-node costs;
+* :mod:`~disco_jax.costs.fused_choice` -- which fused-op estimator (the GNN or the
+  fallback rule) prices fused ops;
 * :mod:`~disco_jax.costs.lower` -- plans and modules into simulator graphs;
 * :mod:`~disco_jax.costs.simulator` -- the ready-queue simulator (with a C kernel);
 * :mod:`~disco_jax.costs.staged_cost` -- the cost model of staged enactments;

@@ -22,7 +22,10 @@ touched). Every process of a job:
 7. process 0 fits the cost model again on the fit's programs with their samples of
    step 5 pooled in (:func:`disco_jax.pipeline.profile.pooled`), predicts every program with it
    (``predicted_s``; the search's model's predictions are kept as
-   ``predicted_at_start_s``) and writes the row.
+   ``predicted_at_start_s``) and writes the row. With ``spec["compare_fused"]`` (GNN
+   checkpoints) it fits and predicts the final choice's candidates once more with each
+   GNN as the fused-op estimator (``choice.predicted_by_estimator_s``: the same
+   measurements under each estimator).
 
 ``--predict-only`` jobs (:func:`predict_row`) do steps 1, 3 and 7 in one process for any
 hardware file (e.g. ``gpu_cluster_example``): no profile (standalone op times of this
@@ -228,6 +231,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
 
     at_start = costs
+    more: dict[str, Any] = {}
     if cal is not None and fit_runs:
         more = {n[len(FIT_PREFIX):]: s for n, s in choice_samples.items()
                 if n.startswith(FIT_PREFIX)}
@@ -273,6 +277,18 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     predicted, pred_choice = predictions(costs)
     start_predicted, start_choice = (predicted, pred_choice) if costs is at_start \
         else predictions(at_start)
+    by_estimator = None
+    if spec.get("compare_fused") and cal is not None:
+        # the same measurements and candidates under other fused-op estimators
+        from disco_estimator.gnn.estimator import GnnFusedEstimator
+
+        by_estimator = {type(costs.fused).__name__: pred_choice}
+        for path in spec["compare_fused"]:
+            say(f"predicting every program again with the GNN of {path}")
+            other, _ = in_context_costs(module, spec["hardware"], pooled(measured, more),
+                                        progress=False,
+                                        fused=GnnFusedEstimator.from_checkpoint(path))
+            by_estimator[f"gnn:{Path(path).name}"] = predictions(other)[1]
     spread = {n: summarize_samples(samples[n]) for n in PROGRAMS}
     row.update({
         "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
@@ -285,7 +301,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "medians_s": choice.medians_s,
                    # rounds each challenger beat the choice before its tier in
                    "wins": choice.wins, "against": choice.against,
-                   "predicted_s": pred_choice, "predicted_at_start_s": start_choice},
+                   "predicted_s": pred_choice, "predicted_at_start_s": start_choice,
+                   "predicted_by_estimator_s": by_estimator},
         "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,

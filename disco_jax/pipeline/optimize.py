@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from disco_jax.costs.fused_choice import FusedChoice
 
 __all__ = ["DEFAULT_CHOICE_ROUNDS", "OptimizeReport", "Optimized", "optimize_step"]
 
@@ -50,6 +53,9 @@ class OptimizeReport(NamedTuple):
         route: how plans reached the backend (:class:`hlo_tools.jax_bridge.Route`).
         calibration: the in-context fit (None on processes other than 0).
         seconds: wall seconds of each phase and ``total``.
+        fused_estimator: the fused-op estimator of the cost model
+            (:meth:`~disco_jax.costs.fused_choice.FusedChoice.to_json`: name, checkpoint,
+            its sha256).
     """
 
     choice: str
@@ -62,6 +68,7 @@ class OptimizeReport(NamedTuple):
     route: dict[str, str]
     calibration: dict[str, Any] | None
     seconds: dict[str, float]
+    fused_estimator: dict[str, str | None]
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
@@ -102,9 +109,32 @@ def _predictions(cands: Any, searched: Any, costs: Any, baselines: bool
     return predicted
 
 
+def _keep_labels(program: Any, cands: Any, costs: Any, wall_s: float, budget: Any,
+                 sync: Any, say: Callable[[str], None]) -> None:
+    """Traces the final choice's exact plans and XLA's default once more and adds their
+    fused ops to the local dataset (:func:`~disco_jax.pipeline.labels.keep_labels`), when
+    labels are wanted (:func:`~disco_jax.pipeline.labels.labels_wanted`) and the time
+    budget has room for it (process 0 decides for the job)."""
+    from disco_jax.pipeline.labels import keep_labels, labels_wanted
+
+    runs = {n: r for n, r in cands.runs.items()
+            if n == "xla_default" or (n.startswith("plan_") and not hasattr(r, "close"))}
+    cost_s = len(runs) * (5 * wall_s + 1.0)  # warmup and 3 traced iterations, the trace
+    wanted = bool(runs) and labels_wanted() and (not budget.limited
+                                                 or budget.left_s() >= cost_s)
+    if sync is not None:
+        wanted = sync.share("keep_labels", wanted)
+    if wanted:
+        new = keep_labels(runs, program.args, costs, program.module.name)
+        if costs is not None:
+            say(f"kept {new} new fused-op label{'s' if new != 1 else ''} in the local "
+                "dataset")
+
+
 def _xla_default_only(program: Any, route: Any, hardware: str,
                       compiled_already: Mapping[str, Any], why: str,
-                      seconds: dict[str, float], t0: float) -> Optimized:
+                      seconds: dict[str, float], t0: float, fused: FusedChoice
+                      ) -> Optimized:
     """XLA's default alone, compiled already, when the budget leaves no time to choose
     (the report's ``search`` says why)."""
     from disco_jax.pipeline.candidates import build_candidates
@@ -114,7 +144,8 @@ def _xla_default_only(program: Any, route: Any, hardware: str,
     report = OptimizeReport(
         choice="xla_default", predicted_s={"xla_default": None}, measured_s={}, wins={},
         against={}, search={"skipped": why}, hardware=hardware, route=route.to_json(),
-        calibration=None, seconds={**seconds, "total": time.perf_counter() - t0})
+        calibration=None, seconds={**seconds, "total": time.perf_counter() - t0},
+        fused_estimator=fused.to_json())
     return Optimized(cands.enactments["xla_default"], cands.runs["xla_default"], report)
 
 
@@ -126,6 +157,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   bucket_thresholds: Sequence[int | None] | None = None,
                   profile_rounds: int = 5, memory_budget_bytes: int | None = None,
                   route: str | None = None, search_s: float | None = None,
+                  fused_estimator: FusedChoice | None = None,
                   progress: Callable[[str], None] | None = None) -> Optimized:
     """Profiles, searches, compiles the candidates and chooses by measurement.
 
@@ -165,6 +197,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             (:func:`~disco_jax.pipeline.candidates.enactment_route`).
         search_s: the search's own limit, seconds, within its share of the budget (None:
             ``configs/search.toml``'s).
+        fused_estimator: the cost model's fused-op estimator (None:
+            :func:`~disco_jax.costs.fused_choice.choose_fused_estimator` for the step's
+            platform: ``$DISCO_FUSED_ESTIMATOR``, else the default).
         progress: called with a line per phase (None: silent).
 
     Returns:
@@ -172,11 +207,13 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
 
     Raises:
         ValueError: the step has no gradient all-reduce to optimize (not a ``shard_map``
-            data-parallel step), or a parameter out of range.
+            data-parallel step), a parameter out of range, or a bad
+            ``$DISCO_FUSED_ESTIMATOR``.
         hlo_tools.jax_bridge.HloCompileError: XLA rejected a candidate.
     """
     import jax
 
+    from disco_jax.costs.fused_choice import choose_fused_estimator
     from disco_jax.pipeline.budget import Budget
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, choose
@@ -201,6 +238,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         t_phase = now
 
     program = lower_program(step, args)
+    fused = (fused_estimator if fused_estimator is not None
+             else choose_fused_estimator(platform=program.platform))
     lap("lower")
     plan_route = enactment_route(route, program.platform)
     hardware = hardware or default_hardware(jax.process_count(), program.platform)
@@ -225,7 +264,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                    f"{seconds['compile']:.1f} s compile): running XLA's default")
             say(f"time budget: {why}")
             return _xla_default_only(program, plan_route, hardware, compiled_already, why,
-                                     seconds, t0)
+                                     seconds, t0, fused)
         say("profiling in context")
     rounds = budget.profile_rounds(profile_rounds)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
@@ -236,7 +275,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     costs = calibration = None
     if jax.process_index() == 0:
         costs, calibration = in_context_costs(program.module, hardware, measured,
-                                              progress=False, bench=budget.times_ops())
+                                              progress=False, bench=budget.times_ops(),
+                                              fused=fused.estimator)
         lap("fit")
     search_s = budget.search_s(search_s)
     if sync is not None:  # process 0's clock decides
@@ -264,6 +304,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                     tag="optimize_choice", min_sample_s=sample_s, seed=seed,
                     tiers=choice_tiers(cands.runs))
     lap("choice")
+    _keep_labels(program, cands, costs, measured.wall_s, budget, sync, say)
+    lap("labels")
     cands.close_except(choice.name)
 
     predicted: Mapping[str, float | None] = {name: None for name in cands.runs}
@@ -278,7 +320,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         search=searched.report(seed, top_k, choice_rounds), hardware=hardware,
         route=plan_route.to_json(),
         calibration=calibration._asdict() if calibration is not None else None,
-        seconds={**seconds, "total": time.perf_counter() - t0})
+        seconds={**seconds, "total": time.perf_counter() - t0},
+        fused_estimator=fused.to_json())
     won = (f", faster than {choice.against[choice.name]} in {choice.wins[choice.name]} of "
            f"{choice_rounds} rounds" if choice.name in choice.wins else "")
     say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
