@@ -45,8 +45,7 @@ def context_dataset_path() -> Path:
     from disco_estimator.gnn.dataset import dataset_path
     from disco_estimator.ops import backend_fingerprint
 
-    path = dataset_path(backend_fingerprint(1))
-    return path.with_name(path.name.replace("dataset-", "context-"))
+    return dataset_path(backend_fingerprint(1), name="context")
 
 
 def ceiling(samples: list) -> dict:

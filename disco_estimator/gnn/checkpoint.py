@@ -19,6 +19,7 @@ repeated.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -30,7 +31,8 @@ from disco_estimator.gnn.features import DTYPE_VOCAB, FEATURE_VERSION, OPCODE_VO
 from disco_estimator.gnn.model import GnnConfig
 from hlo_tools.dirs import write_atomic
 
-__all__ = ["CHECKPOINT_SCHEMA", "PRETRAINED_DIR", "Checkpoint", "load", "pretrained", "save"]
+__all__ = ["CHECKPOINT_SCHEMA", "PRETRAINED_DIR", "Checkpoint", "load", "pretrained", "read",
+           "save"]
 
 CHECKPOINT_SCHEMA = 1
 
@@ -39,9 +41,12 @@ PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
 
 def pretrained(platform: str = "cpu") -> Path | None:
-    """The shipped checkpoint for a platform family (``cpu``, ``gpu``), None if there is
-    none (only ``cpu`` ships; ``disco train-estimator`` builds one for a GPU)."""
-    path = PRETRAINED_DIR / f"{platform}.msgpack"
+    """The shipped checkpoint for a jax platform (``cpu``, ``cuda``, ...) or platform
+    family (``cpu``, ``gpu``), None if there is none (only ``cpu`` ships; ``disco
+    train-estimator`` builds one for a GPU)."""
+    from hlo_tools.jax_bridge import platform_family
+
+    path = PRETRAINED_DIR / f"{platform_family(platform) or platform}.msgpack"
     return path if path.is_file() else None
 
 
@@ -87,8 +92,24 @@ def load(path: str | os.PathLike) -> Checkpoint:
         ValueError: not a checkpoint, or made for another schema, feature version or
             vocabulary.
     """
+    return read(path)[0]
+
+
+def read(path: str | os.PathLike) -> tuple[Checkpoint, str]:
+    """:func:`load`, with the sha256 of the file's bytes (read once): what a record names
+    the checkpoint by.
+
+    Raises:
+        ValueError: as :func:`load`.
+        OSError: the file cannot be read.
+    """
+    data = Path(path).read_bytes()
+    return _parse(path, data), hashlib.sha256(data).hexdigest()
+
+
+def _parse(path: str | os.PathLike, data: bytes) -> Checkpoint:
     try:
-        raw = serialization.msgpack_restore(Path(path).read_bytes())
+        raw = serialization.msgpack_restore(data)
         header = json.loads(raw["header"])
         params = raw["params"]
     except (KeyError, TypeError, ValueError) as err:

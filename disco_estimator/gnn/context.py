@@ -37,7 +37,7 @@ import numpy as np
 from disco_estimator.gnn.dataset import Sample, fusion_groups
 from disco_estimator.gnn.features import canonical_key, subgraph_from_group
 from disco_estimator.interface import NodeCostSource
-from disco_estimator.ops.keys import op_status
+from disco_estimator.ops import op_status
 from disco_estimator.ops.trace import ProgramProfile
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloModule

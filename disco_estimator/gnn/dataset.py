@@ -151,14 +151,16 @@ class Sample:
                    float(d["retest_s"]) if d.get("retest_s") is not None else None)
 
 
-def dataset_path(fingerprint: dict[str, Any], directory: str | os.PathLike | None = None
-                 ) -> Path:
+def dataset_path(fingerprint: dict[str, Any], directory: str | os.PathLike | None = None,
+                 name: str = "dataset") -> Path:
     """The JSON-lines file of one backend fingerprint (default directory:
-    ``hlo_tools.dirs.cache_dir("gnn")``)."""
+    ``hlo_tools.dirs.cache_dir("gnn")``); ``name``: which dataset (``"dataset"``, the
+    standalone one :func:`generate` writes; ``"context"``, the labels of whole-program
+    traces)."""
     from disco_estimator.gnn.local import fingerprint_tag
 
     root = Path(directory) if directory is not None else dirs.cache_dir("gnn")
-    return root / f"dataset-v{DATASET_VERSION}-{fingerprint_tag(fingerprint)}.jsonl"
+    return root / f"{name}-v{DATASET_VERSION}-{fingerprint_tag(fingerprint)}.jsonl"
 
 
 def load_samples(path: str | os.PathLike) -> list[Sample]:

@@ -147,13 +147,12 @@ def _checkpoint_file(path: str, option: str) -> str:
     import jax
 
     from disco_estimator.gnn import checkpoint as ckpt_io
-    from hlo_tools.jax_bridge import platform_family
 
-    family = platform_family(jax.default_backend()) or jax.default_backend()
-    shipped = ckpt_io.pretrained(family)
+    shipped = ckpt_io.pretrained(jax.default_backend())
     if shipped is None:
-        raise UserError(f"{option} pretrained: no checkpoint ships for {family!r}; "
-                        "train one with disco train-estimator --out")
+        raise UserError(f"{option} pretrained: no checkpoint ships for "
+                        f"{jax.default_backend()!r}; train one with disco train-estimator "
+                        "--out")
     return str(shipped)
 
 

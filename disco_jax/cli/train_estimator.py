@@ -41,6 +41,7 @@ import argparse
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -355,41 +356,56 @@ def _log_loss(predicted_s: Any, measured_s: Any) -> float:
     return float(np.mean(err ** 2))
 
 
+def _train(train_set: list[Any], args: argparse.Namespace, **model: Any) -> tuple[int, Any]:
+    """Trains on ``train_set`` for ``--epochs`` (each label weighted by how well it
+    repeated) with progress lines; ``model``: ``config`` and ``params`` to start from.
+    Returns ``(steps, TrainResult)``; a diverged run is a :class:`UserError`."""
+    from disco_estimator.gnn.context import repeat_weight
+    from disco_estimator.gnn.train import train
+
+    steps = args.epochs * math.ceil(len(train_set) / args.batch_size)
+    callback, close, log_every = _progress(steps)
+    try:
+        return steps, train([s.subgraph for s in train_set], [s.time_s for s in train_set],
+                            steps=steps, learning_rate=args.learning_rate,
+                            batch_size=args.batch_size, seed=args.seed, log_every=log_every,
+                            progress=callback, weights=[repeat_weight(s) for s in train_set],
+                            **model)
+    except FloatingPointError as err:
+        raise UserError(f"training diverged: {err}; try a smaller --learning-rate") from None
+    finally:
+        close()
+
+
 def _base_checkpoint(spec: str | None) -> tuple[Path, Any, str]:
     """``(path, checkpoint, sha256 of its bytes)`` of ``--base`` (default: the shipped
     checkpoint of this backend); raises :class:`UserError`."""
-    import hashlib
-
     import jax
 
     from disco_estimator.gnn import checkpoint as ckpt_io
-    from hlo_tools.jax_bridge import platform_family
 
     if spec is None:
-        family = platform_family(jax.default_backend()) or jax.default_backend()
-        shipped = ckpt_io.pretrained(family)
+        shipped = ckpt_io.pretrained(jax.default_backend())
         if shipped is None:
-            raise UserError(f"--local: no checkpoint ships for {family!r}; give --base "
-                            "CHECKPOINT (e.g. one of disco train-estimator --out)")
+            raise UserError(f"--local: no checkpoint ships for {jax.default_backend()!r}; "
+                            "give --base CHECKPOINT (e.g. one of disco train-estimator --out)")
         spec = str(shipped)
     path = Path(spec)
     try:
-        data = path.read_bytes()
-        ck = ckpt_io.load(path)
+        ck, sha256 = ckpt_io.read(path)
     except FileNotFoundError:
         raise UserError(f"--base {spec}: no such file") from None
     except OSError as err:
         raise UserError(f"--base {spec}: cannot read: {err.strerror or err}") from None
     except ValueError as err:
         raise UserError(str(err)) from None
-    return path, ck, hashlib.sha256(data).hexdigest()
+    return path, ck, sha256
 
 
 def _run_local(args: argparse.Namespace) -> int:
     """``--local``: fine-tunes ``--base`` on the local samples of this backend and keeps
     the result only when it beats the base on the held-out ones."""
     from disco_estimator.gnn import checkpoint as ckpt_io
-    from disco_estimator.gnn.context import repeat_weight
     from disco_estimator.gnn.estimator import GnnFusedEstimator
     from disco_estimator.gnn.local import (
         held_out_split,
@@ -397,7 +413,6 @@ def _run_local(args: argparse.Namespace) -> int:
         local_checkpoint_path,
         local_dataset_path,
     )
-    from disco_estimator.gnn.train import train
     from disco_estimator.ops import backend_fingerprint
 
     fingerprint = backend_fingerprint(1)
@@ -414,27 +429,14 @@ def _run_local(args: argparse.Namespace) -> int:
                         f"{len(held_out)} held out and {len(train_set)} to train on; add "
                         "more (see disco train-estimator --help)")
     base_path, base, base_sha256 = _base_checkpoint(args.base)
-    steps = args.epochs * math.ceil(len(train_set) / args.batch_size)
-    callback, close, log_every = _progress(steps)
-    try:
-        result = train([s.subgraph for s in train_set], [s.time_s for s in train_set],
-                       steps=steps, learning_rate=args.learning_rate,
-                       batch_size=args.batch_size, seed=args.seed, config=base.config,
-                       params=base.params, log_every=log_every, progress=callback,
-                       weights=[repeat_weight(s) for s in train_set])
-    except FloatingPointError as err:
-        raise UserError(f"training diverged: {err}; try a smaller --learning-rate") from None
-    finally:
-        close()
+    steps, result = _train(train_set, args, config=base.config, params=base.params)
     measured = [s.time_s for s in held_out]
     subs = [s.subgraph for s in held_out]
     base_pred = GnnFusedEstimator(base.params, base.config).predict_subgraphs(subs)
     tuned_pred = GnnFusedEstimator(result.params, result.config).predict_subgraphs(subs)
     loss, base_loss = _log_loss(tuned_pred, measured), _log_loss(base_pred, measured)
     out = local_checkpoint_path(fingerprint)
-    kinds: dict[str, int] = {}
-    for s in samples:
-        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    kinds = dict(Counter(s.kind for s in samples))
     report = {
         "dataset": str(path), "samples": len(samples), "kinds": kinds,
         "base": str(base_path), "base_sha256": base_sha256,
@@ -497,10 +499,8 @@ def run(args: argparse.Namespace) -> int:
     if args.generate:  # the zoo models are built on 4 host devices (before jax starts)
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
     from disco_estimator.gnn import checkpoint as ckpt_io
-    from disco_estimator.gnn.context import repeat_weight
     from disco_estimator.gnn.dataset import KINDS
     from disco_estimator.gnn.estimator import GnnFusedEstimator
-    from disco_estimator.gnn.train import train
     from disco_estimator.ops import backend_fingerprint
 
     constants = _constants(args.hardware)
@@ -519,17 +519,7 @@ def run(args: argparse.Namespace) -> int:
                         f"(models: {', '.join(sources)})")
     if not train_set:
         raise UserError(f"--held-out {args.held_out}: no samples left to train on in {path}")
-    steps = args.epochs * math.ceil(len(train_set) / args.batch_size)
-    callback, close, log_every = _progress(steps)
-    try:
-        result = train([s.subgraph for s in train_set], [s.time_s for s in train_set],
-                       steps=steps, learning_rate=args.learning_rate,
-                       batch_size=args.batch_size, seed=args.seed, log_every=log_every,
-                       progress=callback, weights=[repeat_weight(s) for s in train_set])
-    except FloatingPointError as err:
-        raise UserError(f"training diverged: {err}; try a smaller --learning-rate") from None
-    finally:
-        close()
+    steps, result = _train(train_set, args)
     evaluated = test_set or train_set
     measured = [s.time_s for s in evaluated]
     gnn = GnnFusedEstimator(result.params, result.config).predict_subgraphs(

@@ -18,7 +18,6 @@ goes into what a run records. The GNN (jax, flax) is imported only when it is ch
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -66,15 +65,6 @@ def _fallback(why: str) -> FusedChoice:
     return FusedChoice("fallback", None, None, None, why)
 
 
-def _checkpoint(path: Path) -> tuple[Any, str]:
-    """The checkpoint at ``path`` and the sha256 of its bytes (raises as
-    :func:`disco_estimator.gnn.checkpoint.load` does)."""
-    from disco_estimator.gnn import checkpoint as ckpt_io
-
-    data = path.read_bytes()
-    return ckpt_io.load(path), hashlib.sha256(data).hexdigest()
-
-
 def _gnn(path: Path, ck: Any, sha256: str, why: str) -> FusedChoice:
     from disco_estimator.gnn.estimator import GnnFusedEstimator
 
@@ -92,9 +82,11 @@ def _local(fingerprint: dict[str, Any] | None, family: str, origin: str
     fingerprint = fingerprint if fingerprint is not None else backend_fingerprint(1)
     if platform_family(str(fingerprint.get("platform", ""))) != family:
         return None
+    from disco_estimator.gnn import checkpoint as ckpt_io
+
     path = local_checkpoint_path(fingerprint)
     try:
-        ck, sha256 = _checkpoint(path)
+        ck, sha256 = ckpt_io.read(path)
         if ck.notes.get("beats_shipped") is True:
             return _gnn(path, ck, sha256, f"{origin}: the local checkpoint beats the "
                                           "shipped one on held-out local samples")
@@ -144,8 +136,10 @@ def choose_fused_estimator(name: str | None = None, *, platform: str = "cpu",
     if checkpoint is not None:
         if name != "gnn":
             raise ValueError(f"a checkpoint is for the gnn estimator, not {name!r}")
+        from disco_estimator.gnn import checkpoint as ckpt_io
+
         path = Path(checkpoint)
-        return _gnn(path, *_checkpoint(path), f"{origin}: the checkpoint given")
+        return _gnn(path, *ckpt_io.read(path), f"{origin}: the checkpoint given")
     if name == "fallback":
         return _fallback(f"{origin}: the fallback rule")
     from disco_estimator.gnn import checkpoint as ckpt_io
@@ -159,7 +153,7 @@ def choose_fused_estimator(name: str | None = None, *, platform: str = "cpu",
     if shipped is None:
         return _fallback(f"{origin}: gnn, but no checkpoint for {family}: the fallback rule")
     try:
-        return _gnn(shipped, *_checkpoint(shipped), f"{origin}: the shipped checkpoint "
+        return _gnn(shipped, *ckpt_io.read(shipped), f"{origin}: the shipped checkpoint "
                                                     f"for {family}")
     except (OSError, ValueError) as err:
         return _fallback(f"{origin}: gnn, but the shipped checkpoint does not load ({err}): "

@@ -25,9 +25,11 @@ from disco_estimator.gnn.dataset import Sample
 from disco_estimator.ops import trace
 
 __all__ = [
+    "KEEP_ITERATIONS",
     "LABELS_ENV",
     "StepLabels",
     "keep_labels",
+    "keep_labels_s",
     "labels_wanted",
     "random_plan_programs",
     "step_labels",
@@ -35,6 +37,8 @@ __all__ = [
 ]
 
 
+#: Traced iterations per program when a product run keeps labels (after one untraced).
+KEEP_ITERATIONS = 3
 #: ``DISCO_LOCAL_LABELS=0`` (or ``off``): product runs keep no fused-op labels.
 LABELS_ENV = "DISCO_LOCAL_LABELS"
 
@@ -165,8 +169,15 @@ def step_labels(step: Callable[..., Any], args: Sequence[Any], origin: str, *,
     return StepLabels(samples, len(runs), time.perf_counter() - t0)
 
 
+def keep_labels_s(programs: int, iteration_s: float) -> float:
+    """About how long :func:`keep_labels` takes for ``programs`` programs of
+    ``iteration_s`` seconds an iteration: per program the untraced and traced iterations
+    and one more, and a second for the trace itself."""
+    return programs * ((KEEP_ITERATIONS + 2) * iteration_s + 1.0)
+
+
 def keep_labels(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], costs: Any,
-                origin: str, *, iterations: int = 3) -> int:
+                origin: str, *, iterations: int = KEEP_ITERATIONS) -> int:
     """Traces ``runs`` and adds their labels to the user's local dataset
     (:mod:`disco_estimator.gnn.local`); returns how many were new. Every process of a job
     calls it alike (the programs have collectives); the one without a cost model

@@ -115,13 +115,12 @@ def _keep_labels(program: Any, cands: Any, costs: Any, wall_s: float, budget: An
     fused ops to the local dataset (:func:`~disco_jax.pipeline.labels.keep_labels`), when
     labels are wanted (:func:`~disco_jax.pipeline.labels.labels_wanted`) and the time
     budget has room for it (process 0 decides for the job)."""
-    from disco_jax.pipeline.labels import keep_labels, labels_wanted
+    from disco_jax.pipeline.labels import keep_labels, keep_labels_s, labels_wanted
 
     runs = {n: r for n, r in cands.runs.items()
             if n == "xla_default" or (n.startswith("plan_") and not hasattr(r, "close"))}
-    cost_s = len(runs) * (5 * wall_s + 1.0)  # warmup and 3 traced iterations, the trace
-    wanted = bool(runs) and labels_wanted() and (not budget.limited
-                                                 or budget.left_s() >= cost_s)
+    wanted = bool(runs) and labels_wanted() and (
+        not budget.limited or budget.left_s() >= keep_labels_s(len(runs), wall_s))
     if sync is not None:
         wanted = sync.share("keep_labels", wanted)
     if wanted:
