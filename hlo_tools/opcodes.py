@@ -10,6 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     "HLO_OPCODES",
+    "ASYNC_SUGAR_OPCODES",
+    "PARSED_OPCODES",
     "CALLED_COMPUTATION_ATTRS",
     "ELEMENTWISE_OPCODES",
     "COLLECTIVE_OPCODES",
@@ -46,6 +48,19 @@ shift-right-arithmetic shift-right-logical sign sine slice sort sqrt stochastic-
 subtract tan tanh topk transpose triangular-solve tuple while xor
 """.split())
 
+#: The short forms XLA prints for an op it runs asynchronously: ``fusion-start``,
+#: ``fusion-done``, ``custom-call-start``, ... stand for ``async-start``/``async-update``/
+#: ``async-done`` wrapping that op (XLA:GPU's compiled modules hold them, e.g. a
+#: ``lax.scan`` step's). Ops that have such forms of their own (``all-reduce-start``,
+#: ``copy-start``, ...) are left out. Kept apart from :data:`HLO_OPCODES`, whose sorted
+#: list is the fused-op estimator's opcode vocabulary.
+ASYNC_SUGAR_OPCODES = frozenset(
+    f"{op}-{part}" for op in HLO_OPCODES for part in ("start", "update", "done")
+) - HLO_OPCODES
+
+#: What the parser accepts as an opcode.
+PARSED_OPCODES = HLO_OPCODES | ASYNC_SUGAR_OPCODES
+
 #: Attributes whose value names called computations.
 CALLED_COMPUTATION_ATTRS = (
     "calls", "to_apply", "condition", "body", "branch_computations",
@@ -75,9 +90,10 @@ COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all
                        "collective-", "ragged-all-to-all")
 #: Control flow: never fused across or into; costs its called computations.
 CONTROL_FLOW_OPCODES = frozenset({"while", "conditional", "call", "async-start",
-                                  "async-update", "async-done"})
+                                  "async-update", "async-done"}) | ASYNC_SUGAR_OPCODES
 #: The async wrappers among the control-flow ops: they run no kernel of their own.
-ASYNC_WRAPPER_OPCODES = frozenset({"async-start", "async-update", "async-done"})
+ASYNC_WRAPPER_OPCODES = frozenset({"async-start", "async-update", "async-done"}
+                                  ) | ASYNC_SUGAR_OPCODES
 #: Ops with side effects, state or tokens.
 SIDE_EFFECT_OPCODES = frozenset({"infeed", "outfeed", "send", "send-done", "recv",
                                  "recv-done", "rng", "rng-get-and-update-state",

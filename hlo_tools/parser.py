@@ -29,12 +29,12 @@ from hlo_tools import native
 from hlo_tools.ir import (
     CALLED_COMPUTATION_ATTRS,
     ELEMENT_BYTES,
-    HLO_OPCODES,
     HloComputation,
     HloInstruction,
     HloModule,
     Shape,
 )
+from hlo_tools.opcodes import PARSED_OPCODES
 
 __all__ = ["MAX_ARRAY_BYTES", "MAX_TUPLE_DEPTH", "HloParseError", "parse", "parse_backend",
            "parse_shape"]
@@ -349,7 +349,7 @@ class _Parser:
 
     def _body(self) -> tuple[list[HloInstruction], str | None]:
         """Exact mode: instructions up to the closing ``}``, each line checked fully."""
-        lines, line_of, opcodes = self.lines, self.line_of, HLO_OPCODES
+        lines, line_of, opcodes = self.lines, self.line_of, PARSED_OPCODES
         instructions: list[HloInstruction] = []
         append = instructions.append
         root_name = None
@@ -394,7 +394,7 @@ class _Parser:
         callees, names unique across computations). Errors need no line numbers here:
         any error makes :func:`parse` re-run the exact mode.
         """
-        lines, opcodes, shapes = self.lines, HLO_OPCODES, _SHAPE_CACHE
+        lines, opcodes, shapes = self.lines, PARSED_OPCODES, _SHAPE_CACHE
         match, no_operands = _CANONICAL_INSTR.match, _NO_OPERAND_OPCODES
         run = self.kernel_run
         body = instructions, roots, names, operand_lists, texts = [], [], [], [], []
@@ -745,7 +745,7 @@ _KERNEL = native.Kernel(Path(__file__).with_name("_parse_kernel.c"), "_hlo_parse
                        "parsekernel", owner="hlo_tools parser", fallback="parser",
                        stacklevel=5)
 #: what the kernel's ``run`` needs besides the lines and the body's lists
-_KERNEL_CONTEXT = (_SHAPE_CACHE, HLO_OPCODES, HloInstruction, CALLED_COMPUTATION_ATTRS)
+_KERNEL_CONTEXT = (_SHAPE_CACHE, PARSED_OPCODES, HloInstruction, CALLED_COMPUTATION_ATTRS)
 #: builds (first use) and imports the kernel; None, with one warning, if impossible
 _load_kernel = _KERNEL.load
 

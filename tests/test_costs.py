@@ -359,6 +359,34 @@ ENTRY e {
     assert sim.duration_s[2] == costs.allreduce_time(256) and sim.duration_s[3] == 0.0
 
 
+def test_async_fusion_of_a_gpu_module_costs_its_fusion() -> None:
+    """XLA:GPU prints an asynchronous fusion as ``fusion-start``/``fusion-done``: the start
+    is priced as the fusion it launches, the done is free, and the module simulates."""
+    sync = """HloModule s
+
+fused {
+  p = f32[4096] parameter(0)
+  e = f32[4096] exponential(p)
+  ROOT m = f32[4096] multiply(e, p)
+}
+
+ENTRY e {
+  a = f32[4096] parameter(0)
+  ROOT f = f32[4096] fusion(a), kind=kLoop, calls=fused
+}
+"""
+    asynchronous = sync.replace("HloModule s", "HloModule a").replace(
+        "ROOT f = f32[4096] fusion(a), kind=kLoop, calls=fused",
+        "fs = ((f32[4096]), f32[4096], s32[]) fusion-start(a), kind=kLoop, calls=fused\n"
+        "  ROOT f = f32[4096] fusion-done(fs)")
+    costs = C.CostModel("inproc4")
+    want = sim_graph_from_module(hlo_tools.parse(sync), costs).duration_s[-1]
+    sim = sim_graph_from_module(hlo_tools.parse(asynchronous), costs)
+    assert want > 0
+    assert list(sim.duration_s[-2:]) == [pytest.approx(want), 0.0]
+    assert simulate(sim).iteration_s == pytest.approx(want)
+
+
 def test_compute_scale_and_overlap_from_hardware() -> None:
     inproc = C.BackendConstants.from_hardware(load_hardware("inproc4"))
     assert inproc.compute_scale == 2.0 and inproc.overlap == 0.0  # 4 devices, 2 cores

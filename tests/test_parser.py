@@ -366,3 +366,30 @@ def test_fuzz_fast_mode_equals_exact_mode_without_kernel(which, cuts):
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("DISCO_PARSE_BACKEND", "python")
         _assert_modes_agree(_mutated(_REAL[which], cuts))
+
+
+def test_async_short_forms_of_compiled_gpu_modules() -> None:
+    """XLA:GPU's compiled modules print an op run asynchronously as ``<op>-start`` /
+    ``<op>-done`` (sugar for async-start/-done wrapping it): they parse, name their
+    called computation, and count as async wrappers; an unknown op's forms still fail."""
+    from hlo_tools.opcodes import ASYNC_WRAPPER_OPCODES
+
+    text = """HloModule m, is_scheduled=true
+
+%fused (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %e = f32[8]{0} exponential(%p)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %fs = ((f32[8]{0}), f32[8]{0}, s32[]) fusion-start(%a), kind=kLoop, calls=%fused
+  ROOT %fd = f32[8]{0} fusion-done(%fs)
+}
+"""
+    entry = parse(text).entry
+    assert [i.opcode for i in entry.instructions] == ["parameter", "fusion-start", "fusion-done"]
+    assert entry.instructions[1].called_computations == ["fused"]
+    assert {"fusion-start", "fusion-done"} <= ASYNC_WRAPPER_OPCODES
+    with pytest.raises(HloParseError, match="unknown opcode 'frob-start'"):
+        parse(text.replace("fusion-start(", "frob-start("))

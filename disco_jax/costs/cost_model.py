@@ -568,6 +568,9 @@ class CostModel:
         if op == "fusion":  # multi-output fusions are classified as tuple plumbing
             t, est = self._fusion_cost(graph.module, instr)
             return t, est, "fusion", False, nbytes
+        if op == "fusion-start":  # an asynchronous fusion's kernel (its -done is free)
+            t, est = self._fusion_cost(graph.module, instr)
+            return t, est, "fusion", False, instr.shape.tuple_shapes[1].byte_size()
         if kind == NodeKind.CONTROL_FLOW:
             t, est = self._control_cost(graph.module, graph.computation, instr)
             return t, est, "control", False, nbytes
