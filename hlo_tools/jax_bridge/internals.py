@@ -20,6 +20,11 @@ handled, one place per difference, named after the behaviour:
   ``extract`` prints of a ``shard_map`` step) makes it log, per compile, that the module
   looks like a stale export before it switches V3 off for that module:
   :func:`frontend_sharding_options` switches it off up front.
+* Serialized executables (:func:`split_serialized`) do not differ: jaxlib 0.10 and 0.12
+  alike write jax's varint-length-prefixed ``SerializedXlaExecutableMetadata`` followed by
+  the backend's bytes (XLA:CPU's bytes of either even load and run under the other). Only
+  XLA's error on bytes it cannot read does: ``Failed to parse message of type
+  xla.ExecutableAndOptionsProto`` from 0.12 on, ``proto deserialization failed`` before.
 """
 
 from __future__ import annotations
@@ -46,18 +51,26 @@ __all__ = [
     "backend",
     "check_versions",
     "compile_on_client",
+    "compile_options_proto",
     "computation",
     "computation_to_mlir",
     "coordination_client",
     "frontend_sharding_options",
     "gspmd_sharding",
     "hlo_module_from_text",
+    "hlo_module_proto",
+    "hlo_text_of_proto",
     "install_module",
     "is_c_api_client",
+    "kept_arguments",
+    "load_with_prefix",
+    "lowered_compile_options_proto",
     "lowered_platform",
     "lowered_signature",
+    "parse_compile_options",
     "parse_mlir",
     "print_options",
+    "split_serialized",
     "version_tuple",
 ]
 
@@ -119,6 +132,28 @@ def print_options(metadata: bool) -> Any:
 def hlo_module_from_text(hlo_text: str) -> Any:
     """XLA's ``HloModule`` of HLO text (XLA's own parser; raises on bad text)."""
     return xc.hlo.hlo_module_from_text(hlo_text)
+
+
+def hlo_module_proto(hlo_text: str) -> bytes:
+    """The serialized ``HloModuleProto`` of HLO text (the PJRT C API's ``hlo`` program
+    format: XLA reads it as written, hand-written fusions included)."""
+    return hlo_module_from_text(hlo_text).as_serialized_hlo_module_proto()
+
+
+def hlo_text_of_proto(module_proto: bytes, *, metadata: bool = False) -> str:
+    """HLO text of a serialized ``HloModuleProto`` (e.g. a PJRT executable's optimized
+    program), printed with :func:`print_options`."""
+    return xc.XlaComputation(module_proto).get_hlo_module().to_string(print_options(metadata))
+
+
+def compile_options_proto(*, replicas: int, partitions: int, options: dict[str, Any]) -> bytes:
+    """A serialized ``CompileOptionsProto``: ``replicas`` x ``partitions`` with ``options``
+    as XLA debug options (``env_option_overrides``), for a PJRT C-API compile."""
+    compile_options = xc.CompileOptions()
+    compile_options.num_replicas = replicas
+    compile_options.num_partitions = partitions
+    compile_options.env_option_overrides = list(options.items())
+    return compile_options.SerializeAsString()
 
 
 def computation(hlo_module: Any) -> Any:
@@ -246,3 +281,138 @@ def gspmd_sharding(devices: Sequence[Any], hlo_sharding_text: str | None) -> Any
 def coordination_client() -> Any:
     """The ``jax.distributed`` coordination service client (None before initialize)."""
     return jax_distributed.global_state.client
+
+
+# ------------------------------------------------------------------ serialized executables
+
+
+def _unloaded_executable(compiled: Any) -> Any:
+    """The ``UnloadedMeshExecutable`` behind a ``jax.stages.Compiled`` (what
+    ``jax.experimental.serialize_executable.serialize`` pickles).
+
+    Raises:
+        ValueError: a compiled program jax cannot serialize (not of ``jax.jit``).
+    """
+    unloaded = getattr(getattr(compiled, "_executable", None), "_unloaded_executable", None)
+    if unloaded is None:
+        raise ValueError(f"{type(compiled).__name__} holds no serializable jax executable")
+    return unloaded
+
+
+def _varint(data: bytes) -> tuple[int, int]:
+    """``(value, its length in bytes)`` of the protobuf varint that starts ``data``.
+
+    Raises:
+        ValueError: ``data`` ends inside the varint.
+    """
+    value = 0
+    for k, byte in enumerate(data[:10]):
+        value |= (byte & 0x7F) << (7 * k)
+        if not byte & 0x80:
+            return value, k + 1
+    raise ValueError("truncated varint")
+
+
+def split_serialized(compiled: Any) -> tuple[bytes, bytes]:
+    """jax's serialized executable of a ``jax.stages.Compiled``, cut in two.
+
+    ``client.serialize_executable`` (what ``jax.experimental.serialize_executable``
+    pickles) writes a varint-length-prefixed ``SerializedXlaExecutableMetadata`` proto
+    (donations, output shapes, shardings, layouts) followed by the backend's own
+    executable bytes (the same on every verified version).
+
+    Args:
+        compiled: a ``jax.stages.Compiled`` of ``jax.jit``.
+
+    Returns:
+        ``(prefix, backend_bytes)``: the metadata with its varint length, and the rest.
+
+    Raises:
+        ValueError: jax cannot serialize ``compiled``, or the length overruns the bytes.
+    """
+    executable = _unloaded_executable(compiled).xla_executable
+    if isinstance(executable, xc.LoadedExecutable):
+        data = executable.client.serialize_executable(executable)
+    else:
+        data = executable.serialize()
+    length, width = _varint(data)
+    if width + length > len(data):
+        raise ValueError(f"metadata of {length} bytes overruns the {len(data)} serialized")
+    return data[:width + length], data[width + length:]
+
+
+def load_with_prefix(compiled: Any, backend_bytes: bytes) -> Any:
+    """A ``jax.stages.Compiled`` with ``compiled``'s calling convention (in/out trees,
+    shardings, layouts, donated arguments as jax sees them) running ``backend_bytes``.
+
+    jax's metadata prefix of ``compiled`` (:func:`split_serialized`) goes in front of the
+    bytes, the client deserializes the whole onto ``compiled``'s devices, and the result
+    is loaded as ``jax.experimental.serialize_executable.deserialize_and_load`` does:
+    jax's C++ dispatch calls it.
+
+    Args:
+        compiled: the template, a ``jax.stages.Compiled`` of ``jax.jit``.
+        backend_bytes: a serialized executable of ``compiled``'s backend, without jax's
+            prefix (e.g. a PJRT plugin's ``PJRT_Executable_Serialize``).
+
+    Raises:
+        ValueError: jax cannot serialize ``compiled``.
+        Exception: the backend rejects the bytes (XLA's error type, which differs between
+            versions).
+    """
+    import dataclasses
+
+    unloaded = _unloaded_executable(compiled)
+    prefix, _ = split_serialized(compiled)
+    executable = unloaded.backend.deserialize_executable(
+        prefix + bytes(backend_bytes), executable_devices=unloaded.device_list)
+    loaded = dataclasses.replace(unloaded, xla_executable=executable).load()
+    return jax.stages.Compiled(loaded, compiled._params.const_args, compiled.args_info,
+                               compiled.out_tree, no_kwargs=compiled._no_kwargs)
+
+
+def kept_arguments(compiled: Any) -> tuple[int, ...]:
+    """The flat arguments of a ``jax.stages.Compiled`` that are entry parameters of its
+    program, in parameter order (jax drops unused ones unless ``keep_unused=True``)."""
+    return tuple(sorted(_unloaded_executable(compiled).kept_var_idx))
+
+
+def lowered_compile_options_proto(lowered: Any, xla_options: dict[str, Any]) -> bytes:
+    """The serialized ``CompileOptionsProto`` jax itself would compile ``lowered`` with.
+
+    ``jax._src.compiler.get_compile_options`` with the lowering's device assignment (one
+    replica, one partition per device; SPMD partitioning on), ``xla_options`` over the
+    ``jax.jit(..., compiler_options=)`` ones as XLA debug options
+    (``env_option_overrides``), tupled arguments and sharding propagation as jax sets
+    them: the options of a side compile (e.g. through a PJRT plugin) whose executable
+    goes under ``lowered``'s calling convention (:func:`load_with_prefix`).
+
+    Raises:
+        TypeError: a lowering of a kind without a device assignment (not of ``jax.jit``).
+    """
+    from jax._src import compiler as jax_compiler
+    from jax._src.interpreters import pxla
+
+    lowering = lowered._lowering
+    device_list = getattr(lowering, "_device_list", None)
+    args = getattr(lowering, "compile_args", None)
+    if device_list is None or args is None:
+        raise TypeError(f"unsupported lowering type {type(lowering).__name__}")
+    ids = np.array([d.id for d in device_list]).reshape(1, len(device_list))
+    options = {**dict(getattr(lowering, "_compiler_options_kvs", ())), **xla_options}
+    compile_options = jax_compiler.get_compile_options(
+        num_replicas=1, num_partitions=ids.size, device_assignment=ids,
+        env_options_overrides=options, backend=args.get("backend"))
+    compile_options.parameter_is_tupled_arguments = bool(args.get("tuple_args", False))
+    to_inputs, to_outputs = pxla.get_prop_to_input_output(
+        args["in_shardings"], args["out_shardings"], len(args.get("ordered_effects", ())))
+    build = compile_options.executable_build_options
+    build.use_spmd_partitioning = True
+    build.allow_spmd_sharding_propagation_to_parameters = list(to_inputs)
+    build.allow_spmd_sharding_propagation_to_output = list(to_outputs)
+    return compile_options.SerializeAsString()
+
+
+def parse_compile_options(proto: bytes) -> Any:
+    """The ``xla_client.CompileOptions`` of a serialized ``CompileOptionsProto``."""
+    return xc.CompileOptions.ParseFromString(proto)
