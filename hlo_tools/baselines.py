@@ -49,6 +49,7 @@ from typing import Any
 import jax
 
 from hlo_tools import jax_bridge as jb
+from hlo_tools.compiled import is_library_fusion
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
 from hlo_tools.parser import parse
@@ -638,7 +639,7 @@ def _fusion_counts(module: HloModule) -> dict[str, int]:
         "multi_op_fusions": len(multi),
         "single_op_fusions": len(fusions) - len(multi),
         "wrapped_fusions": sum(f.name.startswith("wrapped_") for f in fusions),
-        "library_fusions": sum(f.attrs.get("kind") == "kCustom" for f in fusions),
+        "library_fusions": sum(is_library_fusion(f) for f in fusions),
         "ops_in_multi_op_fusions": sum(_fused_ops(comps, f) for f in multi),
     }
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
 
-__all__ = ["NODE_TAG", "is_compiled", "runnable", "tagged_node"]
+__all__ = ["NODE_TAG", "is_compiled", "is_library_fusion", "runnable", "tagged_node"]
 
 #: Prefix of the ``op_name`` that :func:`runnable` gives each instruction: the name of the
 #: module's instruction it belongs to follows it.
@@ -47,6 +47,16 @@ def is_compiled(module: HloModule) -> bool:
     """Whether ``module`` is XLA's compiled module (its header says ``is_scheduled=true``),
     not a pre-optimization one."""
     return module.header_attrs.get("is_scheduled") == "true"
+
+
+def is_library_fusion(instr: HloInstruction) -> bool:
+    """Whether ``instr`` is a kernel-library fusion of XLA's: ``kind=kCustom`` with a
+    backend config naming the library kernel (XLA:CPU's ``__ynn_fusion``, XLA:GPU's
+    cuBLAS and Triton GEMM fusions). A plan's fusion written for XLA:GPU is ``kCustom``
+    too, but carries no backend config (:mod:`hlo_tools.gpu_legal`), before and after
+    XLA compiles it: it is an ordinary fusion of the plan's ops."""
+    return (instr.opcode == "fusion" and instr.attrs.get("kind") == "kCustom"
+            and "backend_config" in instr.attrs)
 
 
 def tagged_node(op_name: str | None) -> str | None:

@@ -22,10 +22,13 @@
 * Compute groups nobody reads any more (every reader holds its own copy) are left out
   (:func:`hlo_tools.plan.dead_groups`).
 * The per-device computation is printed in the plan's schedule order.
+* For XLA:GPU (``backend="gpu"``) the fusions are then written as XLA:GPU compiles them
+  (:func:`hlo_tools.gpu_legal.gpu_legal`: ``kCustom``, copies at their edges).
 """
 
 from __future__ import annotations
 
+from hlo_tools.gpu_legal import GPU_FUSION_KIND, gpu_legal
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule, Shape
 from hlo_tools.plan import FusionSpace, Plan, copy_readers, dead_groups, group_outputs
@@ -34,19 +37,16 @@ __all__ = ["UniqueNames", "apply_plan", "fusion_kind"]
 
 
 def fusion_kind(opcodes: list[str], backend: str = "cpu") -> str:
-    """The fusion kind XLA gives a group of these opcodes on ``backend``.
+    """The fusion kind a hand-written fusion of these opcodes is given on ``backend``.
 
     XLA:CPU fuses everything we fuse (elementwise ops, broadcasts, reductions) as
     ``kLoop``; a ``kOutput`` dot fusion written as text aborts its emitter, and dots are
-    never fused on CPU. XLA:GPU uses ``kOutput`` around dots and ``kInput`` for
-    reductions.
+    never fused on CPU. On XLA:GPU every hand-written fusion is ``kCustom`` whatever it
+    holds: layout assignment would clear the layouts inside a ``kLoop``/``kInput``/
+    ``kOutput`` fusion (:mod:`hlo_tools.gpu_legal`, which writes the rest of that form).
     """
-    if backend != "gpu":
-        return "kLoop"
-    if any(op in ("dot", "convolution") for op in opcodes):
-        return "kOutput"
-    if "reduce" in opcodes:
-        return "kInput"
+    if backend == "gpu":
+        return GPU_FUSION_KIND
     return "kLoop"
 
 
@@ -83,7 +83,9 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
         module: the module the plan's graph was built from (left unchanged).
         plan: the plan to enact.
         graph: the plan's graph (default: ``device_graph(module)``).
-        backend: ``"cpu"`` or ``"gpu"``, for the fusion kinds.
+        backend: ``"cpu"`` or ``"gpu"``: on ``"gpu"`` the result is made legal for
+            XLA:GPU by :func:`hlo_tools.gpu_legal.gpu_legal` (``kCustom`` fusions with
+            copies at their edges).
         ordered: chain the all-reduces in schedule order (the module docstring; None:
             on ``"cpu"``, where a program's gloo all-reduces run inline and the chain
             costs no overlap). On a GPU the zero's small kernel would hold the compute
@@ -146,7 +148,7 @@ def apply_plan(module: HloModule, plan: Plan, graph: DeviceGraph | None = None,
     comp.instructions = new_instrs
     index = out.computations.index(comp)
     out.computations[index:index] = new_comps
-    return out
+    return gpu_legal(out) if backend == "gpu" else out
 
 
 def _tie(last: HloInstruction, element_type: str, names: UniqueNames

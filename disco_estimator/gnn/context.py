@@ -39,6 +39,7 @@ from disco_estimator.gnn.features import canonical_key, subgraph_from_group
 from disco_estimator.interface import NodeCostSource
 from disco_estimator.ops import op_status
 from disco_estimator.ops.trace import ProgramProfile
+from hlo_tools.compiled import is_library_fusion
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloModule
 
@@ -106,7 +107,7 @@ def traced_fusions(profile: ProgramProfile, module: HloModule | None = None
     module = module if module is not None else parse(profile.hlo_text)
     out = []
     for instr, body, members in fusion_groups(module, device_graph(module)):
-        if instr.attrs.get("kind") == "kCustom" or instr.name not in profile.counts:
+        if is_library_fusion(instr) or instr.name not in profile.counts:
             continue
         root = body.computation.instructions[body.root]
         outputs: tuple[int, ...] = (body.root,)

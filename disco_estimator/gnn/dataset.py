@@ -68,6 +68,7 @@ from disco_estimator.ops import (
 )
 from hlo_tools import dirs
 from hlo_tools import plan as P
+from hlo_tools.compiled import is_library_fusion
 from hlo_tools.graph import DeviceGraph, NodeKind, device_graph
 from hlo_tools.ir import HloComputation, HloInstruction, HloModule
 from hlo_tools.opcodes import READS_RESULT_SIZE_OPCODES
@@ -249,7 +250,7 @@ def xla_groups(module: HloModule, graph: DeviceGraph | None = None
     graph = graph if graph is not None else device_graph(module)
     out = []
     for instr, body, members in fusion_groups(module, graph):
-        if instr.attrs.get("kind") == "kCustom" or len(members) < 2:
+        if is_library_fusion(instr) or len(members) < 2:
             continue
         root = body.computation.instructions[body.root]
         if root.shape.is_tuple or len(P.group_outputs(body, None, members)) != 1:

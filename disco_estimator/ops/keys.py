@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from hlo_tools.compiled import is_library_fusion
 from hlo_tools.ir import NUMPY_DTYPES, HloInstruction, HloModule
 from hlo_tools.opcodes import (
     COLLECTIVE_PREFIXES,
@@ -363,9 +364,6 @@ def library_info(info: OpInfo) -> OpInfo:
     return dataclasses.replace(info, key=library_key(info.key))
 
 
-def is_library_fusion(instr: HloInstruction) -> bool:
-    """Whether ``instr`` is a library fusion (``fusion`` with ``kind=kCustom``)."""
-    return instr.opcode == "fusion" and instr.attrs.get("kind") == "kCustom"
 
 
 def library_computations(module: HloModule) -> frozenset[str]:
