@@ -4,9 +4,13 @@ GPU user meets, and writes it to ``benchmarks/results/gpu_check.json``.
 Per zoo model and size (on every local device of the backend):
 
 * **route**: whether the backend compiles hand-written fusions
-  (:func:`hlo_tools.jax_bridge.probe_route`); a plan with fusions and a plan of AllReduce
-  buckets are compiled as that route compiles plans, and each that compiles is run against
-  ``jax.jit`` (rtol 1e-5).
+  (:func:`hlo_tools.jax_bridge.probe_route`; on XLA:GPU through the PJRT plugin's own
+  compile of HLO); a random plan with fusions (written for the backend,
+  ``apply_plan(backend=...)``) and a plan of AllReduce buckets are compiled as that route
+  compiles plans; each that compiles is run against ``jax.jit`` (rtol 1e-5), the fused
+  plan's fusions are looked up in XLA's optimized module
+  (:func:`hlo_tools.gpu_legal.fusions_kept`), and both are timed against ``jax.jit``'s own
+  program, interleaved.
 * **search phase**: ``disco_jax.jit`` under ``ENABLE_SEARCH=1`` (first-call seconds beside
   ``jax.jit``'s, the mode and choice, outputs against ``jax.jit``'s); **enactment phase**:
   a fresh wrapper under ``ENABLE_SEARCH=0`` (mode ``stored``, outputs).
@@ -20,7 +24,7 @@ Then the wrapper's cost per call on a small step (``examples/train.py``'s MLP): 
 against ``disco_jax.jit`` with nothing stored (fallback) and with a stored program,
 interleaved.
 
-    python benchmarks/gpu_check.py                                  # on a GPU machine
+    python benchmarks/gpu_check.py                                  # on a GPU (~8 min)
     python benchmarks/gpu_check.py --models vgg --sizes tiny --budget 1 --rounds 3 \\
         --out /tmp/gpu_check.json                                   # a CPU rehearsal
 """
@@ -122,10 +126,16 @@ def _wrapped(step, flag: str | None, store: Path, budget: float):
     return disco_jax.jit(step, store=store, time_budget_s=budget)
 
 
-def _route_checks(step, args, want) -> dict:
-    """The route and, for one plan with fusions and one of buckets, whether it compiles as
-    the route compiles plans and computes what jax.jit computes."""
-    route = jb.probe_route(jax.default_backend())
+def _route_checks(step, args, want, plain, rounds: int, min_sample_s: float) -> dict:
+    """The route and, for one plan with fusions (written for this backend) and one of
+    buckets: whether it compiles as the route compiles plans, keeps its fusions in XLA's
+    optimized module, computes what jax.jit computes, and how fast it runs against
+    jax.jit's own program (interleaved rounds)."""
+    from hlo_tools.gpu_legal import fusions_kept
+
+    platform = jax.default_backend()
+    backend = jb.platform_family(platform) or "cpu"
+    route = jb.probe_route(platform)
     step = jb.fresh_function(step)
     module = hlo_tools.parse(jb.extract(step, *args))
     graph = hlo_tools.device_graph(module)
@@ -135,17 +145,25 @@ def _route_checks(step, args, want) -> dict:
              "bucket_plan": (P.bucket_plan(space, 4 << 20), plan_compile_options(route))}
     out = {"route": route.to_json()}
     for name, (plan, how) in plans.items():
-        text = hlo_tools.to_text(hlo_tools.apply_plan(module, plan, graph))
+        written = hlo_tools.apply_plan(module, plan, graph, backend=backend)
+        text = hlo_tools.to_text(written)
         row = {"fusions": sum(1 for ms in plan.groups().values() if len(ms) > 1
                               and graph.opcodes[ms[0]] != "all-reduce"),
                "exact": how.get("exact", False)}
         try:
+            t = time.perf_counter()
             run = jb.compile_module(text, jb.InPlaceOf(step, args), jb.CompileOptions(
                 how["exact"], how.get("library", False), how.get("compiler_options")))
+            row["compile_s"] = time.perf_counter() - t
             row["compiles"] = True
             row["same_as_jax_jit"], row["max_abs_diff"] = _same(run(*args), want)
+            if how.get("exact"):
+                kept = fusions_kept(written, hlo_tools.parse(run.as_text()))
+                row["fusions_kept"] = kept._asdict()
+            row["measured_s"] = _interleaved({"jax_jit": plain, name: run}, args, rounds,
+                                             min_sample_s)
         except Exception as err:  # noqa: BLE001 - what the backend says is the finding
-            row["compiles"] = False
+            row["compiles"] = row.get("compiles", False)
             row["error"] = (str(err).strip().splitlines() or [""])[0][:300]
         out[name] = row
     return out
@@ -158,7 +176,7 @@ def check_model(model: str, size: str, budget: float, rounds: int, min_sample_s:
     row: dict = {"model": model, "size": size, "devices": n}
     plain = jax.jit(step)
     row["jax_jit_first_call_s"], want = _timed_first(plain, args)
-    row.update(_route_checks(step, args, want))
+    row.update(_route_checks(step, args, want, plain, rounds, min_sample_s))
     with tempfile.TemporaryDirectory(prefix="gpu_check_store_") as tmp:
         store = Path(tmp)
         with warnings.catch_warnings(record=True) as seen:
@@ -267,10 +285,10 @@ def _commit() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="vgg,transformer,bert", help="zoo models")
+    ap.add_argument("--models", default="vgg,resnet,transformer,bert", help="zoo models")
     ap.add_argument("--sizes", default="medium,large", help="zoo sizes")
-    ap.add_argument("--budget", type=float, default=10.0, help="search budget, seconds")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    ap.add_argument("--budget", type=float, default=8.0, help="search budget, seconds")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     ap.add_argument("--min-sample-s", type=float, default=0.1, help="seconds per sample")
     ap.add_argument("--overhead-calls", type=int, default=300,
                     help="steps per sample of the per-call check (0: skip it)")

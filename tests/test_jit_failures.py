@@ -146,10 +146,14 @@ def test_buckets_route_searches_stores_and_runs(tmp_path, monkeypatch):
     assert info.mode == "stored" and not ours
 
 
-def test_this_backend_compiles_handwritten_fusions_and_gpu_does_not():
-    from hlo_tools.jax_bridge import BUCKETS, EXACT, known_route, probe_route
+def test_this_backend_and_gpu_compile_handwritten_fusions():
+    """XLA:CPU, probed here, and XLA:GPU, recorded in ``xla_passes.toml`` (its PJRT
+    plugin's own compile of HLO takes the fusions as written): both exact routes."""
+    from hlo_tools.jax_bridge import EXACT, known_route, probe_route
+    from hlo_tools.jax_bridge.passes import load_pass_config
 
     here = probe_route("cpu")
     assert here.name == EXACT and "compiles hand-written fusions" in here.reason
     gpu = known_route("gpu")
-    assert gpu.name == BUCKETS and "mhlo.fusion" in gpu.reason
+    assert gpu.name == EXACT and gpu.reason == load_pass_config()["gpu"]["route_reason"]
+    assert "PJRT plugin" in gpu.reason and "kCustom" in gpu.reason

@@ -115,6 +115,9 @@ def register(subparsers: Any) -> None:
                         "all-reduce per bucket on two streams) of the plan's buckets "
                         "('plan') or of K buckets of equal bytes, instead of the single "
                         "optimized module")
+    p.add_argument("--no-gpu-compile", dest="gpu_compile", action="store_false",
+                   help="for a GPU hardware file, skip compiling the plan for an H100 "
+                        "without a GPU (done when the gpu-compile extra is installed)")
     add_cost_model_arguments(p)
     add_gnn_argument(p)
     add_fused_estimator_argument(p)
@@ -173,6 +176,36 @@ def _plan_problem(graph: Any, plan: Any) -> str | None:
     except (ValueError, KeyError, IndexError) as err:
         return f"it cannot be applied ({type(err).__name__}: {err})"
     return problems[0] if problems else None
+
+
+def _gpu_compile(written: Any, text: str) -> dict[str, Any]:
+    """Compiles the plan as written for XLA:GPU without a GPU, for an H100 target, with the
+    options of ``xla_passes.toml``'s ``[gpu]`` table (what the exact route compiles with),
+    when the gpu-compile extra is installed: whether it compiles and keeps every planned
+    fusion (:func:`hlo_tools.gpu_legal.fusions_kept`).
+
+    Raises:
+        UserError: XLA:GPU rejects the plan or loses a planned fusion (nothing is written).
+    """
+    import hlo_tools
+    from hlo_tools.gpu_legal import fusions_kept
+    from hlo_tools.jax_bridge import HloCompileError, exact_compiler_options, pjrt
+
+    reason = pjrt.unavailable_reason()
+    if reason is not None:
+        return {"checked": False, "reason": reason}
+    print("disco: compiling the plan for XLA:GPU (an H100 target, no GPU needed)",
+          file=sys.stderr, flush=True)
+    try:
+        out = pjrt.compile_deviceless(text, exact_compiler_options("cuda"))
+    except HloCompileError as err:
+        raise UserError("the plan does not compile for XLA:GPU: "
+                        f"{str(err).strip().splitlines()[0][:300]}") from None
+    kept = fusions_kept(written, hlo_tools.parse(out.optimized_text))
+    if kept.lost:
+        raise UserError(f"XLA:GPU did not keep {len(kept.lost)} of the plan's "
+                        f"{kept.planned} fusions (first: {' '.join(kept.lost[0])})")
+    return {"checked": True, "seconds": round(out.seconds, 2), **kept._asdict()}
 
 
 def _load_resume(path: Path, graph: Any) -> Any | None:
@@ -247,7 +280,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     import hlo_tools
     from disco_jax.pipeline.search import MemoryBudgetError, baseline_plans, search
     from disco_jax.units import parse_bytes
-    from hlo_tools.jax_bridge import EXACT, device_memory_bytes
+    from hlo_tools.jax_bridge import EXACT, device_memory_bytes, platform_family
     from hlo_tools.plan import FusionSpace
 
     check_arguments(args)
@@ -301,7 +334,10 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     except MemoryBudgetError as err:
         raise UserError(f"{args.file}: {err}") from None
     signals.phase = "after"
-    text = hlo_tools.to_text(hlo_tools.apply_plan(module, outcome.plan, graph))
+    backend = platform_family(route.platform) or "cpu"
+    written = hlo_tools.apply_plan(module, outcome.plan, graph, backend=backend)
+    text = hlo_tools.to_text(written)
+    gpu_compile = _gpu_compile(written, text) if backend == "gpu" and args.gpu_compile else None
     record = {"format": PLAN_FORMAT, "file": str(args.file), "output": str(out),
               "computation": graph.computation.name, "nodes": graph.num_nodes,
               "fingerprint": graph_fingerprint(graph), "predicted_s": outcome.cost_s,
@@ -321,6 +357,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     report["route"] = route.to_json()
     report["plan_file"] = str(plan_file)
     report["resumed"] = resumed is not None
+    report["gpu_compile"] = gpu_compile
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:

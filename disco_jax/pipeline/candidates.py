@@ -85,10 +85,12 @@ def plan_compile_options(route: Any) -> dict[str, Any]:
 
 def baseline_program(program: Program, options: Mapping[str, Any]) -> Any:
     """``program`` compiled by XLA with a baseline's ``options``
-    (:func:`hlo_tools.baselines.baseline_options`)."""
+    (:func:`hlo_tools.baselines.baseline_options`); with none, jax's own compile of the
+    step (XLA's default as ``jax.jit`` runs it, not a recompile of the text)."""
     from hlo_tools.jax_bridge import CompileOptions, InPlaceOf, compile_module
 
-    return compile_module(program.text, InPlaceOf(program.step, program.args),
+    return compile_module(program.text if options else None,
+                          InPlaceOf(program.step, program.args),
                           CompileOptions(exact=False, extra=dict(options)))
 
 
@@ -132,10 +134,17 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     from disco_jax.enactment.staged import CHUNK_BYTES
     from hlo_tools import apply_plan, to_text
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import CompileOptions, HloCompileError, InPlaceOf, compile_module
+    from hlo_tools.jax_bridge import (
+        CompileOptions,
+        HloCompileError,
+        InPlaceOf,
+        compile_module,
+        platform_family,
+    )
     from hlo_tools.plan import Plan
 
     step, args, text, platform = program.step, program.args, program.text, program.platform
+    backend = platform_family(platform) or "cpu"  # how plans are written (GPU: legal there)
     enactments: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     bucketed: dict[str, tuple[int | None, int]] = {}
@@ -184,7 +193,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     def plan(name: str) -> None:
         """Compiles a plan; one XLA rejects (in any process of a job) is left out of the
         choice, with its text kept in the temp directory and a line that says why."""
-        plan_text = to_text(apply_plan(program.module, plans[name], program.graph))
+        plan_text = to_text(apply_plan(program.module, plans[name], program.graph, backend=backend))
         error = None
         try:
             compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),

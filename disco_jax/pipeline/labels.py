@@ -98,15 +98,18 @@ def random_plan_programs(program: Any, count: int, seed: int, *, moves: int = 80
         moves: random moves per plan.
     """
     from hlo_tools import plan as P
+    from hlo_tools.jax_bridge import platform_family
 
     graph = program.graph
     space = P.FusionSpace(graph)
     exact = hlo_tools.CompileOptions(exact=True, library=True)
+    backend = platform_family(program.platform) or "cpu"
     out = {}
     for k in range(count):
         plan = P.random_moves(space, P.initial_plan(graph), random.Random(seed + k), moves,
                               weights=(0.6, 0.4, 0.0))
-        text = hlo_tools.to_text(hlo_tools.apply_plan(program.module, plan, graph))
+        text = hlo_tools.to_text(hlo_tools.apply_plan(program.module, plan, graph,
+                                                      backend=backend))
         out[f"random_{seed + k}"] = hlo_tools.compile_module(
             text, hlo_tools.InPlaceOf(program.step, program.args), exact)
     return out

@@ -12,6 +12,10 @@ modules by job:
 * :mod:`~hlo_tools.jax_bridge.compile` -- :func:`compile_module`: text compiled in place
   of a function's lowering, from the text alone, standalone or per device;
 * :mod:`~hlo_tools.jax_bridge.route` -- whether a backend compiles hand-written fusions;
+* :mod:`~hlo_tools.jax_bridge.pjrt` -- XLA:GPU's PJRT plugin compiling HLO as written
+  (program format ``"hlo"``), on a GPU or for a described one without it;
+* :mod:`~hlo_tools.jax_bridge.transplant` -- an executable compiled outside jax's client,
+  run by jax as the step's ``Compiled``;
 * :mod:`~hlo_tools.jax_bridge.devices` -- this process's devices for a module, its memory;
 * :mod:`~hlo_tools.jax_bridge.sync` -- barriers and exchanges of a multi-process job.
 

@@ -179,10 +179,30 @@ def _xla_compile(program: jax.stages.Lowered | str, options: dict[str, Any],
 def _in_place_of(hlo_text: str | None, target: InPlaceOf, options: CompileOptions
                  ) -> CompiledHlo:
     lowered = jitted(target.fn).lower(*target.args, **(target.kwargs or {}))
+    platform = internals.lowered_platform(lowered)
+    given = xla_options(platform, options)
+    if hlo_text is not None and " fusion(" in hlo_text and internals.is_c_api_client(platform):
+        return CompiledHlo(_through_plugin(lowered, hlo_text, given), hlo_text, given)
     if hlo_text is not None:
         lowered = _install(lowered, hlo_text)
-    given = xla_options(internals.lowered_platform(lowered), options)
     return CompiledHlo(_xla_compile(lowered, given, hlo_text), hlo_text, given)
+
+
+def _through_plugin(lowered: jax.stages.Lowered, hlo_text: str, options: dict[str, Any]
+                    ) -> jax.stages.Compiled:
+    """Text with hand-written fusions on a PJRT plugin backend (XLA:GPU), whose jax client
+    would hand XLA portable StableHLO, which has no fusion: the plugin compiles the text
+    itself (program format ``"hlo"``, in a child process, so that an XLA abort is an
+    ``HloCompileError``), and jax runs the executable with the step's calling convention,
+    taken from jax's own compile of the step (:mod:`~hlo_tools.jax_bridge.transplant`)."""
+    from hlo_tools.jax_bridge import pjrt
+    from hlo_tools.jax_bridge.transplant import transplant
+
+    _install(lowered, hlo_text)  # the entry signature must be the step's
+    given = {**options, **internals.frontend_sharding_options(hlo_text)}
+    executable = pjrt.compile_serialized(
+        hlo_text, internals.lowered_compile_options_proto(lowered, given))
+    return transplant(_xla_compile(lowered, {}, None), executable)
 
 
 # ----------------------------------------------------------------- standalone modules
@@ -554,8 +574,9 @@ def compile_module(hlo_text: str | None,
         ``kind=kLoop``), and a multi-operand (tuple) all-reduce inside a shard_map body is
         rejected (combine gradients through one flat concatenated buffer instead). jax
         drops unused arguments from the entry signature unless
-        ``jax.jit(..., keep_unused=True)``. XLA:GPU compiles no hand-written ``fusion``
-        (docs: the GPU route).
+        ``jax.jit(..., keep_unused=True)``. On XLA:GPU, text with hand-written fusions
+        compiles through the plugin's own compile (:class:`InPlaceOf` only; docs: the GPU
+        route) and must be legal for it (:func:`hlo_tools.gpu_legal.gpu_legal`).
     """
     if isinstance(target, InPlaceOf):
         return _in_place_of(hlo_text, target, options)

@@ -1,11 +1,13 @@
 """Whether a backend compiles hand-written fusions: the route by which plans reach it.
 
-* :data:`EXACT`: the backend compiles a module's ``fusion`` instructions as written
-  (XLA:CPU, whose in-process client compiles the MLIR with ``mhlo.fusion`` directly). Every
+* :data:`EXACT`: the backend compiles a module's ``fusion`` instructions as written:
+  XLA:CPU, whose in-process client compiles the MLIR with ``mhlo.fusion`` directly, and
+  XLA:GPU through its PJRT plugin's own compile of HLO (program format ``"hlo"``; jax's
+  client would serialize the module to portable StableHLO, which has no fusion). Every
   rewrite of the search can be enacted.
-* :data:`BUCKETS`: it does not (XLA:GPU: its PJRT plugin client serializes the module to
-  portable StableHLO, which has no ``mhlo.fusion``). Plans there hold only what plain
-  ops express -- AllReduce buckets and their order -- and run over XLA's own fusion.
+* :data:`BUCKETS`: it does not (the plugin is missing, its compile fails, or XLA does not
+  keep the fusion). Plans there hold only what plain ops express -- AllReduce buckets and
+  their order -- and run over XLA's own fusion.
 
 :func:`probe_route` decides by compiling and running a two-op fusion on the backend
 (cached per platform); :func:`known_route` answers for a backend this process cannot
@@ -45,6 +47,11 @@ ENTRY %main (a: f32[8], b: f32[8]) -> f32[8] {
 """
 
 
+def _probe_function(a: jax.Array, b: jax.Array) -> jax.Array:
+    """What the probe's fusion computes, as the jitted function whose place it takes."""
+    return (a + b) * b
+
+
 class Route(NamedTuple):
     """How plans reach a backend.
 
@@ -76,16 +83,28 @@ def probe_route(platform: str | None = None) -> Route:
     Returns:
         :data:`EXACT` when it is, else :data:`BUCKETS` with the reason.
     """
-    from hlo_tools.jax_bridge.compile import Standalone, compile_module
+    from hlo_tools.jax_bridge.compile import InPlaceOf, Standalone, compile_module
 
     platform = platform or jax.default_backend()
-    client = "a PJRT C-API plugin client" if internals.is_c_api_client(platform) \
-        else "an in-process client"
+    plugin = internals.is_c_api_client(platform)
+    client = "the PJRT plugin's own compile" if plugin else "an in-process client"
+    a = np.arange(8, dtype=np.float32)
+    b = np.full(8, 0.5, np.float32)
     try:
-        run = compile_module(_PROBE, Standalone(platform=platform), CompileOptions(exact=True))
-        a = np.arange(8, dtype=np.float32)
-        b = np.full(8, 0.5, np.float32)
-        (got,) = run(a, b)
+        if plugin:  # as plans compile there: in place of a jitted function, legal for it
+            from hlo_tools.gpu_legal import gpu_legal
+            from hlo_tools.parser import parse
+            from hlo_tools.printer import to_text
+
+            device = jax.devices(platform)[0]
+            placed = [jax.device_put(x, device) for x in (a, b)]
+            run = compile_module(to_text(gpu_legal(parse(_PROBE))),
+                                 InPlaceOf(_probe_function, placed), CompileOptions(exact=True))
+            got = np.asarray(run(*placed))
+        else:
+            run = compile_module(_PROBE, Standalone(platform=platform),
+                                 CompileOptions(exact=True))
+            (got,) = run(a, b)
         compiled = run.as_text()
     except Exception as err:  # noqa: BLE001 - whatever the backend raises decides it
         return Route(BUCKETS, platform, f"{platform} ({client}) does not compile a "
