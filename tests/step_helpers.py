@@ -4,11 +4,12 @@
 * :func:`mlp_step`: a small ``shard_map`` data-parallel step on 4 devices.
 * :func:`run_steps`: successive steps of a zoo-style step, state fed back.
 * :func:`local`: a replicated array's local copy, as numpy.
+* :func:`zoo_modules`: zoo steps' pre-optimization modules, parsed once each.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 
 
 def mlp_step():
@@ -77,3 +78,17 @@ def local(x):
     import numpy as np
 
     return np.asarray(x.addressable_shards[0].data)
+
+
+def zoo_modules(devices: int, size: str = "tiny"):
+    """``get(model)``: the zoo step's pre-optimization module on ``devices`` devices at
+    ``size``, extracted and parsed at the first ask for each model."""
+    import hlo_tools
+    from disco_jax import zoo
+
+    @cache
+    def get(model: str):
+        step, args = zoo.get(model)(devices, size)
+        return hlo_tools.parse(hlo_tools.extract(step, *args))
+
+    return get

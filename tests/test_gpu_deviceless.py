@@ -49,17 +49,9 @@ def _compile(module) -> hlo_tools.HloModule:
 @pytest.fixture(scope="module")
 def one_device_module():
     """Each zoo model's pre-optimization module at ``tiny`` on one device, parsed once."""
-    cache = {}
+    from step_helpers import zoo_modules
 
-    def get(model: str):
-        if model not in cache:
-            from disco_jax import zoo
-
-            step, args = zoo.get(model)(1, "tiny")
-            cache[model] = hlo_tools.parse(hlo_tools.extract(step, *args))
-        return cache[model]
-
-    return get
+    return zoo_modules(1)
 
 
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])

@@ -514,20 +514,9 @@ SEEDS = (0, 1, 2)
 @pytest.fixture(scope="module")
 def zoo_modules():
     """Each zoo model's pre-optimization module at ``tiny`` (4 devices), parsed once."""
-    from disco_jax.zoo import MODELS
+    from step_helpers import zoo_modules
 
-    cache = {}
-
-    def get(model: str):
-        if model not in cache:
-            from disco_jax import zoo
-
-            step, args = zoo.get(model)(4, "tiny")
-            cache[model] = hlo_tools.parse(hlo_tools.extract(step, *args))
-        return cache[model]
-
-    assert MODELS
-    return get
+    return zoo_modules(4)
 
 
 def _fusion_bodies(module) -> list[tuple[object, object]]:
