@@ -31,7 +31,10 @@ environment variable ``ENABLE_SEARCH``:
 In a multi-process job (``jax.process_count() > 1``) process 0 alone searches (the
 others take part in its measurements) and stores, or alone reads the store; the activator
 (:mod:`disco_jax.activator`) broadcasts its enactment over the job's collective backend and
-every process runs it, or all fall back together with the same reason. On CPU, the first
+every process runs it, or all fall back together with the same reason. A process whose
+search fails posts it to the job (:mod:`disco_jax.pipeline.sync`): the others' next
+exchange with it raises and they fall back within a second, not at the exchanges' 15-min
+timeout (each process warns with its own reason). On CPU, the first
 call in each process also moves gloo's event loop to ``SCHED_BATCH``
 (:func:`disco_estimator.gloo.quiet_gloo_loops`; ``DISCO_GLOO_LOOP=idle`` or ``asis`` to choose
 otherwise): at the default policy the loop preempts the compute it shares a CPU with
@@ -655,6 +658,7 @@ class DiscoJitted:
         from disco_jax.progress import FirstCallProgress
         from disco_jax.units import env_bytes
 
+        sync = None
         try:
             budget = _budget(self._time_budget_s)
             memory = env_bytes(MEMORY_ENV)
@@ -668,12 +672,16 @@ class DiscoJitted:
                                     time_budget_s=budget, hardware=self._hardware, sync=sync,
                                     memory_budget_bytes=memory, progress=progress,
                                     **options)
+            if sync is not None:  # a process that failed after the last exchange
+                sync.gather("searched", True)
         except ValueError as err:
+            _post_failure(sync, err)
             if str(err).startswith((BUDGET_ENV, MEMORY_ENV, FUSED_ESTIMATOR_ENV)):
                 raise
             return self._fallback(f"DisCo cannot optimize this step: {err}", source_fp,
                                   source_fp)
         except Exception as err:  # noqa: BLE001 - a compile, profile or run failure
+            _post_failure(sync, err)
             return self._fallback(_failure("DisCo's search failed", err), source_fp,
                                   source_fp)
         enactment, report = opt.enactment, opt.report
@@ -719,6 +727,16 @@ def _step_source(fun: Callable[..., Any]) -> dict[str, str | None]:
     except (TypeError, OSError):
         pass
     return {"function": f"{module}.{name}" if module else name, "source": source}
+
+
+def _post_failure(sync: Any, err: BaseException) -> None:
+    """In a job, tells the other processes that this one's search failed (their next wait
+    raises, and they fall back at once instead of waiting out the job's timeout); not
+    for a failure another process posted (``JobFailed``: they know)."""
+    from hlo_tools.jax_bridge.sync import JobFailed
+
+    if sync is not None and not isinstance(err, JobFailed):
+        sync.fail(_failure("its search failed", err, limit=200))
 
 
 def _failure(what: str, err: BaseException, limit: int = 300) -> str:

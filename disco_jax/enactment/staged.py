@@ -44,6 +44,7 @@ import hlo_tools
 from hlo_tools import jax_bridge
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import NUMPY_DTYPES, HloModule
+from hlo_tools.jax_bridge.devices import local_shards
 from hlo_tools.plan import FusionSpace
 from hlo_tools.plan.buckets import ready_order
 from hlo_tools.stages import (
@@ -380,8 +381,9 @@ class StagedStep:
     # -- the streams
 
     def _per_device(self, arg: Any, k: int) -> list[Any]:
-        """The local per-device buffers of an argument (its addressable shards)."""
-        shards = {s.device: s.data for s in arg.addressable_shards}
+        """The local per-device buffers of an argument (its addressable shards, however
+        jax built the array: :func:`hlo_tools.jax_bridge.devices.local_shards`)."""
+        shards = local_shards(arg)
         want = tuple(self.plan.cut.arg_shapes[k].dims)
         out = []
         for d in self.devices:

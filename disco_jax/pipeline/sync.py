@@ -1,5 +1,10 @@
 """The job sync of a multi-process pipeline: barriers, process 0's values, everyone's
-values, over ``jax.distributed``'s coordination service (one process: no sync)."""
+values, over ``jax.distributed``'s coordination service (one process: no sync).
+
+A process whose part of the pipeline fails posts it (``fail``); every wait of the others
+then raises :class:`~hlo_tools.jax_bridge.sync.JobFailed` within half a second, so the
+whole job falls back at once instead of waiting out the timeout for a process that has
+left the pipeline."""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ class Sync(Protocol):
     """What :func:`measure` needs from a multi-process job (None: one process).
 
     ``barrier(tag)`` waits for every process; ``share(key, value)`` returns process 0's
-    JSON value everywhere; ``gather(key, value)`` returns every process's value.
+    JSON value everywhere; ``gather(key, value)`` returns every process's value;
+    ``fail(reason)`` tells the others that this process left the pipeline (their waits
+    raise :class:`~hlo_tools.jax_bridge.sync.JobFailed`).
     """
 
     def barrier(self, tag: str) -> None: ...
@@ -21,6 +28,8 @@ class Sync(Protocol):
 
     def gather(self, key: str, value: Any) -> list[Any]: ...
 
+    def fail(self, reason: str) -> None: ...
+
 
 class _JobSync:
     def __init__(self, prefix: str, timeout_ms: int):
@@ -28,7 +37,7 @@ class _JobSync:
 
         from hlo_tools.jax_bridge import Coordinator
 
-        self._coord = Coordinator(prefix, timeout_ms)
+        self._coord = Coordinator(prefix, timeout_ms, watch_failures=True)
         self._pid, self._n = jax.process_index(), jax.process_count()
 
     def barrier(self, tag: str) -> None:
@@ -39,6 +48,9 @@ class _JobSync:
 
     def gather(self, key: str, value: Any) -> list[Any]:
         return self._coord.all_values(key, value, self._pid, self._n)
+
+    def fail(self, reason: str) -> None:
+        self._coord.fail(reason)
 
 
 def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync | None:

@@ -13,7 +13,7 @@ from hlo_tools.jax_bridge import internals
 from hlo_tools.jax_bridge.errors import DevicesUnavailableError
 
 __all__ = ["HOST_DEVICES_FLAG", "backend_info", "device_memory_bytes", "give_host_devices",
-           "local_devices_for"]
+           "local_devices_for", "local_shards"]
 
 
 def backend_info(platform: str | None = None) -> dict[str, Any]:
@@ -32,6 +32,34 @@ def backend_info(platform: str | None = None) -> dict[str, Any]:
         "num_devices": len(devices),
         "cpu_count": os.cpu_count() or 0,
     }
+
+
+def local_shards(x: jax.Array) -> dict[Any, jax.Array]:
+    """This process's buffers of an array: one single-device array per addressable device.
+
+    What ``{s.device: s.data for s in x.addressable_shards}`` gives, also for the array
+    jax (0.10 to 0.12 at least) makes when ``jax.device_put`` places a jax array (not a
+    numpy one) replicated over a mesh of several processes with one device each: its one
+    local buffer carries the whole mesh's sharding, so ``addressable_shards`` (and
+    ``jax.make_array_from_single_device_arrays`` given it) raise "the input arrays must
+    have one shard each. An argument array had 2 shard(s)". A replicated array holds the
+    whole value on every device: the buffer of its one local device is then viewed
+    through ``addressable_data`` (no copy), with several a copy of the array is split.
+
+    Raises:
+        ValueError: what ``addressable_shards`` raises for an array that is not
+            replicated.
+    """
+    try:
+        return {s.device: s.data for s in x.addressable_shards}
+    except ValueError:
+        if not x.is_fully_replicated:
+            raise
+    devices = list(x.sharding.addressable_devices)
+    if len(devices) == 1:
+        return {devices[0]: x.addressable_data(0)}
+    copy = jax.device_put(x, x.sharding, may_alias=False)
+    return {s.device: s.data for s in copy.addressable_shards}
 
 
 def device_memory_bytes(platform: str | None = None) -> int:
