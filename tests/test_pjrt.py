@@ -183,6 +183,7 @@ def test_a_compile_past_its_time_limit_is_an_error() -> None:
 
 def test_without_the_plugin_compiles_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(locate, "PLUGIN_MODULES", ("jax_plugins.disco_no_such_plugin",))
+    monkeypatch.delenv(locate.PLUGIN_ENV, raising=False)
     assert pjrt.plugin_path() is None
     assert "no CUDA PJRT plugin" in pjrt.unavailable_reason()
     with pytest.raises(HloCompileError, match="no CUDA PJRT plugin"):
@@ -261,3 +262,15 @@ def test_a_gpu_compile_preloads_the_cuda_libraries_it_can(tmp_path: Path) -> Non
     assert libm
     child.preload([str(broken), libm])  # no exception: libm loads, the broken one is left
     assert all(Path(p).is_file() for p in locate.cuda_libraries())
+
+
+def test_the_plugin_can_be_named_by_its_file(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """``$DISCO_PJRT_PLUGIN`` names the plugin (a wheel unpacked where jax does not look
+    for plugins); a name that is no file says so."""
+    found = pjrt.plugin_path()
+    monkeypatch.setenv(locate.PLUGIN_ENV, found)
+    assert pjrt.plugin_path() == found
+    monkeypatch.setenv(locate.PLUGIN_ENV, str(tmp_path / "missing.so"))
+    assert pjrt.plugin_path() is None
+    assert "DISCO_PJRT_PLUGIN names no file" in pjrt.unavailable_reason()

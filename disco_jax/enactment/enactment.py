@@ -194,12 +194,8 @@ def build(enactment: Enactment, step: Callable[..., Any], args: Sequence[Any], *
         warnings.warn(f"staged enactment {enactment.name!r} falls back to one program: "
                       f"{reason}", RuntimeWarning, stacklevel=2)
         return build(single_module(enactment, step, args), step, args)
-    # XLA's default as jax.jit compiles it, not a recompile of its text: a separate
-    # compile of the same module can come out another program (XLA:GPU's autotuning).
-    own = (enactment.name == "xla_default" and not enactment.exact
-           and not enactment.compiler_options)
     return jax_bridge.compile_module(
-        None if own else enactment.text, jax_bridge.InPlaceOf(step, args, kwargs),
+        enactment.text, jax_bridge.InPlaceOf(step, args, kwargs),
         jax_bridge.CompileOptions(exact=enactment.exact, library=enactment.library,
                                   extra=enactment.compiler_options))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 __all__ = [
     "CUDA_DATA_DIR_OPTION",
+    "PLUGIN_ENV",
     "PLUGIN_MODULES",
     "cuda_data_dir",
     "cuda_libraries",
@@ -26,6 +27,10 @@ __all__ = [
 
 #: The ``jax_plugins`` modules of the CUDA PJRT plugin wheels, newest CUDA first.
 PLUGIN_MODULES = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+#: Names the plugin's shared library directly (e.g. a wheel unpacked where jax does not
+#: look for plugins: an installed one makes jax try, and log its failure, to start a CUDA
+#: backend on a machine without a GPU).
+PLUGIN_ENV = "DISCO_PJRT_PLUGIN"
 #: The plugin's shared library inside its module directory.
 _PLUGIN_FILE = "xla_cuda_plugin.so"
 #: The XLA debug option naming the directory with ``bin/ptxas`` and ``nvvm/libdevice``.
@@ -47,8 +52,12 @@ def _package_dirs(module: str) -> list[Path]:
 
 
 def plugin_path() -> str | None:
-    """The CUDA PJRT plugin's shared library of the installed jax plugin wheel
-    (``jax_plugins.xla_cuda13``, else ``xla_cuda12``); None when neither is installed."""
+    """The CUDA PJRT plugin's shared library: the file ``$DISCO_PJRT_PLUGIN`` names, else
+    the installed jax plugin wheel's (``jax_plugins.xla_cuda13``, else ``xla_cuda12``);
+    None when there is none."""
+    given = os.environ.get(PLUGIN_ENV, "").strip()
+    if given:
+        return given if Path(given).is_file() else None
     for module in PLUGIN_MODULES:
         for folder in _package_dirs(module):
             if (folder / _PLUGIN_FILE).is_file():
@@ -95,6 +104,9 @@ def unavailable_reason() -> str | None:
     """None when a deviceless XLA:GPU compile can run here (the plugin and ``ptxas`` are
     installed); else why not, in a few words (e.g. a test's skip reason)."""
     if plugin_path() is None:
+        given = os.environ.get(PLUGIN_ENV, "").strip()
+        if given:
+            return f"${PLUGIN_ENV} names no file: {given}"
         return "no CUDA PJRT plugin installed (jax-cuda12-pjrt or jax-cuda13-pjrt)"
     if ptxas_path() is None:
         return "no ptxas found (install nvidia-cuda-nvcc-cu12 or a CUDA toolkit)"
