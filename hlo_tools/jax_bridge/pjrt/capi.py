@@ -351,25 +351,26 @@ class Plugin:
 
     # -------------------------------------------------------------- compiling
 
+    def _compile(self, function: str, args_type: type, program: bytes, program_format: str,
+                 compile_options: bytes, **target: int) -> int:
+        """Runs one of the C API's compiles on ``program``; returns its executable."""
+        with _program(program, program_format) as prog:
+            args = args_type(program=ctypes.addressof(prog), compile_options=compile_options,
+                             compile_options_size=len(compile_options), **target)
+            self.call(function, args)
+        return args.executable
+
     def compile_for_topology(self, topology: int, program: bytes, program_format: str,
                              compile_options: bytes) -> int:
         """Compiles without a client (``PJRT_Compile``); returns the new executable."""
-        with _program(program, program_format) as prog:
-            args = _Compile(topology=topology, program=ctypes.addressof(prog),
-                            compile_options=compile_options,
-                            compile_options_size=len(compile_options))
-            self.call("Compile", args)
-        return args.executable
+        return self._compile("Compile", _Compile, program, program_format, compile_options,
+                             topology=topology)
 
     def compile_on_client(self, client: int, program: bytes, program_format: str,
                           compile_options: bytes) -> int:
         """Compiles on a client (``PJRT_Client_Compile``); returns the loaded executable."""
-        with _program(program, program_format) as prog:
-            args = _ClientCompile(client=client, program=ctypes.addressof(prog),
-                                  compile_options=compile_options,
-                                  compile_options_size=len(compile_options))
-            self.call("Client_Compile", args)
-        return args.executable
+        return self._compile("Client_Compile", _ClientCompile, program, program_format,
+                             compile_options, client=client)
 
     def executable_of(self, loaded: int) -> int:
         """The ``PJRT_Executable`` of a loaded one (the caller destroys it)."""
