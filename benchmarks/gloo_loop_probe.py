@@ -18,6 +18,7 @@ Prints a table and writes ``benchmarks/results/gloo_loop_probe.json``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -174,4 +175,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
         raise SystemExit(0)
+    argparse.ArgumentParser(
+        description="gloo's event loop as jaxlib leaves it, at SCHED_BATCH and at SCHED_IDLE, "
+                    "in a pinned 2-process gloo job (about 3 minutes); writes "
+                    "benchmarks/results/gloo_loop_probe.json").parse_args()
     raise SystemExit(main())
