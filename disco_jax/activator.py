@@ -147,7 +147,7 @@ def broadcast_bytes(data: bytes | None, *, step: str = "broadcast") -> bytes:
         step: the step's name in errors.
 
     Returns:
-        Process 0's bytes.
+        Process 0's bytes (in a one-process job, ``data`` itself).
 
     Raises:
         ActivatorError: a collective failed.
@@ -158,6 +158,8 @@ def broadcast_bytes(data: bytes | None, *, step: str = "broadcast") -> bytes:
 
     source = jax.process_index() == 0
     data = (data or b"") if source else b""
+    if jax.process_count() == 1:
+        return data
     if len(data) >= 2**31:
         raise ActivatorError(f"disco_jax activator: payload of {len(data)} bytes is too large")
     try:
@@ -185,8 +187,9 @@ def unanimous(ok: bool, reason: str = "", *, step: str = "vote") -> tuple[bool, 
         step: the step's name in errors.
 
     Returns:
-        ``(all_ok, reason)``: the reason of the first process that voted no (prefixed with
-        its id when it is not this one), ``""`` when all voted yes.
+        ``(all_ok, reason)`` (in a one-process job, this process's own): the reason of the
+        first process that voted no (prefixed with its id when it is not this one), ``""``
+        when all voted yes.
 
     Raises:
         ActivatorError: the collective failed.
@@ -195,6 +198,8 @@ def unanimous(ok: bool, reason: str = "", *, step: str = "vote") -> tuple[bool, 
     import numpy as np
     from jax.experimental import multihost_utils
 
+    if jax.process_count() == 1:
+        return ok, "" if ok else reason
     row = np.zeros(REASON_BYTES + 1, np.uint8)
     row[0] = 1 if ok else 0
     raw = reason.encode("utf-8")[:REASON_BYTES]
@@ -239,7 +244,9 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
                        check_record: bool = True) -> Agreement:
     """Process 0's enactment, broadcast, checked and built everywhere, or an agreed
     fallback. Every process of the job must call it for the same program, in the same
-    order.
+    order. In a one-process job nothing is broadcast or voted on: the steps pass this
+    process's own values through (the plan is checked and built, or why not is the
+    fallback's reason), so one path serves both.
 
     Args:
         local: process 0: the :class:`~disco_jax.enactment.Enactment` to run, or None
@@ -268,30 +275,33 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
     from disco_jax.enactment import Enactment
     from hlo_tools.jax_bridge import Coordinator
 
-    pid = jax.process_index()
-    with _COUNTER_LOCK:
-        count = next(_COUNTER)
-    try:
-        Coordinator(f"disco_activator_{own_fingerprint[:16]}_{count}",
-                    int(_timeout_s() * 1000)).barrier("enter")
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a timeout or a lost coordinator
-        raise _step_error("barrier before the broadcast (are all processes calling the "
-                          "step?)", err) from err
+    solo = jax.process_count() == 1
+    if not solo:
+        with _COUNTER_LOCK:
+            count = next(_COUNTER)
+        try:
+            Coordinator(f"disco_activator_{own_fingerprint[:16]}_{count}",
+                        int(_timeout_s() * 1000)).barrier("enter")
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a timeout or a lost coordinator
+            raise _step_error("barrier before the broadcast (are all processes calling "
+                              "the step?)", err) from err
 
-    data = None
-    if pid == 0:
-        payload = {"source_fingerprint": own_fingerprint, "record": dict(record or {}),
-                   "reason": reason, "warn": bool(warn),
-                   "enactment": local.to_json() if local is not None else None}
-        data = json.dumps(payload, sort_keys=True).encode("utf-8")
-    data = broadcast_bytes(data, step="broadcast of the enactment")
-    try:
-        payload = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        payload = {"enactment": None, "reason": f"corrupt broadcast from process 0 ({err})",
-                   "warn": True, "record": {}}
+    payload = {"source_fingerprint": own_fingerprint, "record": dict(record or {}),
+               "reason": reason, "warn": bool(warn),
+               "enactment": local.to_json() if local is not None else None}
+    if solo:  # nothing to broadcast: the payload is this process's own
+        data = b""
+    else:
+        data = json.dumps(payload, sort_keys=True).encode("utf-8") \
+            if jax.process_index() == 0 else None
+        data = broadcast_bytes(data, step="broadcast of the enactment")
+        try:
+            payload = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            payload = {"enactment": None, "warn": True, "record": {},
+                       "reason": f"corrupt broadcast from process 0 ({err})"}
     p_reason = str(payload.get("reason") or "")
     p_warn = bool(payload.get("warn", True))
     p_record = payload.get("record") or {}
@@ -301,26 +311,27 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
                          len(data))
 
     why, enactment, run = None, None, None
+    whose = "the plan" if solo else "the plan from process 0"
     why = check_payload(payload, own_fingerprint,
                         (setup or st.Setup.current()) if check_record else None)
     if why is None:
         try:
-            enactment = Enactment.from_json(payload["enactment"])
+            enactment = local if solo else Enactment.from_json(payload["enactment"])
         except ValueError as err:
-            why = f"the enactment from process 0 cannot be read here ({err})"
+            why = f"{whose} cannot be read here ({err})"
     if why is None:
         try:
             run = build(enactment) if build is not None else enactment
         except Exception as err:  # noqa: BLE001 - XLA rejected it: vote no
             first = (str(err).strip().splitlines() or [""])[0][:300]
-            why = f"the plan from process 0 does not compile here ({type(err).__name__}: {first})"
+            why = f"{whose} does not compile here ({type(err).__name__}: {first})"
     ok, agreed_reason = unanimous(why is None, why or "", step="vote on running the plan")
     if ok:
         return Agreement(enactment, run, p_record, "", p_warn, len(data))
     built = run[0] if isinstance(run, tuple) else run  # build may return (run, extra)
     if built is not None and hasattr(built, "close"):
         built.close()
-    return Agreement(None, None, p_record,
+    return Agreement(None, None, p_record, agreed_reason if solo else
                      f"not every process can run the plan, all fall back: {agreed_reason}",
                      True, len(data))
 

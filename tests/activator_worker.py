@@ -180,6 +180,8 @@ def main() -> None:
     out["searches"] = len(_searches)
     out["gloo_loop_policies"] = _loop_policies()
     out["verdicts"] = _verdicts(store)
+    out["search_skipped"] = [(json.loads(p.read_text()).get("search") or {}).get("skipped")
+                             for p in sorted(Path(store).glob("*/record.json"))]
     out["store_entries"] = sorted(p.name for p in Path(store).glob("*") if p.is_dir()
                                   and not p.name.startswith("."))
     Path(a.out, f"p{pid}.json").write_text(json.dumps(out, indent=1))

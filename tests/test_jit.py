@@ -321,19 +321,18 @@ def test_bad_environment_is_a_clear_error(tmp_path, monkeypatch, flag, budget, w
 def test_verification_allows_what_xla_reordering_moves_and_nothing_more():
     """A value beyond rtol/atol still agrees when XLA's own program with nothing fused
     moves that output as far (twice at most); a value farther off does not."""
-    import importlib
+    from disco_jax.verify import compare_outputs
 
-    dj = importlib.import_module("disco_jax.jit")  # the module (the package exports jit)
     want = {"w": jnp.array([0.5, -0.046454333, 1.0]), "loss": jnp.array(2.0)}
     got = {"w": jnp.array([0.5, -0.046503823, 1.0]), "loss": jnp.array(2.0)}  # 4.9e-5 off
-    ok, worst, detail = dj._compare_outputs(got, want)
+    ok, worst, detail = compare_outputs(got, want)
     assert not ok and "outputs [1] differ" in detail and worst == pytest.approx(4.949e-5,
                                                                                 rel=1e-3)
     reordered = {"w": jnp.array([0.5, -0.046454333, 1.0000350]), "loss": jnp.array(2.0)}
-    ok, _, detail = dj._compare_outputs(got, want, reordered)
+    ok, _, detail = compare_outputs(got, want, reordered)
     assert ok and "what XLA's own reordering moves" in detail
     far = {"w": jnp.array([0.5, -0.046554333, 1.0]), "loss": jnp.array(2.0)}  # 1e-4 off
-    ok, _, detail = dj._compare_outputs(far, want, reordered)
+    ok, _, detail = compare_outputs(far, want, reordered)
     assert not ok and "outputs [1] differ" in detail
-    ok, _, _ = dj._compare_outputs(got, want, want)  # a reference that moved nothing
+    ok, _, _ = compare_outputs(got, want, want)  # a reference that moved nothing
     assert not ok

@@ -83,16 +83,14 @@ COMM = "comm"
 _AXIS = "stages"
 #: Each bucket is reduced in collectives of at most this many bytes (None: one collective
 #: per bucket). Every collective is a gloo wake-up that the communication thread needs the
-#: CPU for, in the middle of the compute stream's work: transformer-large's 4-bucket
-#: staged step over the emulated 1 Gbit/s link lost 99-172 ms to 1 MiB pieces and 76 ms
-#: with one collective per bucket (benchmarks/staged_overlap_probe.py). (1 MiB pieces once
-#: looked faster, under a ``tc`` burst of 1 MB that passed each piece at memory speed.)
+#: CPU for, in the middle of the compute stream's work, so one collective per bucket
+#: overlaps best (over the emulated 1 Gbit/s link, 1 MiB pieces cost transformer-large's
+#: 4-bucket staged step 99-172 ms, one collective per bucket 76 ms).
 CHUNK_BYTES: int | None = None
 #: ``NPROC`` of a gloo worker pinned to one CPU: XLA:CPU's pool then has this many
-#: threads instead of one, enough for the compute stream and the communication thread
-#: (jax/jaxlib 0.10.2). More threads on the one CPU take it from the communication thread
-#: when gloo wakes up: transformer-large's staged step lost 76 ms against first stage +
-#: communication with 4 and none with 2 (benchmarks/staged_overlap_probe.py).
+#: threads instead of one, enough for the compute stream and the communication thread.
+#: More threads on the one CPU take it from the communication thread when gloo wakes up
+#: (transformer-large's staged step: 76 ms lost with 4, none with 2).
 POOL_THREADS = 2
 #: How long the compute stream waits for one all-reduce (seconds).
 _COMM_TIMEOUT_S = 600.0
