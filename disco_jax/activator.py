@@ -102,7 +102,7 @@ class Agreement(NamedTuple):
         enactment: process 0's :class:`~disco_jax.enactment.Enactment` when all run it,
             else None.
         run: what ``build`` returned on this process (None: fall back).
-        record: process 0's record (``{}`` without one).
+        record: process 0's :class:`~disco_jax.store.Record` (None without one).
         reason: why all fall back (``""`` when they run it); the same on every process.
         warn: whether the fallback deserves a warning (process 0's judgement, so every
             process warns or none does).
@@ -111,7 +111,7 @@ class Agreement(NamedTuple):
 
     enactment: Any
     run: Any
-    record: Mapping[str, Any]
+    record: Any
     reason: str = ""
     warn: bool = True
     payload_bytes: int = 0
@@ -228,17 +228,22 @@ def check_payload(payload: Mapping[str, Any], own_fingerprint: str,
         setup: this process's :class:`disco_jax.store.Setup` (None: the record's setup
             is not checked).
     """
+    from disco_jax.store import Record
+
     if payload.get("source_fingerprint") != own_fingerprint:
         return (f"process 0 lowered another program (key "
                 f"{str(payload.get('source_fingerprint'))[:12]}, here {own_fingerprint[:12]}); "
                 "every process must call the step with the same program")
-    record = payload.get("record") or {}
-    if not isinstance(record, Mapping):
-        return "corrupt record from process 0: not an object"
-    return setup.mismatch(record) if setup is not None else None
+    if setup is None:
+        return None
+    try:
+        record = Record.from_json(payload.get("record"))
+    except ValueError as err:
+        return f"{err} (process 0's)"
+    return setup.mismatch(record)
 
 
-def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerprint: str, *,
+def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
                        reason: str = "", warn: bool = True,
                        build: Callable[[Any], Any] | None = None, setup: Any = None,
                        check_record: bool = True) -> Agreement:
@@ -251,7 +256,7 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
     Args:
         local: process 0: the :class:`~disco_jax.enactment.Enactment` to run, or None
             (then ``reason`` says why). Ignored on the other processes.
-        record: process 0: its store record (ignored elsewhere).
+        record: process 0: its :class:`~disco_jax.store.Record` (ignored elsewhere).
         own_fingerprint: this process's source fingerprint of the program.
         reason: process 0: why there is no enactment.
         warn: process 0: whether a fallback warns.
@@ -288,7 +293,8 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
             raise _step_error("barrier before the broadcast (are all processes calling "
                               "the step?)", err) from err
 
-    payload = {"source_fingerprint": own_fingerprint, "record": dict(record or {}),
+    payload = {"source_fingerprint": own_fingerprint,
+               "record": record.to_json() if record is not None else None,
                "reason": reason, "warn": bool(warn),
                "enactment": local.to_json() if local is not None else None}
     if solo:  # nothing to broadcast: the payload is this process's own
@@ -300,11 +306,11 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
         try:
             payload = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            payload = {"enactment": None, "warn": True, "record": {},
+            payload = {"enactment": None, "warn": True, "record": None,
                        "reason": f"corrupt broadcast from process 0 ({err})"}
     p_reason = str(payload.get("reason") or "")
     p_warn = bool(payload.get("warn", True))
-    p_record = payload.get("record") or {}
+    p_record = record if solo else _record(payload.get("record"))
     if payload.get("enactment") is None:
         # nothing to run: every process received the same payload, no vote is needed
         return Agreement(None, None, p_record, p_reason or "process 0 has no plan", p_warn,
@@ -334,6 +340,16 @@ def agree_on_enactment(local: Any, record: Mapping[str, Any] | None, own_fingerp
     return Agreement(None, None, p_record, agreed_reason if solo else
                      f"not every process can run the plan, all fall back: {agreed_reason}",
                      True, len(data))
+
+
+def _record(data: Any) -> Any:
+    """Process 0's record from the payload (None: none, or not readable here)."""
+    from disco_jax.store import Record
+
+    try:
+        return Record.from_json(data) if data is not None else None
+    except ValueError:
+        return None
 
 
 def initialize_from_env(**kwargs: Any) -> bool:

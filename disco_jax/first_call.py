@@ -189,7 +189,7 @@ class _Proposal(NamedTuple):
 
     mode: str  # SEARCHED or STORED
     enactment: Any = None  # None: nothing to run, ``reason`` says why
-    record: Mapping[str, Any] | None = None
+    record: Any = None  # its disco_jax.store.Record
     reason: str = ""
     warn: bool = True
     path: str | None = None  # the store entry
@@ -392,7 +392,6 @@ def _enact(step: Step, proposal: _Proposal, source_fp: str, args: tuple,
            kwargs: Mapping[str, Any], dyn: tuple) -> Call:
     """Every process builds process 0's proposal (or all fall back), and a stored program
     not verified before is verified."""
-    from disco_jax import store as st
     from disco_jax.activator import agree_on_enactment
 
     prebuilt = proposal.prebuilt
@@ -408,20 +407,19 @@ def _enact(step: Step, proposal: _Proposal, source_fp: str, args: tuple,
         _close(prebuilt[1])
     if agreed.run is None:
         return fallback(step, agreed.reason, source_fp, warn_user=agreed.warn)
-    record = agreed.record
-    if proposal.mode == STORED and st.verification(record) is None:
+    record = agreed.record  # process 0's, checked on every process before it voted
+    if proposal.mode == STORED and record.verdict is None:
         why = _verify(step, agreed.run, record, proposal.key, args, kwargs, dyn)
         if why is not None:
             _close(agreed.run)
             return fallback(step, why, source_fp)
-    choice = record.get("choice", agreed.enactment.name)
     return Call(agreed.run, True, RunInfo(
-        proposal.mode, agreed.enactment.fingerprint, source_fp, "", choice,
-        (record.get("predicted_s") or {}).get(choice),
-        (record.get("measured_s") or {}).get(choice), proposal.path), step.donate_dyn)
+        proposal.mode, agreed.enactment.fingerprint, source_fp, "", record.choice,
+        record.predicted_s.get(record.choice), record.measured_s.get(record.choice),
+        proposal.path), step.donate_dyn)
 
 
-def _verify(step: Step, run: Callable[..., Any], record: Mapping[str, Any], key: str | None,
+def _verify(step: Step, run: Callable[..., Any], record: Any, key: str | None,
             args: tuple, kwargs: Mapping[str, Any], dyn: tuple) -> str | None:
     """Runs a stored program never verified before next to ``jax.jit``'s
     (:func:`disco_jax.verify.run_both`); one vote of the job decides, and process 0 records
@@ -449,7 +447,7 @@ def _verify(step: Step, run: Callable[..., Any], record: Mapping[str, Any], key:
     if jax.process_index() == 0 and key is not None:
         try:
             written = st.record_verification(
-                key, enactment_sha256=record.get("enactment_sha256", ""), ok=ok,
+                key, enactment_sha256=record.enactment_sha256, ok=ok,
                 max_abs_diff=verdict.max_abs_diff, detail=reason or verdict.detail,
                 root=step.store)
             where = "refused in the store" if written is not None else \

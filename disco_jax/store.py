@@ -93,6 +93,7 @@ __all__ = [
     "Entry",
     "Listed",
     "Lookup",
+    "Record",
     "Setup",
     "check_key",
     "hardware_mismatch",
@@ -106,7 +107,6 @@ __all__ = [
     "remove_entry",
     "source_fingerprint",
     "store_dir",
-    "verification",
     "write_entry",
 ]
 
@@ -236,20 +236,123 @@ class Setup(NamedTuple):
                    devices[0].device_kind if devices else "", len(devices),
                    jax.process_count(), host_cpu() if backend == "cpu" else "")
 
-    def mismatch(self, record: Mapping[str, Any]) -> str | None:
+    def mismatch(self, record: Record) -> str | None:
         """Why an entry with ``record`` cannot run here (a sentence), or None."""
-        found = record.get("setup", {})
-        if not isinstance(found, Mapping):
-            return "corrupt record: 'setup' is not an object"
         labels = {"jax": "jax version", "jaxlib": "jaxlib version", "backend": "backend",
                   "num_devices": "device count", "num_processes": "process count",
                   "device_kind": "device kind", "cpu": "CPU"}
         for field, label in labels.items():
-            want, got = getattr(self, field), found.get(field, "" if field == "cpu" else None)
+            want, got = getattr(self, field), getattr(record.setup, field)
             if got != want:
                 return (f"the stored plan was made with {label} {got!r}, this process has "
                         f"{want!r}; run once with ENABLE_SEARCH=1 to search again here")
         return None
+
+
+class HardwareRef(NamedTuple):
+    """The hardware file a search's cost model used: its name and the sha256 of its
+    bytes (None: unknown)."""
+
+    name: str | None = None
+    sha256: str | None = None
+
+
+class Record(NamedTuple):
+    """An entry's ``record.json``: where and how its program was found.
+
+    Attributes:
+        key: the source fingerprint.
+        setup: where it was found.
+        choice: the chosen program's name.
+        enactment_fingerprint: :attr:`Enactment.fingerprint` of the chosen program.
+        hardware: the hardware file of the search's cost model.
+        predicted_s: predicted seconds per iteration of every candidate by name (None:
+            no prediction).
+        measured_s: measured seconds per iteration (medians) of every candidate.
+        search: the search's settings and statistics (None: none).
+        created: when, ISO 8601 in UTC.
+        enactment_sha256: sha256 of ``enactment.json`` (set by :func:`write_entry`).
+        verified: the last verdict of :func:`record_verification` (None: never).
+        extra: everything else kept (the in-context calibration, the route, the fused-op
+            estimator, the pipeline's seconds, the step's function and source).
+    """
+
+    key: str
+    setup: Setup
+    choice: str
+    enactment_fingerprint: str
+    hardware: HardwareRef = HardwareRef()
+    predicted_s: Mapping[str, float | None] = {}
+    measured_s: Mapping[str, float] = {}
+    search: Mapping[str, Any] | None = None
+    created: str = ""
+    enactment_sha256: str = ""
+    verified: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = {}
+
+    @property
+    def verdict(self) -> Mapping[str, Any] | None:
+        """The verdict that holds for this record's enactment, or None (never verified,
+        or verified for another enactment: a replaced ``enactment.json`` is verified
+        again)."""
+        v = self.verified
+        return v if v is not None and v.get("enactment_sha256") == self.enactment_sha256 \
+            else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of ``record.json`` (``extra``'s keys at the top level)."""
+        out = {"format": FORMAT, **dict(self.extra), "key": self.key,
+               "setup": self.setup._asdict(), "choice": self.choice,
+               "enactment_fingerprint": self.enactment_fingerprint,
+               "hardware": self.hardware._asdict(), "predicted_s": dict(self.predicted_s),
+               "measured_s": dict(self.measured_s),
+               "search": dict(self.search) if self.search is not None else None,
+               "created": self.created, "enactment_sha256": self.enactment_sha256}
+        if self.verified is not None:
+            out["verified"] = dict(self.verified)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Record:
+        """Reads ``record.json``'s object.
+
+        Raises:
+            ValueError: another format version, or a field missing or of the wrong type
+                (the message names it).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError("corrupt record: not a JSON object")
+        if data.get("format") != FORMAT:
+            raise ValueError(f"record format {data.get('format')!r}, this version reads "
+                             f"{FORMAT}; run once with ENABLE_SEARCH=1 to search again")
+
+        def field(name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+            value = data.get(name, default)
+            if value is ...:
+                raise ValueError(f"corrupt record: {name!r} is missing")
+            if not isinstance(value, kind):
+                raise ValueError(f"corrupt record: {name!r} is not {_KIND[kind]}")
+            return value
+
+        found = field("setup", Mapping)
+        try:
+            setup = Setup(**{**{"cpu": ""}, **{k: found[k] for k in Setup._fields
+                                                if k in found}})
+        except TypeError as err:
+            raise ValueError(f"corrupt record: 'setup' is incomplete ({err})") from None
+        hw = field("hardware", (Mapping, type(None)), None) or {}
+        known = set(cls._fields) | {"format"}
+        return cls(field("key", str), setup, field("choice", str),
+                   field("enactment_fingerprint", str),
+                   HardwareRef(hw.get("name"), hw.get("sha256")),
+                   field("predicted_s", Mapping, {}), field("measured_s", Mapping, {}),
+                   field("search", (Mapping, type(None)), None), field("created", str, ""),
+                   field("enactment_sha256", str, ""),
+                   field("verified", (Mapping, type(None)), None),
+                   {k: v for k, v in data.items() if k not in known})
+
+
+_KIND = {Mapping: "an object", str: "a string", (Mapping, type(None)): "an object or null"}
 
 
 class Entry(NamedTuple):
@@ -257,13 +360,13 @@ class Entry(NamedTuple):
 
     Attributes:
         key: its source fingerprint.
-        record: ``record.json``.
+        record: its :class:`Record`.
         enactment: the :class:`~disco_jax.enactment.Enactment` to run.
         path: its directory.
     """
 
     key: str
-    record: dict[str, Any]
+    record: Record
     enactment: Any
     path: Path
 
@@ -286,13 +389,13 @@ class Listed(NamedTuple):
 
     Attributes:
         key: its key.
-        record: ``record.json`` (None when it cannot be read).
+        record: its :class:`Record` (None when it cannot be read).
         problem: why the record cannot be read (``""`` when it can).
         path: its directory.
     """
 
     key: str
-    record: dict[str, Any] | None
+    record: Record | None
     problem: str
     path: Path
 
@@ -301,8 +404,8 @@ def make_record(key: str, setup: Setup, *, enactment_fingerprint: str, choice: s
                 hardware: str | None, hardware_sha256: str | None,
                 predicted_s: Mapping[str, float | None], measured_s: Mapping[str, float],
                 search: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None
-                ) -> dict[str, Any]:
-    """The ``record.json`` of an entry (JSON-able).
+                ) -> Record:
+    """The :class:`Record` of a new entry, created now.
 
     Args:
         key: the source fingerprint.
@@ -315,21 +418,13 @@ def make_record(key: str, setup: Setup, *, enactment_fingerprint: str, choice: s
             no prediction).
         measured_s: measured seconds per iteration (medians) of every candidate.
         search: the search's settings and statistics.
-        extra: anything else to keep (e.g. the in-context calibration).
+        extra: anything else to keep, JSON-able (e.g. the in-context calibration).
     """
-    return {
-        "format": FORMAT,
-        "key": check_key(key),
-        "setup": setup._asdict(),
-        "choice": choice,
-        "enactment_fingerprint": enactment_fingerprint,
-        "hardware": {"name": hardware, "sha256": hardware_sha256},
-        "predicted_s": dict(predicted_s),
-        "measured_s": dict(measured_s),
-        "search": dict(search) if search is not None else None,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        **dict(extra or {}),
-    }
+    return Record(check_key(key), setup, choice, enactment_fingerprint,
+                  HardwareRef(hardware, hardware_sha256), dict(predicted_s),
+                  dict(measured_s), dict(search) if search is not None else None,
+                  datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                  extra=dict(extra or {}))
 
 
 def hardware_sha256(name: str | None) -> str | None:
@@ -349,19 +444,14 @@ def hardware_sha256(name: str | None) -> str | None:
         return None
 
 
-def hardware_mismatch(record: Mapping[str, Any]) -> str | None:
+def hardware_mismatch(record: Record) -> str | None:
     """Why an entry's hardware file differs from this machine's (a sentence), or None.
 
     The record names the hardware file its search's cost model used and its sha256
     (:func:`make_record`); here the same name must find a file with the same sha256. A
     record without a name or hash (no hardware file) has nothing to compare.
     """
-    hw = record.get("hardware")
-    if hw is None:
-        return None
-    if not isinstance(hw, Mapping):
-        return "corrupt record: 'hardware' is not an object"
-    name, want = hw.get("name"), hw.get("sha256")
+    name, want = record.hardware
     if not name or not want:
         return None
     here = hardware_sha256(str(name))
@@ -376,18 +466,6 @@ def hardware_mismatch(record: Mapping[str, Any]) -> str | None:
     return None
 
 
-def verification(record: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The verdict of :func:`record_verification` that holds for the record's enactment,
-    or None (never verified, or verified for another enactment: a replaced
-    ``enactment.json`` is verified again)."""
-    verdict = record.get("verified")
-    if not isinstance(verdict, Mapping):
-        return None
-    if verdict.get("enactment_sha256") != record.get("enactment_sha256"):
-        return None
-    return verdict
-
-
 def _clean_stale(root: Path) -> None:
     """Removes temporary directories of writers that died more than an hour ago."""
     now = time.time()
@@ -398,14 +476,14 @@ def _clean_stale(root: Path) -> None:
                     _discard(child)
 
 
-def write_entry(key: str, record: Mapping[str, Any], enactment: Any, *,
+def write_entry(key: str, record: Record, enactment: Any, *,
                 root: str | os.PathLike[str] | None = None) -> Path:
     """Writes (or replaces) the entry ``key`` atomically.
 
     Args:
         key: the source fingerprint (:func:`check_key`).
-        record: its ``record.json`` (:func:`make_record`); the sha256 of the enactment
-            file is added.
+        record: its :class:`Record` (:func:`make_record`); the sha256 of the enactment
+            file is set.
         enactment: the :class:`~disco_jax.enactment.Enactment`.
         root: the store's directory (default: :func:`store_dir`).
 
@@ -421,7 +499,7 @@ def write_entry(key: str, record: Mapping[str, Any], enactment: Any, *,
     base.mkdir(parents=True, exist_ok=True)
     _clean_stale(base)
     data = json.dumps(enactment.to_json(), sort_keys=True).encode("utf-8")
-    full = {**dict(record), "enactment_sha256": _sha256(data)}
+    full = record._replace(enactment_sha256=_sha256(data)).to_json()
     tmp = base / f"{_TMP_PREFIX}{key[:16]}-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
@@ -500,28 +578,26 @@ def _read_files(base: Path, key: str, names: tuple[str, ...], *, lock: bool = Tr
     return out
 
 
-def _parse_record(data: bytes | OSError, key: str) -> dict[str, Any]:
+def _parse_record(data: bytes | OSError, key: str) -> Record:
     """``record.json``'s bytes, checked for its format and key (ValueError if not)."""
     if isinstance(data, FileNotFoundError):
         raise ValueError(f"corrupt entry: {RECORD_FILE} is missing")
     if isinstance(data, OSError):
         raise ValueError(f"corrupt entry: {RECORD_FILE} cannot be read ({data})")
     try:
-        record = json.loads(data.decode("utf-8"))
+        obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"corrupt entry: {RECORD_FILE} cannot be read ({err})") from None
-    if not isinstance(record, dict):
-        raise ValueError("corrupt entry: record.json is not a JSON object")
-    if record.get("format") != FORMAT:
-        raise ValueError(f"record format {record.get('format')!r}, this version reads "
-                         f"{FORMAT}; run once with ENABLE_SEARCH=1 to search again")
-    if record.get("key") != key:
-        raise ValueError(f"corrupt entry: record.json is for key {record.get('key')!r}")
+    if not isinstance(obj, dict):
+        raise ValueError(f"corrupt entry: {RECORD_FILE} is not a JSON object")
+    record = Record.from_json(obj)
+    if record.key != key:
+        raise ValueError(f"corrupt entry: record.json is for key {record.key!r}")
     return record
 
 
-def read_record(key: str, *, root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """``record.json`` of entry ``key``, checked for its format and key.
+def read_record(key: str, *, root: str | os.PathLike[str] | None = None) -> Record:
+    """The :class:`Record` of entry ``key``, checked for its format and key.
 
     Raises:
         FileNotFoundError: no such entry.
@@ -568,14 +644,15 @@ def record_verification(key: str, *, enactment_sha256: str, ok: bool,
                 _read_files(base, key, (RECORD_FILE,), lock=False)[RECORD_FILE], key)
         except (FileNotFoundError, ValueError):
             return None
-        if record.get("enactment_sha256") != enactment_sha256:
+        if record.enactment_sha256 != enactment_sha256:
             return None
         verdict = {"ok": bool(ok), "max_abs_diff": max_abs_diff, "detail": detail,
                    "when": datetime.datetime.now(datetime.UTC).isoformat(
                        timespec="seconds"),
                    "enactment_sha256": enactment_sha256}
         write_atomic(base / key / RECORD_FILE,
-                     json.dumps({**record, "verified": verdict}, indent=1, sort_keys=True),
+                     json.dumps(record._replace(verified=verdict).to_json(), indent=1,
+                                sort_keys=True),
                      mkdir=False)
     return verdict
 
@@ -639,10 +716,10 @@ def load_entry(key: str, setup: Setup | None, *, root: str | os.PathLike[str] | 
     data = files[ENACTMENT_FILE]
     if isinstance(data, OSError):
         return Lookup(None, f"corrupt entry: {ENACTMENT_FILE} cannot be read ({data})")
-    if _sha256(data) != record.get("enactment_sha256"):
+    if _sha256(data) != record.enactment_sha256:
         return Lookup(None, f"corrupt entry: {ENACTMENT_FILE} does not match its record "
                             "(truncated or changed)")
-    verdict = verification(record)
+    verdict = record.verdict
     if verdict is not None and not verdict.get("ok"):
         diff = verdict.get("max_abs_diff")
         return Lookup(None, f"the stored plan failed its verification against jax.jit on "
@@ -674,7 +751,7 @@ def list_entries(*, root: str | os.PathLike[str] | None = None) -> list[Listed]:
             out.append(Listed(child.name, read_record(child.name, root=base), "", child))
         except (OSError, ValueError) as err:
             out.append(Listed(child.name, None, str(err), child))
-    return sorted(out, key=lambda e: ((e.record or {}).get("created", ""), e.key),
+    return sorted(out, key=lambda e: (e.record.created if e.record else "", e.key),
                   reverse=True)
 
 

@@ -282,7 +282,7 @@ def test_the_store_record_names_the_estimator(tmp_path, monkeypatch) -> None:
     info = wrapped.last_run_info
     assert info.mode == "searched", info.reason
     record = st.read_record(info.source_fingerprint, root=tmp_path)
-    assert record["fused_estimator"] == expected
+    assert record.extra["fused_estimator"] == expected
     # a malformed setting is an error of the setting, not a silent fallback
     monkeypatch.setenv(FUSED_ESTIMATOR_ENV, "nope")
     again = disco_jax.jit(step, static_argnums=2, store=tmp_path / "other",

@@ -97,11 +97,11 @@ def test_search_phase(phases, model):
     assert lookup.entry is not None, lookup.reason
     assert lookup.entry.enactment.fingerprint == info["hlo_fingerprint"]
     record = lookup.entry.record
-    assert record["choice"] == info["choice"] and record["measured_s"][info["choice"]] > 0
-    assert {"xla_default", "op_fusion", "bucketed_1MiB", "plan_0"} <= set(record["measured_s"])
-    assert record["predicted_s"]["plan_0"] > 0
-    assert record["search"]["settings"]["time_budget_s"] == 0.5
-    assert record["hardware"]["name"] == "inproc4" and len(record["hardware"]["sha256"]) == 64
+    assert record.choice == info["choice"] and record.measured_s[info["choice"]] > 0
+    assert {"xla_default", "op_fusion", "bucketed_1MiB", "plan_0"} <= set(record.measured_s)
+    assert record.predicted_s["plan_0"] > 0
+    assert record.search["settings"]["time_budget_s"] == 0.5
+    assert record.hardware.name == "inproc4" and len(record.hardware.sha256) == 64
 
 
 @pytest.mark.parametrize("model", MODEL_PARAMS)

@@ -136,9 +136,9 @@ def test_buckets_route_searches_stores_and_runs(tmp_path, monkeypatch):
     _same(got, want)
     assert info.mode == "searched" and not ours
     entry = st.load_entry(info.source_fingerprint, st.Setup.current(), root=tmp_path).entry
-    assert entry.record["route"]["name"] == "buckets"
-    plan = [n for n in entry.record["measured_s"] if n.startswith("plan_")]
-    assert plan, entry.record["measured_s"]
+    assert entry.record.extra["route"]["name"] == "buckets"
+    plan = [n for n in entry.record.measured_s if n.startswith("plan_")]
+    assert plan, entry.record.measured_s
     if info.choice.startswith("plan_"):
         assert not entry.enactment.exact and " fusion(" not in entry.enactment.text
     got, want, info, ours = _run(tmp_path, monkeypatch, "0")

@@ -186,7 +186,7 @@ def test_jit_under_a_tiny_budget_chooses_among_the_baselines(tmp_path, monkeypat
     info = wrapped.last_run_info
     assert info.mode == "searched" and not info.choice.startswith("plan_"), info
     record = st.load_entry(info.source_fingerprint, st.Setup.current(), root=tmp_path).entry
-    assert "no plan fits the memory budget" in record.record["search"]["refused"]
+    assert "no plan fits the memory budget" in record.record.search["refused"]
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(step)(*args))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     monkeypatch.setenv("DISCO_MEMORY_BUDGET", "lots")

@@ -46,6 +46,26 @@ def _save(root, key, enactment, **setup_changes):
     return st.write_entry(key, record, enactment, root=root)
 
 
+def test_a_record_is_typed_and_names_what_is_wrong():
+    """``record.json`` reads into a :class:`~disco_jax.store.Record` and back unchanged;
+    a missing or mistyped field is a ValueError that names it."""
+    record = st.make_record("a" * 64, st.Setup.current(), enactment_fingerprint="f",
+                            choice="plan_0", hardware="inproc4", hardware_sha256=None,
+                            predicted_s={"plan_0": 1e-3}, measured_s={"plan_0": 2e-3},
+                            search=None, extra={"route": {"name": "exact"}})
+    data = json.loads(json.dumps(record.to_json()))
+    assert st.Record.from_json(data) == record and data["route"] == {"name": "exact"}
+    for field, value, words in [("choice", 3, "'choice' is not a string"),
+                                ("setup", [], "'setup' is not an object"),
+                                ("format", 0, "record format 0"),
+                                ("measured_s", None, "'measured_s' is not an object")]:
+        with pytest.raises(ValueError, match=words):
+            st.Record.from_json({**data, field: value})
+    with pytest.raises(ValueError, match="'key' is missing"):
+        st.Record.from_json({k: v for k, v in data.items() if k != "key"})
+    assert record._replace(verified={"ok": True, "enactment_sha256": "x"}).verdict is None
+
+
 def test_round_trip_loads_and_runs(tmp_path, program):
     key, enactment = program
     path = _save(tmp_path, key, enactment)
@@ -54,9 +74,9 @@ def test_round_trip_loads_and_runs(tmp_path, program):
     lookup = st.load_entry(key, st.Setup.current(), root=tmp_path)
     assert lookup.reason == "" and lookup.entry.enactment == enactment
     record = lookup.entry.record
-    assert record["key"] == key and record["format"] == st.FORMAT
-    assert record["setup"]["num_devices"] == jax.device_count() == 4
-    assert record["measured_s"] == {"xla_default": 2e-3} and record["created"]
+    assert record.key == key and record.to_json()["format"] == st.FORMAT
+    assert record.setup.num_devices == jax.device_count() == 4
+    assert record.measured_s == {"xla_default": 2e-3} and record.created
     run = build(lookup.entry.enactment, _step, ARGS)
     assert jnp.allclose(run(*ARGS), jax.jit(_step)(*ARGS))
     # nothing else is left in the store (no temporary directories)
@@ -256,7 +276,7 @@ def test_list_rows_say_the_step_speedups_and_verdict(tmp_path, program):
         search=None, extra={"function": "train.step", "source": "train.py:12"})
     st.write_entry(key, record, enactment, root=tmp_path)
     written = st.read_record(key, root=tmp_path)
-    st.record_verification(key, enactment_sha256=written["enactment_sha256"], ok=True,
+    st.record_verification(key, enactment_sha256=written.enactment_sha256, ok=True,
                            max_abs_diff=0.0, detail="", root=tmp_path)
     (row,) = list_rows(st.list_entries(root=tmp_path))
     assert (row["step"], row["choice"], row["vs XLA"], row["vs buckets"], row["verified"]) \

@@ -233,8 +233,8 @@ def test_loading_executes_and_imports_nothing(searched, tmp_path):
         assert not marker.exists(), name
         if words is None:  # plain data: the strings come back as strings
             record = lookup.entry.record
-            assert record["choice"] == record["note"] == code
-            assert base64.b64decode(record["calibration"]["pickle"]) == payload
+            assert record.choice == record.extra["note"] == code
+            assert base64.b64decode(record.extra["calibration"]["pickle"]) == payload
         else:
             assert lookup.entry is None and words in lookup.reason, (name, lookup.reason)
 
@@ -267,7 +267,7 @@ def test_keys_and_links_never_leave_the_store(searched, tmp_path):
         st.read_record(key, root=store)
     (listed,) = st.list_entries(root=store)
     assert listed.record is None and "symbolic link" in listed.problem
-    assert st.record_verification(key, enactment_sha256=good.record["enactment_sha256"],
+    assert st.record_verification(key, enactment_sha256=good.record.enactment_sha256,
                                   ok=False, max_abs_diff=1.0, root=store) is None
     assert st.remove_entry(key, root=store) is True  # the link goes, not what it points to
     assert not os.path.lexists(store / key) and _tree_bytes(outside) == snapshot
@@ -346,23 +346,23 @@ def test_verification_refuses_a_tampered_plan(searched, tmp_path, monkeypatch):
     store = tmp_path / "store"
     entry = _copy(searched, store)
     record = st.read_record(searched.key, root=store)
-    assert "verified" not in record  # a search does not verify; the first load does
+    assert record.verified is None  # a search does not verify; the first load does
     # an earlier verdict for the original program does not carry over to another one
-    assert st.record_verification(searched.key, enactment_sha256=record["enactment_sha256"],
+    assert st.record_verification(searched.key, enactment_sha256=record.enactment_sha256,
                                   ok=True, max_abs_diff=0.0, root=store)["ok"] is True
     _set_text(entry, _tamper)
     lookup = st.load_entry(searched.key, st.Setup.current(), root=store, check_hardware=True)
     assert lookup.entry is not None, lookup.reason  # the store itself accepts it ...
-    assert st.verification(lookup.entry.record) is None  # ... as never verified
+    assert lookup.entry.record.verdict is None  # ... as never verified
 
     info = _fell_back(searched, store, "verification refused the stored plan", monkeypatch)
     assert "does not compute what jax.jit computes" in info.reason
     assert "differ" in info.reason and "refused in the store" in info.reason
     record = st.read_record(searched.key, root=store)
-    verdict = record["verified"]
+    verdict = record.verified
     assert verdict["ok"] is False and verdict["max_abs_diff"] > 1e-3 and verdict["when"]
-    assert verdict["enactment_sha256"] == record["enactment_sha256"]
-    assert st.verification(record) == verdict
+    assert verdict["enactment_sha256"] == record.enactment_sha256
+    assert record.verdict == verdict
 
     # a later wrapper (or process) does not trust it either, and does not run it again
     inode = (entry / st.RECORD_FILE).stat().st_ino
@@ -388,9 +388,9 @@ def test_verification_passes_once_without_donating(searched, tmp_path, monkeypat
         assert info.mode == "stored" and info.reason == "", info
         _like_jax_jit(_train(wrapped, searched.params, searched.batch), searched.want)
         record = st.read_record(searched.key, root=store)
-        verdict = record["verified"]
+        verdict = record.verified
         assert verdict["ok"] is True and 0.0 <= verdict["max_abs_diff"] <= 1e-5
-        assert st.verification(record) == verdict
+        assert record.verdict == verdict
         # a later wrapper trusts the verdict: no second verification (record untouched)
         inode = (entry / st.RECORD_FILE).stat().st_ino
         again = _wrap(searched.step, store)
@@ -406,11 +406,11 @@ def test_verification_passes_once_without_donating(searched, tmp_path, monkeypat
 def _whole(entry: st.Entry) -> None:
     """The record and the enactment of an entry were written together."""
     record, enactment = entry.record, entry.enactment
-    assert record["choice"] == enactment.name, (record["choice"], enactment.name)
-    assert record["enactment_fingerprint"] == enactment.fingerprint
-    verdict = record.get("verified")
+    assert record.choice == enactment.name, (record.choice, enactment.name)
+    assert record.enactment_fingerprint == enactment.fingerprint
+    verdict = record.verified
     if verdict is not None:
-        assert verdict["enactment_sha256"] == record["enactment_sha256"]
+        assert verdict["enactment_sha256"] == record.enactment_sha256
         assert verdict["detail"] == enactment.name
 
 
@@ -458,7 +458,7 @@ def test_concurrent_writers_never_mix_an_entry(searched, tmp_path):
     final = st.load_entry(key, st.Setup.current(), root=store)
     assert final.entry is not None, final.reason
     _whole(final.entry)
-    assert st.verification(final.entry.record)["ok"] is True  # the last writer's verdict
+    assert final.entry.record.verdict["ok"] is True  # the last writer's verdict
     assert [p.name for p in store.iterdir()] == [key]  # no temporary or trash left
     assert reads > 0 and seen <= set(programs)
 
@@ -478,7 +478,7 @@ def test_concurrent_writers_never_mix_an_entry(searched, tmp_path):
      "hardware file 'cluster_b200x64' (sha256"),
 ], ids=["device_kind", "device_count", "cpu", "hardware_file_hash", "hardware_file_name"])
 def test_plan_from_another_machine_is_refused(searched, tmp_path, monkeypatch, edit, words):
-    assert st.read_record(searched.key, root=searched.store)["hardware"]["name"] == "inproc4"
+    assert st.read_record(searched.key, root=searched.store).hardware.name == "inproc4"
     edit(_copy(searched, tmp_path / "store"))
     info = _fell_back(searched, tmp_path / "store", words, monkeypatch)
     assert "ENABLE_SEARCH=1" in info.reason

@@ -90,21 +90,19 @@ def _ms(value: Any) -> str:
     return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) else "-"
 
 
-def _speedup(record: dict[str, Any], over: list[str]) -> str:
+def _speedup(record: Any, over: list[str]) -> str:
     """The chosen program's measured speed-up over the fastest of ``over`` (``1.31x``),
     or ``-`` when either was not measured."""
-    measured = record.get("measured_s") or {}
-    mine = measured.get(record.get("choice"))
+    measured = record.measured_s
+    mine = measured.get(record.choice)
     theirs = [measured[n] for n in over if isinstance(measured.get(n), (int, float))]
     if not isinstance(mine, (int, float)) or mine <= 0 or not theirs:
         return "-"
     return f"{min(theirs) / mine:.2f}x"
 
 
-def _verified(record: dict[str, Any]) -> str:
-    from disco_jax.store import verification
-
-    verdict = verification(record)
+def _verified(record: Any) -> str:
+    verdict = record.verdict
     if verdict is None:
         return "not yet"
     return "yes" if verdict.get("ok") else "refused"
@@ -120,19 +118,18 @@ def list_rows(entries: list[Any]) -> list[dict[str, str]]:
             rows.append({"key": e.key[:12], "step": f"(unreadable: {e.problem})"})
             continue
         r = e.record
-        setup = r.get("setup", {})
-        measured = r.get("measured_s") or {}
-        bucketed = sorted(n for n in measured if n.startswith(("bucketed_", "xla_combine_")))
+        bucketed = sorted(n for n in r.measured_s
+                          if n.startswith(("bucketed_", "xla_combine_")))
         rows.append({
             "key": e.key[:12],
-            "step": str(r.get("function") or "-"),
-            "setup": f"{setup.get('num_devices')} dev x {setup.get('num_processes')} proc "
-                     f"{setup.get('backend')}",
-            "choice": str(r.get("choice")),
-            "measured": _ms(measured.get(r.get("choice"))),
+            "step": str(r.extra.get("function") or "-"),
+            "setup": f"{r.setup.num_devices} dev x {r.setup.num_processes} proc "
+                     f"{r.setup.backend}",
+            "choice": r.choice,
+            "measured": _ms(r.measured_s.get(r.choice)),
             "vs XLA": _speedup(r, ["xla_default"]),
             "vs buckets": _speedup(r, bucketed),
-            "created": str(r.get("created", ""))[:19],
+            "created": r.created[:19],
             "verified": _verified(r),
         })
     return rows
@@ -147,7 +144,8 @@ def run_list(args: argparse.Namespace) -> int:
 
     entries = list_entries(root=args.store)
     if args.json:
-        print(json.dumps([{"key": e.key, "record": e.record, "problem": e.problem}
+        print(json.dumps([{"key": e.key, "record": e.record and e.record.to_json(),
+                           "problem": e.problem}
                           for e in entries], indent=1))
         return 0
     if not entries:
@@ -184,38 +182,35 @@ def run_show(args: argparse.Namespace) -> int:
         from disco_jax.store import Setup, load_entry
         from hlo_tools.jax_bridge import give_host_devices
 
-        stored = record.get("setup", {})
-        processes, devices = stored.get("num_processes") or 1, stored.get("num_devices")
+        processes, devices = record.setup.num_processes, record.setup.num_devices
         if isinstance(processes, int) and processes > 1:
             usable = (f"a plan of a {processes}-process job ({devices} devices): it runs in "
                       f"such a job (e.g. disco launch -n {processes} -- python train.py), "
                       "not in this one process")
         else:
-            if stored.get("backend") == "cpu" and isinstance(devices, int):
+            if record.setup.backend == "cpu" and isinstance(devices, int):
                 # the CLI's own device count is not the program's: give this process
                 # the host devices the entry was made with
                 give_host_devices(devices)
             lookup = load_entry(key, Setup.current(), root=args.store)
             usable = lookup.reason or "usable here"
     if args.json:
-        print(json.dumps({"key": key, "record": record,
+        print(json.dumps({"key": key, "record": record.to_json(),
                           **({"check": usable} if usable else {})}, indent=1))
         return 0
     print(f"entry {key}\n  in {store_dir(args.store) / key}")
-    setup = record.get("setup", {})
-    print(f"  setup: {setup.get('num_devices')} devices, {setup.get('num_processes')} "
-          f"processes, {setup.get('backend')} ({setup.get('device_kind')}), jax "
-          f"{setup.get('jax')} / jaxlib {setup.get('jaxlib')}")
-    hw = record.get("hardware") or {}
-    print(f"  hardware file: {hw.get('name')} (sha256 {str(hw.get('sha256'))[:12]})")
-    print(f"  created: {record.get('created')}; choice: {record.get('choice')} "
-          f"(enactment {str(record.get('enactment_fingerprint'))[:12]})")
-    predicted, measured = record.get("predicted_s") or {}, record.get("measured_s") or {}
+    setup, hw = record.setup, record.hardware
+    print(f"  setup: {setup.num_devices} devices, {setup.num_processes} processes, "
+          f"{setup.backend} ({setup.device_kind}), jax {setup.jax} / jaxlib {setup.jaxlib}")
+    print(f"  hardware file: {hw.name} (sha256 {str(hw.sha256)[:12]})")
+    print(f"  created: {record.created}; choice: {record.choice} "
+          f"(enactment {record.enactment_fingerprint[:12]})")
+    predicted, measured = record.predicted_s, record.measured_s
     print(f"  {'program':<18}{'predicted':>12}{'measured':>12}")
     for name in sorted(set(predicted) | set(measured), key=lambda n: measured.get(n, 1e9)):
-        mark = " <- chosen" if name == record.get("choice") else ""
+        mark = " <- chosen" if name == record.choice else ""
         print(f"  {name:<18}{_ms(predicted.get(name)):>12}{_ms(measured.get(name)):>12}{mark}")
-    search = record.get("search") or {}
+    search = record.search or {}
     if search:
         print(f"  search: {search.get('evaluated')} candidates in "
               f"{search.get('seconds', 0):.1f} s ({search.get('stop_reason')}); settings "
