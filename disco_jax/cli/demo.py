@@ -1,11 +1,12 @@
 """``disco demo``: the whole pipeline on a bundled train step.
 
-Build a zoo train step on 4 host devices, extract its HLO, profile it in context and fit
-the cost model to that run, search plans with the simulator, enact the best few exactly,
-make the final choice by measurement among them, hand bucketing (the ``bucketed``
-baseline: XLA's fusion plus flat gradient buckets, the 1/4/16/64 MiB/one-bucket sweep)
-and XLA's default, then measure the paper's baselines, ``bucketed`` and DisCo's choice
-side by side -- predicted and measured per-iteration time (one ``disco bench`` job,
+Build a zoo train step on 4 host devices and run the product's pipeline on it
+(:func:`disco_jax.pipeline.optimize.optimize_step`: profile it in context and fit the
+cost model to that run, search plans with the simulator, enact the best few, make the
+final choice by measurement among them, hand bucketing -- the ``bucketed`` baseline:
+XLA's fusion plus flat gradient buckets, the 1/4/16/64 MiB/one-bucket sweep -- and XLA's
+default), then measure the paper's baselines, ``bucketed`` and DisCo's choice side by
+side -- predicted and measured per-iteration time (one ``disco bench`` job,
 :func:`disco_jax.pipeline.bench.bench_row`, run in this process). Then the product path a user
 takes: the same step wrapped in :func:`disco_jax.jit` under ``ENABLE_SEARCH=1`` (search,
 choose, store) and again under ``ENABLE_SEARCH=0`` (load the stored enactment and run

@@ -3,20 +3,27 @@
 One job = one train step in one setup, run in child processes (each setup needs its own
 device configuration; ``gloo2-1gbit`` runs in a private network namespace made with
 ``unshare -n`` whose loopback ``tc`` limits to 1 Gbit/s, so the host's network is never
-touched). Every process of a job:
+touched). Every process of a job builds the step on the job's devices, then steps 1-5 are
+:func:`disco_jax.pipeline.optimize.optimize_step` -- the product's pipeline, what
+``disco_jax.jit`` runs -- with two additions (``extra_baselines``, ``remeasure_fit``):
 
-1. builds the step on the job's devices and extracts its pre-optimization HLO;
-2. profiles it in context (:func:`disco_jax.pipeline.profile.profile_in_context`);
-3. process 0 builds the cost model from that profile and searches
-   (:func:`disco_jax.pipeline.search.search`);
-   the best few plans go to every process (as JSON through the job's coordinator);
-4. compiles the baselines (:mod:`hlo_tools.baselines`: ``no_fusion``, ``op_fusion``,
-   ``allreduce_fusion``, ``xla_default`` and every distinct program of the ``bucketed``
-   sweep) and the plans (``exact=True`` with library dots);
-5. **final choice**: the plans, the bucketed sweep and ``xla_default`` run interleaved for
-   a few rounds; the fastest is DisCo's choice (a plan is never chosen when a baseline
-   measured faster), the fastest bucketed program is the ``bucketed`` baseline. The
-   in-context fit's programs run in the same rounds (they are not candidates);
+1. it lowers the step and profiles it in context
+   (:func:`disco_jax.pipeline.profile.profile_in_context`);
+2. process 0 fits the cost model to that profile;
+3. process 0 searches (:func:`disco_jax.pipeline.search.plans_for_choice`); the best few
+   plans go to every process (as JSON through the job's coordinator);
+4. it compiles the candidates (the plans as the backend's route allows, XLA's default,
+   ``op_fusion``, every distinct program of the ``bucketed`` sweep, staged programs) and
+   the paper's other baselines (:mod:`hlo_tools.baselines`: ``no_fusion``,
+   ``allreduce_fusion``), which are not candidates;
+5. **final choice**: the candidates run interleaved for a few rounds and the choice
+   climbs tiers (:func:`disco_jax.pipeline.choose.decide`: XLA's default, then hand
+   bucketing, then DisCo's programs, each replacing the choice only when it wins most
+   rounds); the fastest bucketed program is the ``bucketed`` baseline. The in-context
+   fit's programs run in the same rounds (they are not candidates).
+
+This module adds:
+
 6. **bench**: the six programs (four baselines, ``bucketed``, DisCo's choice) run
    interleaved in fresh rounds (so the choice's selection does not bias the figures);
 7. process 0 fits the cost model again on the fit's programs with their samples of
@@ -27,9 +34,11 @@ touched). Every process of a job:
    GNN as the fused-op estimator (``choice.predicted_by_estimator_s``: the same
    measurements under each estimator).
 
-``--predict-only`` jobs (:func:`predict_row`) do steps 1, 3 and 7 in one process for any
-hardware file (e.g. ``gpu_cluster_example``): no profile (standalone op times of this
-machine, scaled by the file's ``compute_scale``), nothing measured.
+``--predict-only`` jobs (:func:`predict_row`) run in one process for any hardware file
+(e.g. ``gpu_cluster_example``): the search of
+:func:`disco_jax.pipeline.optimize.predict_step` (no profile: standalone op times of this
+machine, scaled by the file's ``compute_scale``, or ``spec["op_times"]``), then every
+program predicted; nothing measured.
 
 Run by :func:`run_job`; the worker side is ``python -m disco_jax.pipeline.bench {launch,run} ...``.
 """
@@ -45,7 +54,10 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from disco_jax.pipeline.optimize import OptimizeDetails
 
 __all__ = [
     "PROGRAMS",
@@ -91,11 +103,6 @@ SETUPS: dict[str, Setup] = {
 }
 
 
-#: Names of the in-context fit's programs when they run again in the final choice's
-#: rounds (``fit:no_fusion``, ...).
-FIT_PREFIX = "fit:"
-
-
 def _log(spec: Mapping[str, Any], text: str) -> None:
     print(f"[{spec['model']} {spec['setup']}] {text}", file=sys.stderr, flush=True)
 
@@ -126,130 +133,108 @@ def _max_diff(got: Any, want: Any) -> float:
                for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Runs one job in this process (see the module docstring); the row on process 0,
-    None elsewhere."""
-    import jax
+class _Bench(NamedTuple):
+    """What the bench's own rounds measured after the final choice (:func:`_bench_rounds`).
 
-    from disco_jax.costs.lower import sim_graph, sim_graph_from_module, simulate_plan
-    from disco_jax.costs.simulator import full_overlap_bound
-    from disco_jax.pipeline.candidates import build_candidates, enactment_route
-    from disco_jax.pipeline.choose import choice_tiers, decide, measure, summarize_samples
-    from disco_jax.pipeline.fit import calibrate_in_context, in_context_costs, predict_module
-    from disco_jax.pipeline.profile import pooled, profile_in_context
-    from disco_jax.pipeline.program import lower_program
-    from disco_jax.pipeline.search import plans_for_choice
-    from disco_jax.pipeline.sync import job_sync
+    Attributes:
+        finals: the six programs by name (:data:`PROGRAMS`).
+        samples: their samples.
+        best_bucketed: the hand-bucketing program of the choice's rounds with the lowest
+            median (the ``bucketed`` column).
+        same: the baseline whose program DisCo's choice is (None: a program of its own).
+    """
+
+    finals: dict[str, Any]
+    samples: dict[str, list[float]]
+    best_bucketed: str
+    same: str | None
+
+
+def _bench_rounds(spec: Mapping[str, Any], details: OptimizeDetails, sync: Any,
+                  say: Callable[[str], None]) -> _Bench:
+    """Step 6: the paper's four baselines, the best hand bucketing and DisCo's choice in
+    fresh interleaved rounds, so that the choice's selection does not bias the figures.
+    DisCo's choice may be a baseline's own program: then it is measured once, as that
+    baseline (two measurements of one program differ only by noise)."""
+    from disco_jax.pipeline.choose import measure
     from hlo_tools import baselines as bl
-    from hlo_tools.jax_bridge import EXACT
 
-    pid = jax.process_index()
-    say = (lambda text: _log(spec, text)) if pid == 0 else (lambda text: None)
-    sync = job_sync(f"bench_{spec['model']}")
-    t_job = time.perf_counter()
-    program = lower_program(*make_step(spec, jax.device_count()))
-    step, args, module, graph = program.step, program.args, program.module, program.graph
-    say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
-        "profiling in context")
-    measured = profile_in_context(step, args, module, sync=sync)
-
-    row: dict[str, Any] = {"model": spec["model"], "setup": spec["setup"],
-                           "size": spec["size"]}
-    costs = None
-    if pid == 0:
-        gnn = None
-        if spec.get("gnn"):
-            from disco_estimator.gnn.estimator import GnnFusedEstimator
-
-            gnn = GnnFusedEstimator.from_checkpoint(spec["gnn"])
-        costs, cal = in_context_costs(module, spec["hardware"], measured, progress=False,
-                                      calibrate=bool(spec.get("calibrate", True)), fused=gnn)
-        row["fused_estimator"] = type(costs.fused).__name__
-        if cal is not None:
-            row["calibration"] = cal._asdict()
-            say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
-                f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
-                f"latency per buffer of a combined all-reduce "
-                f"{cal.d_tuple_extra_s * 1e3:.3f} ms, bucket copies "
-                f"{_gb_per_s(cal.copy_s_per_byte)} (no fusion "
-                f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
-                f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
-                f"{cal.predicted_s[1] * 1e3:.2f} ms)")
-    route = enactment_route(None, program.platform)
-    searched = plans_for_choice(graph, costs, sync=sync, seed=int(spec["seed"]),
-                                time_budget_s=float(spec["time_budget_s"]),
-                                top_k=int(spec["top_k"]), buckets_only=route.name != EXACT,
-                                say=say)
-    outcome = searched.outcome
-    if outcome is not None:
-        row["search_s"] = outcome.stats.seconds
-        row["search"] = {"evaluated": outcome.stats.evaluated,
-                         "stop_reason": outcome.stats.stop_reason,
-                         "best_start": outcome.best_start,
-                         "start_predicted_s": outcome.start_costs_s,
-                         "top_predicted_s": [c for _, c in outcome.top]}
-
-    say("compiling the baselines, the bucketed sweep and the plans")
-    cands = build_candidates(program, searched.plans_json, route, baselines=bl.BASELINES,
-                             staged=spec.get("staged", ()), costs=costs, sync=sync, say=say,
-                             staged_top=int(spec.get("staged_top", 3)),
-                             chunk_bytes=spec.get("chunk_bytes", "default"))
-    runs, plans, staged_info = cands.runs, cands.plans, cands.staged_info
-    bucketed = list(cands.bucketed)
-    thresholds = {n: t for n, (t, _) in cands.bucketed.items()}
-    bucket_counts = {n: k for n, (_, k) in cands.bucketed.items()}
-    staged = [n for n in runs if n.startswith("staged")]
-    swept = [n for n in runs if n.startswith("xla_combine_")]
-    candidates = {n: runs[n] for n in (*bucketed, *swept, "op_fusion", "xla_default",
-                                       *plans, *staged)}
-    # the in-context fit's programs again, in the same rounds (not candidates)
-    fit_runs = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()}
-    say(f"final choice among {len(candidates)} programs (and the fit's {len(fit_runs)})")
-    choice_samples = measure({**candidates, **fit_runs}, args,
-                             rounds=int(spec["choice_rounds"]), sync=sync, tag="choice",
-                             min_sample_s=float(spec["min_sample_s"]))
-    choice = decide({n: choice_samples[n] for n in candidates}, choice_tiers(candidates))
-    best_bucketed = min(bucketed, key=choice.medians_s.__getitem__)
+    runs, choice = details.candidates.runs, details.choice
+    best_bucketed = min(details.candidates.bucketed, key=choice.medians_s.__getitem__)
     finals = {name: runs[name] for name in bl.BASELINES}
     finals["bucketed"] = runs[best_bucketed]
-    # DisCo's choice may be a baseline's own program: then it is measured once, as that
-    # baseline (two measurements of one program differ only by noise)
     same = next((n for n in ("bucketed", *bl.BASELINES)
                  if finals[n] is runs[choice.name]), None)
     if same is None:
         finals["disco"] = runs[choice.name]
     say(f"choice: {choice.name}; bucketed: {best_bucketed}; measuring "
         f"{spec['rounds']} interleaved rounds")
-    samples = measure(finals, args, rounds=int(spec["rounds"]), sync=sync, tag="bench",
-                      min_sample_s=float(spec["min_sample_s"]), progress=say)
+    samples = measure(finals, details.program.args, rounds=int(spec["rounds"]), sync=sync,
+                      tag="bench", min_sample_s=float(spec["min_sample_s"]), progress=say)
     if same is not None:
         samples["disco"] = samples[same]
         finals["disco"] = finals[same]
-    want = jax.jit(step)(*args)
-    diff = _max_diff(finals["disco"](*args), want)
-    if pid != 0:
-        return None
+    return _Bench(finals, samples, best_bucketed, same)
 
-    at_start = costs
-    more: dict[str, Any] = {}
-    if cal is not None and fit_runs:
-        more = {n[len(FIT_PREFIX):]: s for n, s in choice_samples.items()
-                if n.startswith(FIT_PREFIX)}
-        costs, refit = calibrate_in_context(costs, module, pooled(measured, more))
-        row["calibration_refit"] = refit._asdict()
-        say(f"fit again with the choice rounds' samples: all-reduce D {refit.d_s * 1e3:.3f} "
-            f"ms, compute scale {refit.compute_scale:.2f}, fused-op scale "
-            f"{refit.fused_scale:.2f}")
-    say("predicting every program")
-    # XLA's programs as it runs them, parsed once for both models
+
+class _Refit(NamedTuple):
+    """The cost model of step 7 (:func:`_refit`).
+
+    Attributes:
+        costs: fitted again (the search's own when there was nothing to fit again).
+        profile: the in-context profile with the fit's programs' samples of the choice's
+            rounds pooled in (:func:`disco_jax.pipeline.profile.pooled`).
+        calibration: the new fit (None: not fitted again).
+    """
+
+    costs: Any
+    profile: Any
+    calibration: Any
+
+
+def _refit(details: OptimizeDetails, say: Callable[[str], None]) -> _Refit:
+    """Step 7's fit: the search's cost model fitted again on the fit's programs with
+    their samples of the choice's rounds pooled in, so that the predictions rest on
+    more samples than the search's did."""
+    from disco_jax.pipeline.fit import calibrate_in_context
+    from disco_jax.pipeline.optimize import FIT_PREFIX
+    from disco_jax.pipeline.profile import pooled
+
+    more = {n[len(FIT_PREFIX):]: s for n, s in details.samples_s.items()
+            if n.startswith(FIT_PREFIX)}
+    profile = pooled(details.profile, more)
+    if details.calibration is None or not more:
+        return _Refit(details.costs, profile, None)
+    costs, refit = calibrate_in_context(details.costs, details.program.module, profile)
+    say(f"fit again with the choice rounds' samples: all-reduce D {refit.d_s * 1e3:.3f} "
+        f"ms, compute scale {refit.compute_scale:.2f}, fused-op scale "
+        f"{refit.fused_scale:.2f}")
+    return _Refit(costs, profile, refit)
+
+
+def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], tuple[dict, dict]]:
+    """Step 7's predictions: a function of a cost model giving the six programs' (and
+    ``fo``) and the final choice's candidates' predicted seconds, XLA's programs parsed
+    once for every model."""
+    from disco_jax.costs.lower import sim_graph, sim_graph_from_module, simulate_plan
+    from disco_jax.costs.simulator import full_overlap_bound
+    from disco_jax.pipeline.fit import predict_module
+    from hlo_tools import baselines as bl
+
+    cands, graph, name = details.candidates, details.program.graph, details.choice.name
+    runs, plans, staged_info = cands.runs, cands.plans, cands.staged_info
+    bucketed = list(cands.bucketed)
+    staged = [n for n in runs if n.startswith("staged")]
+    swept = [n for n in runs if n.startswith("xla_combine_")]
+    # XLA's programs as it runs them
     compiled = {n: bl.module_from_compiled(runs[n])
                 for n in (*bl.BASELINES, *bucketed, *swept)}
 
     def predictions(cm: Any) -> tuple[dict[str, float], dict[str, float]]:
         """The six programs' and the final choice's candidates' predicted seconds."""
         predicted: dict[str, float] = {}
-        for name in bl.BASELINES:
-            predicted[name] = predict_module(compiled[name], cm)
+        for baseline in bl.BASELINES:
+            predicted[baseline] = predict_module(compiled[baseline], cm)
         pred_bucketed = {n: predict_module(compiled[n], cm) for n in bucketed}
         pred_plans = {n: simulate_plan(graph, plan, cm).iteration_s
                       for n, plan in plans.items()}
@@ -260,20 +245,98 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         pred_choice = {**pred_bucketed, **pred_swept, **pred_plans, **pred_staged,
                        "op_fusion": predicted["op_fusion"],
                        "xla_default": predicted["xla_default"]}
-        predicted["disco"] = pred_choice[choice.name]
+        predicted["disco"] = pred_choice[name]
         # FO: the chosen program with every AllReduce hidden (its full-overlap bound),
         # under the model that priced it: a staged program's under the staged model
-        if choice.name in staged and choice.name in staged_info.get("fo_bound_s", {}):
-            predicted["fo"] = staged_info["fo_bound_s"][choice.name]
-        elif choice.name in staged:
+        if name in staged and name in staged_info.get("fo_bound_s", {}):
+            predicted["fo"] = staged_info["fo_bound_s"][name]
+        elif name in staged:
             predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], cm))
-        elif choice.name in plans:
-            predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[choice.name], cm))
+        elif name in plans:
+            predicted["fo"] = full_overlap_bound(sim_graph(graph, plans[name], cm))
         else:
-            predicted["fo"] = full_overlap_bound(sim_graph_from_module(
-                compiled[choice.name], cm))
+            predicted["fo"] = full_overlap_bound(sim_graph_from_module(compiled[name], cm))
         return predicted, pred_choice
 
+    return predictions
+
+
+def _fused_choice(spec: Mapping[str, Any]) -> Any:
+    """The job's fused-op estimator: the GNN of ``spec["gnn"]`` (a checkpoint), else the
+    fallback rule (``disco bench`` resolved the user's choice to a checkpoint or none)."""
+    from disco_jax.costs.fused_choice import choose_fused_estimator
+
+    if spec.get("gnn"):
+        return choose_fused_estimator("gnn", checkpoint=spec["gnn"], origin="the job")
+    return choose_fused_estimator("fallback", origin="the job")
+
+
+def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Runs one job in this process (see the module docstring): steps 1-5 are
+    :func:`~disco_jax.pipeline.optimize.optimize_step`, the product's pipeline, with the
+    paper's other baselines compiled beside its candidates and the fit's programs in its
+    choice rounds; steps 6 and 7 are this module's. The row on process 0, None
+    elsewhere."""
+    import jax
+
+    from disco_jax.pipeline.choose import summarize_samples
+    from disco_jax.pipeline.optimize import optimize_step
+    from disco_jax.pipeline.sync import job_sync
+    from hlo_tools import baselines as bl
+
+    pid = jax.process_index()
+    say = (lambda text: _log(spec, text)) if pid == 0 else (lambda text: None)
+    sync = job_sync(f"bench_{spec['model']}")
+    t_job = time.perf_counter()
+    step, args = make_step(spec, jax.device_count())
+    opt = optimize_step(
+        step, args, hardware=spec["hardware"], sync=sync, top_k=int(spec["top_k"]),
+        choice_rounds=int(spec["choice_rounds"]), staged=spec.get("staged", ()),
+        min_sample_s=float(spec["min_sample_s"]), seed=int(spec["seed"]),
+        predict_baselines=False, search_s=float(spec["time_budget_s"]),
+        fused_estimator=_fused_choice(spec), progress=say,
+        extra_baselines=[b for b in bl.BASELINES if b not in ("xla_default", "op_fusion")],
+        remeasure_fit=True, staged_top=int(spec.get("staged_top", 3)),
+        chunk_bytes=spec.get("chunk_bytes", "default"), keep_labels=False,
+        keep_details=True)
+    details = opt.details
+    program, choice, cands, cal = (details.program, details.choice, details.candidates,
+                                   details.calibration)
+    if cal is not None:
+        say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
+            f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
+            f"latency per buffer of a combined all-reduce "
+            f"{cal.d_tuple_extra_s * 1e3:.3f} ms, bucket copies "
+            f"{_gb_per_s(cal.copy_s_per_byte)} (no fusion "
+            f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
+            f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
+            f"{cal.predicted_s[1] * 1e3:.2f} ms)")
+    bench = _bench_rounds(spec, details, sync, say)
+    want = jax.jit(program.step)(*program.args)
+    diff = _max_diff(bench.finals["disco"](*program.args), want)
+    if pid != 0:
+        return None
+
+    row: dict[str, Any] = {"model": spec["model"], "setup": spec["setup"],
+                           "size": spec["size"],
+                           "fused_estimator": type(details.costs.fused).__name__}
+    if cal is not None:
+        row["calibration"] = cal._asdict()
+    outcome = details.searched.outcome
+    if outcome is not None:
+        row["search_s"] = outcome.stats.seconds
+        row["search"] = {"evaluated": outcome.stats.evaluated,
+                         "stop_reason": outcome.stats.stop_reason,
+                         "best_start": outcome.best_start,
+                         "start_predicted_s": outcome.start_costs_s,
+                         "top_predicted_s": [c for _, c in outcome.top]}
+    at_start = details.costs
+    refit = _refit(details, say)
+    costs = refit.costs
+    if refit.calibration is not None:
+        row["calibration_refit"] = refit.calibration._asdict()
+    say("predicting every program")
+    predictions = _predictor(details, bench.best_bucketed)
     predicted, pred_choice = predictions(costs)
     start_predicted, start_choice = (predicted, pred_choice) if costs is at_start \
         else predictions(at_start)
@@ -281,29 +344,31 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     if spec.get("compare_fused") and cal is not None:
         # the same measurements and candidates under other fused-op estimators
         from disco_estimator.gnn.estimator import GnnFusedEstimator
+        from disco_jax.pipeline.fit import in_context_costs
 
         by_estimator = {type(costs.fused).__name__: pred_choice}
         for path in spec["compare_fused"]:
             say(f"predicting every program again with the GNN of {path}")
-            other, _ = in_context_costs(module, spec["hardware"], pooled(measured, more),
+            other, _ = in_context_costs(program.module, spec["hardware"], refit.profile,
                                         progress=False,
                                         fused=GnnFusedEstimator.from_checkpoint(path))
             by_estimator[f"gnn:{Path(path).name}"] = predictions(other)[1]
-    spread = {n: summarize_samples(samples[n]) for n in PROGRAMS}
+    spread = {n: summarize_samples(bench.samples[n]) for n in PROGRAMS}
     row.update({
         "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
         "spread_s": spread,
         "predicted_s": predicted,
         "predicted_at_start_s": start_predicted,
-        "choice": {"disco": choice.name, "bucketed": best_bucketed, "disco_is": same,
-                   "bucketed_threshold_bytes": thresholds[best_bucketed],
-                   "bucket_counts": bucket_counts,
+        "choice": {"disco": choice.name, "bucketed": bench.best_bucketed,
+                   "disco_is": bench.same,
+                   "bucketed_threshold_bytes": cands.bucketed[bench.best_bucketed][0],
+                   "bucket_counts": {n: k for n, (_, k) in cands.bucketed.items()},
                    "medians_s": choice.medians_s,
                    # rounds each challenger beat the choice before its tier in
                    "wins": choice.wins, "against": choice.against,
                    "predicted_s": pred_choice, "predicted_at_start_s": start_choice,
                    "predicted_by_estimator_s": by_estimator},
-        "staged": {k: v for k, v in staged_info.items() if k != "predicted_s"},
+        "staged": {k: v for k, v in cands.staged_info.items() if k != "predicted_s"},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,
         "facts": {"jax_version": jax.__version__, "num_devices": jax.device_count(),
@@ -317,23 +382,20 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     process's devices (host devices will do: nothing is run but the op timings)."""
     import jax
 
-    from disco_jax.costs.cost_model import CostModel
     from disco_jax.pipeline.fit import predict_module
-    from disco_jax.pipeline.program import lower_program
-    from disco_jax.pipeline.search import search
+    from disco_jax.pipeline.optimize import predict_step
     from hlo_tools import baselines as bl
 
-    program = lower_program(*make_step(spec, jax.device_count()))
-    step, args, module, graph = program.step, program.args, program.module, program.graph
     measured = None
     if spec.get("op_times"):
         from disco_estimator.ops import OpProfile
 
         measured = OpProfile.load(spec["op_times"])
-    costs = CostModel.for_module(module, spec["hardware"], profile=measured, progress=False)
     _log(spec, f"searching ({spec['time_budget_s']:.0f} s budget)")
-    outcome = search(graph, costs, seed=int(spec["seed"]),
-                     time_budget_s=float(spec["time_budget_s"]), progress=False)
+    program, costs, outcome = predict_step(
+        *make_step(spec, jax.device_count()), spec["hardware"], op_profile=measured,
+        seed=int(spec["seed"]), search_s=float(spec["time_budget_s"]))
+    step, args, module, graph = program.step, program.args, program.module, program.graph
 
     gpu = costs.hardware.hardware.get("backend") == "gpu"
     threshold = bl.GPU_DEFAULT_THRESHOLD_BYTES if gpu else None

@@ -9,9 +9,16 @@ one :class:`~disco_jax.pipeline.program.Program`, lowered and parsed once:
    0 of a job searches; the plans go to every process through ``sync``);
 3. :func:`~disco_jax.pipeline.candidates.build_candidates`: the plans compiled as the
    backend's route allows, hand bucketing, XLA's default and op fusion, staged programs;
-4. :func:`~disco_jax.pipeline.choose.choose`: the final choice by measurement, in tiers
-   (XLA's default stays unless hand bucketing beats it in most paired rounds, and that
-   choice stays unless a plan or staged program beats it so).
+4. :func:`~disco_jax.pipeline.choose.measure` and :func:`~disco_jax.pipeline.choose.decide`:
+   the final choice by measurement, in tiers (XLA's default stays unless hand bucketing
+   beats it in most paired rounds, and that choice stays unless a plan or staged program
+   beats it so).
+
+It is the one composition of these steps: ``disco bench`` and ``disco demo``
+(:func:`disco_jax.pipeline.bench.bench_row`) call it with ``keep_details=True`` and
+measure and predict its programs further from :attr:`Optimized.details`.
+:func:`predict_step` is the part of it that needs no machine to run on (lower, price with
+a hardware file, search), for ``disco bench --predict-only``.
 
 Typical use::
 
@@ -29,11 +36,29 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from disco_jax.costs.fused_choice import FusedChoice
+    from disco_jax.pipeline.candidates import Candidates
+    from disco_jax.pipeline.choose import Choice
+    from disco_jax.pipeline.profile import InContext
+    from disco_jax.pipeline.program import Program
+    from disco_jax.pipeline.search import SearchedPlans, SearchOutcome
 
-__all__ = ["DEFAULT_CHOICE_ROUNDS", "OptimizeReport", "Optimized", "optimize_step"]
+__all__ = [
+    "DEFAULT_CHOICE_ROUNDS",
+    "FIT_PREFIX",
+    "OptimizeDetails",
+    "OptimizeReport",
+    "Optimized",
+    "Predicted",
+    "optimize_step",
+    "predict_step",
+]
 
 #: Interleaved rounds of the final choice by measurement.
 DEFAULT_CHOICE_ROUNDS = 3
+
+#: Names of the in-context fit's programs when they run again in the final choice's
+#: rounds (``fit:no_fusion``, ...; ``remeasure_fit`` of :func:`optimize_step`).
+FIT_PREFIX = "fit:"
 
 
 class OptimizeReport(NamedTuple):
@@ -74,6 +99,35 @@ class OptimizeReport(NamedTuple):
         return self._asdict()
 
 
+class OptimizeDetails(NamedTuple):
+    """What :func:`optimize_step` built on the way to its choice (``keep_details=True``),
+    for a caller that measures and predicts its programs further (``disco bench``). It
+    holds every compiled program, so it is kept only when asked for.
+
+    Attributes:
+        program: the step, lowered and parsed once.
+        profile: the in-context profile (its ``runs``: the fit's programs).
+        costs: the cost model the search priced plans with (process 0; None elsewhere).
+        calibration: its in-context fit (process 0; None elsewhere).
+        searched: the search's plans and outcome.
+        candidates: every program compiled: the final choice's candidates and the
+            ``extra_baselines`` (staged runs other than the choice are closed).
+        choice: the final choice among the candidates (their samples in ``samples_s``).
+        samples_s: the samples of every program of the choice's rounds: the candidates'
+            and, with ``remeasure_fit``, the fit's programs' (named ``fit:<name>``,
+            :data:`FIT_PREFIX`).
+    """
+
+    program: Program
+    profile: InContext
+    costs: Any
+    calibration: Any
+    searched: SearchedPlans
+    candidates: Candidates
+    choice: Choice
+    samples_s: dict[str, list[float]]
+
+
 class Optimized(NamedTuple):
     """What :func:`optimize_step` chose.
 
@@ -82,28 +136,31 @@ class Optimized(NamedTuple):
         run: the winner compiled: ``run(*args)`` returns what ``jax.jit(step)(*args)``
             returns (a staged run has ``.close()``).
         report: how it was chosen (:class:`OptimizeReport`).
+        details: how it got there (:class:`OptimizeDetails`; None unless
+            ``keep_details``, or when the budget left no time to choose).
     """
 
     enactment: Any
     run: Callable[..., Any]
     report: OptimizeReport
+    details: OptimizeDetails | None = None
 
 
-def _predictions(cands: Any, searched: Any, costs: Any, baselines: bool
-                 ) -> dict[str, float | None]:
-    """Every candidate's predicted seconds: the search's for its plans, the staged cost
-    model's for staged programs, and (``baselines``) the simulation of XLA's compiled
-    program for hand bucketing, XLA's default and op fusion."""
+def _predictions(cands: Any, runs: Mapping[str, Any], searched: Any, costs: Any,
+                 baselines: bool) -> dict[str, float | None]:
+    """Every candidate's (``runs``') predicted seconds: the search's for its plans, the
+    staged cost model's for staged programs, and (``baselines``) the simulation of XLA's
+    compiled program for hand bucketing, XLA's default and op fusion."""
     from disco_jax.pipeline.fit import predict_module
     from hlo_tools import baselines as bl
 
-    predicted: dict[str, float | None] = {name: None for name in cands.runs}
+    predicted: dict[str, float | None] = {name: None for name in runs}
     predicted.update({n: t for n, t in cands.staged_info.get("predicted_s", {}).items()
-                      if n in cands.runs})
+                      if n in runs})
     if searched.outcome is not None:
         predicted.update(zip(cands.plans, (c for _, c in searched.outcome.top)))
     if baselines:
-        for name, run in cands.runs.items():
+        for name, run in runs.items():
             if name.startswith("bucketed") or name in ("xla_default", "op_fusion"):
                 predicted[name] = predict_module(bl.module_from_compiled(run), costs)
     return predicted
@@ -157,7 +214,10 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   profile_rounds: int = 5, memory_budget_bytes: int | None = None,
                   route: str | None = None, search_s: float | None = None,
                   fused_estimator: FusedChoice | None = None,
-                  progress: Callable[[str], None] | None = None) -> Optimized:
+                  progress: Callable[[str], None] | None = None,
+                  extra_baselines: Sequence[str] = (), remeasure_fit: bool = False,
+                  staged_top: int = 3, chunk_bytes: int | None | str = "default",
+                  keep_labels: bool = True, keep_details: bool = False) -> Optimized:
     """Profiles, searches, compiles the candidates and chooses by measurement.
 
     Args:
@@ -200,6 +260,20 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             :func:`~disco_jax.costs.fused_choice.choose_fused_estimator` for the step's
             platform: ``$DISCO_FUSED_ESTIMATOR``, else the default).
         progress: called with a line per phase (None: silent).
+        extra_baselines: more of XLA's baselines to compile
+            (:data:`hlo_tools.baselines.BASELINES` names, e.g. ``no_fusion``), never
+            candidates nor measured here: ``disco bench`` measures them after the choice
+            (in :attr:`OptimizeDetails.candidates`).
+        remeasure_fit: the in-context fit's programs run again in the final choice's
+            rounds (named ``fit:<name>``, never candidates), so that a caller can fit
+            again on more samples (:attr:`OptimizeDetails.samples_s`).
+        staged_top, chunk_bytes: the staged programs' settings
+            (:func:`~disco_jax.pipeline.candidates.staged_candidates`).
+        keep_labels: add the fused ops of the exact plans and XLA's default to the local
+            dataset after the choice, when :func:`~disco_jax.pipeline.labels.labels_wanted`
+            (False: never; ``disco bench`` leaves the dataset alone).
+        keep_details: return :attr:`Optimized.details` (it holds every compiled program
+            until dropped).
 
     Returns:
         The :class:`Optimized` winner.
@@ -215,7 +289,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     from disco_jax.costs.fused_choice import choose_fused_estimator
     from disco_jax.pipeline.budget import Budget
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
-    from disco_jax.pipeline.choose import choice_tiers, choose
+    from disco_jax.pipeline.choose import choice_tiers, decide, measure
     from disco_jax.pipeline.fit import default_hardware, in_context_costs
     from disco_jax.pipeline.profile import profile_in_context
     from disco_jax.pipeline.program import lower_program
@@ -226,6 +300,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     say = progress or (lambda text: None)
     if top_k < 1 or choice_rounds < 1:
         raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
+    if set(extra_baselines) & {"xla_default", "op_fusion"}:
+        raise ValueError("xla_default and op_fusion are candidates, not extra_baselines")
     seconds: dict[str, float] = {}
     budget = Budget(time_budget_s)
     t0 = t_phase = time.perf_counter()
@@ -289,29 +365,36 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
 
     say("compiling the candidates")
     cands = build_candidates(program, searched.plans_json, plan_route,
+                             baselines=("xla_default", "op_fusion", *extra_baselines),
                              bucket_thresholds=bucket_thresholds, staged=staged, costs=costs,
-                             sync=sync, say=say, budget=budget, choice_rounds=choice_rounds,
-                             compiled_already=compiled_already)
+                             sync=sync, say=say, staged_top=staged_top,
+                             chunk_bytes=chunk_bytes, budget=budget,
+                             choice_rounds=choice_rounds, compiled_already=compiled_already)
     lap("compile")
 
-    sample_s = budget.sample_s(len(cands.runs), choice_rounds, min_sample_s)
+    runs = {n: r for n, r in cands.runs.items() if n not in extra_baselines}
+    beside = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()} \
+        if remeasure_fit else {}
+    sample_s = budget.sample_s(len(runs) + len(beside), choice_rounds, min_sample_s)
     if sync is not None:
         sample_s = sync.share("budget_sample_s", sample_s)
-    n = len(cands.runs)
-    say(f"final choice among {n} program{'s' if n != 1 else ''}")
-    choice = choose(cands.runs, program.args, rounds=choice_rounds, sync=sync,
-                    tag="optimize_choice", min_sample_s=sample_s, seed=seed,
-                    tiers=choice_tiers(cands.runs))
+    n = len(runs)
+    say(f"final choice among {n} program{'s' if n != 1 else ''}"
+        + (f" (and the fit's {len(beside)})" if beside else ""))
+    samples = measure({**runs, **beside}, program.args, rounds=choice_rounds, sync=sync,
+                      tag="optimize_choice", min_sample_s=sample_s, seed=seed)
+    choice = decide({name: samples[name] for name in runs}, choice_tiers(runs))
     lap("choice")
-    _keep_labels(program, cands, costs, measured.wall_s, budget, sync, say)
-    lap("labels")
+    if keep_labels:
+        _keep_labels(program, cands, costs, measured.wall_s, budget, sync, say)
+        lap("labels")
     cands.close_except(choice.name)
 
-    predicted: Mapping[str, float | None] = {name: None for name in cands.runs}
+    predicted: Mapping[str, float | None] = {name: None for name in runs}
     if costs is not None:
         # the baselines' predictions (standalone op times) only from time left over
         spare = not budget.limited or budget.left_s() >= 0.25 * budget.total_s
-        predicted = _predictions(cands, searched, costs, predict_baselines and spare)
+        predicted = _predictions(cands, runs, searched, costs, predict_baselines and spare)
         lap("predict")
     report = OptimizeReport(
         choice=choice.name, predicted_s=dict(predicted), measured_s=dict(choice.medians_s),
@@ -324,4 +407,53 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     won = (f", faster than {choice.against[choice.name]} in {choice.wins[choice.name]} of "
            f"{choice_rounds} rounds" if choice.name in choice.wins else "")
     say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
-    return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report)
+    details = OptimizeDetails(program, measured, costs, calibration, searched, cands, choice,
+                              samples) if keep_details else None
+    return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report, details)
+
+
+class Predicted(NamedTuple):
+    """What :func:`predict_step` found.
+
+    Attributes:
+        program: the step, lowered and parsed once.
+        costs: the hardware file's cost model of it.
+        outcome: the search's :class:`~disco_jax.pipeline.search.SearchOutcome` under it.
+    """
+
+    program: Program
+    costs: Any
+    outcome: SearchOutcome
+
+
+def predict_step(step: Callable[..., Any], args: Sequence[Any], hardware: str, *,
+                 op_profile: Any = None, seed: int = 0, search_s: float | None = None
+                 ) -> Predicted:
+    """The pipeline's prediction alone, for hardware the step does not run on here:
+    lowers it, prices it with ``hardware``'s cost model and searches. Nothing is
+    profiled in context, compiled or measured, so no final choice is made.
+
+    Args:
+        step: the train step (plain or jitted), called with positional arguments only.
+        args: its arguments; their devices must be the hardware file's (host devices
+            will do).
+        hardware: hardware file name or path.
+        op_profile: op times measured elsewhere
+            (:class:`disco_estimator.ops.OpProfile`; None: each op timed standalone on
+            this machine and scaled by the file's ``compute_scale``).
+        seed: seeds the search.
+        search_s: the search's limit, seconds (None: ``configs/search.toml``'s).
+
+    Raises:
+        ValueError: the step has no gradient all-reduce to optimize.
+    """
+    from disco_jax.costs.cost_model import CostModel
+    from disco_jax.pipeline.program import lower_program
+    from disco_jax.pipeline.search import search
+
+    program = lower_program(step, args)
+    costs = CostModel.for_module(program.module, hardware, profile=op_profile,
+                                 progress=False)
+    outcome = search(program.graph, costs, seed=seed, time_budget_s=search_s,
+                     progress=False)
+    return Predicted(program, costs, outcome)
