@@ -10,14 +10,18 @@ measures them side by side, interleaved: the **cost** of a budget is its choice'
 per step over the choice of ``4 B`` (1.00: nothing lost).
 
 Steps: zoo models (``--models``, ``--size``) and ``examples/train.py``'s step
-(``train``). Setups: ``inproc4`` (one process, 4 host devices) and ``gloo2`` (two
-processes over gloo on 127.0.0.1, one device each). Prints a table and writes
-``benchmarks/results/first_call.json``.
+(``train``). Setups: ``inproc4`` (one process, 4 host devices), ``gloo2`` (two
+processes over gloo on 127.0.0.1, one device each) and ``gloo2-1gbit`` (the same in a
+private network namespace whose loopback ``tc`` limits to 1 Gbit/s; run as root). The
+**profile** column is the in-context profile's share of ``B`` (its goal: a third at
+most). Prints a table and writes ``benchmarks/results/first_call.json``.
 
     python benchmarks/first_call.py                                   # the full matrix
     python benchmarks/first_call.py --models vgg --setups inproc4 --budgets 5
     python benchmarks/first_call.py --no-reference-above 15           # 4 B only for B <= 15
     python benchmarks/first_call.py --setups gloo2 --keep first_call.json  # add a setup
+    sudo python benchmarks/first_call.py --setups gloo2-1gbit --models transformer \
+        --size medium --budgets 60 --no-reference-above 0 --out first_call_1gbit.json
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "first_call.json"
 SETUPS = ("inproc4", "gloo2")
+#: The emulated link of the ``gloo2-1gbit`` setup (``tc tbf``, as ``disco bench``'s).
+RATE, BURST = "1gbit", "128kb"
 #: the reference run's budget, times the budget
 REFERENCE_FACTOR = 4
 
@@ -160,6 +166,9 @@ def _run(setup: str, argv: list[str], timeout_s: float, log: Path) -> None:
         env.pop("XLA_FLAGS", None)
         cmd = [sys.executable, "-m", "disco_jax", "launch", "-n", "2",
                "--timeout", str(int(timeout_s)), "--", *me]
+        if setup == "gloo2-1gbit":  # the job in a private namespace with a slow loopback
+            cmd = ["unshare", "-n", sys.executable, str(Path(__file__).resolve()), "netns",
+                   "--parent-netns", os.readlink("/proc/self/ns/net"), "--", *cmd]
     with open(log, "w") as out:
         try:
             done = subprocess.run(cmd, env=env, timeout=timeout_s + 60, stdout=out,
@@ -226,13 +235,15 @@ def bench(setup: str, model: str, size: str, budgets: list[float], ref_above: fl
                      "reference_choice": first[ref]["choice"] if ref in first else None,
                      "reference_step_s": med.get(f"{ref:g}"), "cost": cost,
                      "pipeline_s": f["pipeline_s"], "skipped": f.get("skipped"),
+                     "profile_share": ((f["pipeline_s"] or {}).get("profile") or 0.0) / b,
                      **({"compare_error": errors["compare"]} if "compare" in errors else {})})
     return rows
 
 
 def _table(rows: list[dict]) -> str:
     head = (f"{'setup':<8} {'step':<12} {'B s':>5} {'jax.jit s':>9} {'added s':>8} "
-            f"{'added/B':>7} {'choice':<16} {'ms/step':>8} {'4B choice':<16} {'cost':>5}")
+            f"{'added/B':>7} {'profile':>7} {'choice':<16} {'ms/step':>8} {'4B choice':<16} "
+            f"{'cost':>5}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -243,7 +254,8 @@ def _table(rows: list[dict]) -> str:
         step = f"{r['step_s'] * 1e3:.2f}" if r["step_s"] else "-"
         lines.append(
             f"{r['setup']:<8} {r['model']:<12} {r['budget_s']:>5g} {r['jax_first_s']:>9.2f} "
-            f"{r['added_s']:>8.1f} {r['added_over_budget']:>7.2f} {str(r['choice']):<16} "
+            f"{r['added_s']:>8.1f} {r['added_over_budget']:>7.2f} "
+            f"{r.get('profile_share', 0.0):>7.0%} {str(r['choice']):<16} "
             f"{step:>8} {str(r['reference_choice'] or '-'):<16} {cost:>5}")
     return "\n".join(lines)
 
@@ -260,6 +272,9 @@ def main() -> None:
     w.add_argument("--stores")
     w.add_argument("--rounds", type=int, default=7)
     w.add_argument("--out", required=True)
+    n = sub.add_parser("netns", help="(internal) limit this namespace's loopback, then run")
+    n.add_argument("--parent-netns", required=True)
+    n.add_argument("command", nargs=argparse.REMAINDER)
     ap.add_argument("--models", default="vgg,transformer,resnet,train",
                     help="zoo models and 'train' (examples/train.py's step)")
     ap.add_argument("--size", default="small", help="zoo size (default small)")
@@ -278,6 +293,12 @@ def main() -> None:
     if a.cmd == "worker":
         (worker_first if a.what == "first" else worker_compare)(a)
         return
+    if a.cmd == "netns":
+        from disco_estimator.gloo import set_loopback_rate
+
+        set_loopback_rate(RATE, a.parent_netns, BURST)
+        command = a.command[1:] if a.command[:1] == ["--"] else a.command
+        raise SystemExit(subprocess.run(command).returncode)
     from benchmarks.provenance import write_result
 
     budgets = [float(b) for b in a.budgets.split(",")]

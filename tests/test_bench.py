@@ -167,6 +167,22 @@ def test_in_context_timings_with_one_bucket_not_faster_are_inconsistent():
                                    "one_bucket": [30.0, 9.5, 9.0]})
 
 
+def test_the_profile_does_the_least_when_its_time_is_up(vgg):
+    """With no time left the profile still compiles, traces the no-fusion program and
+    takes MIN_ROUNDS rounds of timings, but neither more rounds nor the one-bucket
+    trace; without a limit it does both."""
+    from disco_jax.pipeline.profile import MIN_ROUNDS
+
+    step, args, module, _ = vgg
+    least = profile_in_context(step, args, module, iterations=2, rounds=5,
+                               left_s=lambda: 0.0)
+    assert [len(s) for s in least.samples_s.values()] == [MIN_ROUNDS] * 3
+    assert least.one_bucket_profile is None and least.profile.times_s
+    full = profile_in_context(step, args, module, iterations=2, rounds=4, left_s=None)
+    assert {len(s) for s in full.samples_s.values()} <= {4, 8, 12}
+    assert full.one_bucket_profile is not None
+
+
 def test_in_context_calibration_matches_both_programs(vgg):
     step, args, module, _ = vgg
     measured = profile_in_context(step, args, module, rounds=3)

@@ -10,6 +10,7 @@ import pytest
 from disco_jax.pipeline.budget import (
     PROFILE_COMPILES,
     PROFILE_FIXED_S,
+    PROFILE_SHARE,
     SEARCH_SHARE,
     SHORT_S,
     Budget,
@@ -31,6 +32,19 @@ def test_no_budget_limits_nothing():
     assert b.affords(3, programs=100, compiles=100)
     assert b.sample_s(10, 3, 0.3) == 0.3
     assert b.profile_rounds(5) == 5
+
+
+def test_the_profile_gets_its_share_of_the_budget():
+    clock = Clock()
+    assert Budget(None, clock=clock).profile_clock() is None  # no limit
+    b = Budget(60.0, clock=clock)
+    clock.now += 5.0  # XLA's default compiled
+    left = b.profile_clock()
+    assert left() == pytest.approx(60.0 * PROFILE_SHARE)
+    clock.now += 15.0
+    assert left() == pytest.approx(60.0 * PROFILE_SHARE - 15.0)
+    clock.now += 100.0
+    assert left() == 0.0
 
 
 def test_search_gets_its_share_of_what_is_left():

@@ -8,11 +8,14 @@ out of one budget of ``B`` seconds. The phases share it by one rule:
    ``c`` prices the profile at :data:`PROFILE_FIXED_S` ``+`` :data:`PROFILE_COMPILES`
    ``x c``; when less than that is left there is no time to choose by measurement, and the
    first call runs XLA's default (:meth:`Budget.affords_profile`).
-1. **Profile and fit** take what they take (the fixed cost of any choice by
-   measurement); with ``B`` under :data:`SHORT_S` the profile runs fewer rounds and
-   traces the no-fusion program alone (:attr:`Budget.short`), and ops
-   the profile did not see are timed standalone only while half the budget is left
-   (else the analytic model prices them).
+1. **Profile and fit**: the profile's own share is :data:`PROFILE_SHARE` of ``B``
+   (:meth:`Budget.profile_clock`). Its compiles, the trace of the no-fusion program and
+   :data:`~disco_jax.pipeline.profile.MIN_ROUNDS` rounds of timings are the least it does;
+   more rounds, the trace of the one-bucket program and the timings taken again when they
+   contradict each other each only while the share covers them. With ``B`` under
+   :data:`SHORT_S` it does the least (:attr:`Budget.short`). Ops the profile did not see
+   are timed standalone only while half the budget is left (else the analytic model
+   prices them).
 2. **Search**: :data:`SEARCH_SHARE` of what is left, never more than the search's own
    limit.
 3. **Candidates** are compiled in order of priority -- XLA's default (always), the
@@ -35,8 +38,11 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["PROFILE_COMPILES", "PROFILE_FIXED_S", "SEARCH_SHARE", "SHORT_S", "Budget"]
+__all__ = ["PROFILE_COMPILES", "PROFILE_FIXED_S", "PROFILE_SHARE", "SEARCH_SHARE", "SHORT_S",
+           "Budget"]
 
+#: The in-context profile's share of the budget: what it may take beyond the least it does.
+PROFILE_SHARE = 1 / 3
 #: The search's share of what is left of the budget after the profile and the fit.
 SEARCH_SHARE = 0.2
 #: Budgets under this many seconds profile with fewer rounds (3 instead of 5).
@@ -119,6 +125,14 @@ class Budget:
         """Whether the profile fits in what is left (:meth:`profile_s`; the compile so far
         is XLA's default's, compiled first)."""
         return self.total_s is None or self.left_s() >= self.profile_s()
+
+    def profile_clock(self) -> Callable[[], float] | None:
+        """Starts the profile's share: returns what is left of it, seconds, when called
+        (None without a budget: the profile does all it is configured to do)."""
+        if self.total_s is None:
+            return None
+        end = self.elapsed_s() + PROFILE_SHARE * self.total_s
+        return lambda: max(0.0, end - self.elapsed_s())
 
     def note_iteration(self, seconds: float) -> None:
         """One call of the step takes about ``seconds`` (the profile's measure; the

@@ -343,9 +343,13 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         say("profiling in context")
     rounds = budget.profile_rounds(profile_rounds)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
-                                  iterations=rounds, rounds=rounds, quick=budget.short)
+                                  iterations=rounds, rounds=rounds, quick=budget.short,
+                                  left_s=budget.profile_clock())
     budget.note_iteration(measured.wall_s)
     lap("profile")
+    if budget.limited:
+        say(f"profiled in {seconds['profile']:.1f} s ({seconds['profile'] / budget.total_s:.0%}"
+            f" of the {budget.total_s:g} s budget); fitting the cost model")
 
     costs = calibration = None
     if jax.process_index() == 0:

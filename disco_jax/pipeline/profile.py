@@ -19,6 +19,7 @@ from disco_jax.pipeline.sync import Sync
 from hlo_tools.ir import HloModule
 
 __all__ = [
+    "MIN_ROUNDS",
     "REMEASURE_INCONSISTENT",
     "CompiledInContext",
     "InContext",
@@ -85,7 +86,8 @@ class InContext(NamedTuple):
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
                        iterations: int = 5, warmup: int = 2, rounds: int = 5,
                        library: bool = True, sync: Sync | None = None,
-                       quick: bool = False) -> InContext:
+                       quick: bool = False,
+                       left_s: Callable[[], float] | None = None) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
     and times it beside the same program with one gradient bucket, compiled once with
     nothing fused and once with XLA's op fusion, and in a multi-process job beside the
@@ -106,6 +108,11 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
         quick: for a short budget: the one-bucket program is timed but not traced (its
             bucket's copies are then priced standalone) and inconsistent timings are not
             measured again.
+        left_s: what is left of the profile's time, seconds, when called (None: no
+            limit). Beyond its compiles, the no-fusion trace and :data:`MIN_ROUNDS` rounds
+            of timings, each part is done only while it fits: rounds up to ``rounds``,
+            the one-bucket trace, timings taken again (process 0's clock decides for
+            the job).
     """
     graph = hlo_tools.device_graph(module)
     one = _one_bucket(module, graph)
@@ -125,7 +132,7 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
     return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=sync, buckets_differ=several,
                          tuple_buffers=len(buffers) if "tuple" in runs else None,
-                         quick=quick)
+                         quick=quick, left_s=left_s)
 
 
 def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
@@ -290,6 +297,12 @@ def _fused_options() -> dict[str, Any]:
 #: At most this many more rounds of in-context timings while they are inconsistent
 #: (:func:`inconsistent_walls`).
 REMEASURE_INCONSISTENT = 2
+#: The fewest rounds of in-context timings, whatever the profile's time.
+MIN_ROUNDS = 3
+#: Calls of each program before :func:`~disco_jax.pipeline.choose.measure` times it.
+_MEASURE_WARMUP = 2
+#: A sample of :func:`~disco_jax.pipeline.choose.measure` lasts at least this long.
+_MIN_SAMPLE_S = 0.1
 
 
 def inconsistent_walls(walls: Mapping[str, Sequence[float]]) -> bool:
@@ -302,10 +315,21 @@ def inconsistent_walls(walls: Mapping[str, Sequence[float]]) -> bool:
     return statistics.median(walls["one_bucket"]) >= statistics.median(walls["no_fusion"])
 
 
+def _fits(left_s: Callable[[], float] | None, need_s: float, sync: Sync | None,
+          tag: str) -> bool:
+    """Whether ``need_s`` more seconds fit in what is left (always without a limit);
+    process 0's answer in a job, where every process must run the same programs."""
+    if left_s is None:
+        return True
+    fits = left_s() >= need_s
+    return fits if sync is None else bool(sync.share(f"profile_fits_{tag}", fits))
+
+
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   one: HloModule, *, iterations: int, warmup: int, rounds: int,
                   sync: Sync | None, buckets_differ: bool,
-                  tuple_buffers: int | None = None, quick: bool = False) -> InContext:
+                  tuple_buffers: int | None = None, quick: bool = False,
+                  left_s: Callable[[], float] | None = None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
     program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
     the tuple probe ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers),
@@ -314,17 +338,28 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
     too, and timings that are :func:`inconsistent_walls` get up to
     :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled (every
     process of a job sees the same samples, so all decide alike). ``quick``: neither the
-    one-bucket trace nor the extra rounds."""
+    one-bucket trace nor the extra rounds. ``left_s``: the profile's time left
+    (:func:`profile_in_context`); a round is priced as one sample of every program, each
+    as long as a call of the no-fusion program (the slowest: nothing fused, nothing
+    combined) or :data:`_MIN_SAMPLE_S`."""
     from hlo_tools import baselines as bl
 
     profile = trace.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                     warmup=warmup)
-    one_profile = (trace.profile_program(runs["one_bucket"], *args, iterations=iterations,
-                                         warmup=warmup) if buckets_differ and not quick
-                   else None)
+    call_s = statistics.median(profile.wall_times_s) if profile.wall_times_s else 0.0
+    round_s = len(runs) * max(call_s, _MIN_SAMPLE_S)
+    while rounds > MIN_ROUNDS and not _fits(
+            left_s, (rounds + _MEASURE_WARMUP) * round_s, sync, f"rounds_{rounds}"):
+        rounds -= 1
     walls = measure(runs, args, rounds=rounds, sync=sync, tag="in_context")
+    one_profile = None
+    if buckets_differ and not quick and _fits(left_s, (iterations + warmup) * call_s, sync,
+                                              "one_bucket_trace"):
+        one_profile = trace.profile_program(runs["one_bucket"], *args,
+                                            iterations=iterations, warmup=warmup)
     for again in range(REMEASURE_INCONSISTENT if buckets_differ and not quick else 0):
-        if not inconsistent_walls(walls):
+        if not inconsistent_walls(walls) or not _fits(
+                left_s, (rounds + _MEASURE_WARMUP) * round_s, sync, f"again_{again}"):
             break
         more = measure(runs, args, rounds=rounds, sync=sync, tag=f"in_context_{again}")
         walls = {name: [*walls[name], *more[name]] for name in walls}
