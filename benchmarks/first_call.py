@@ -133,8 +133,7 @@ def worker_compare(a: argparse.Namespace) -> None:
 
     ks = {b: max(1, round(0.2 / max(timed(fn, 1), 1e-5))) for b, fn in runs.items()}
     sync = job_sync("first_call_compare")
-    if sync is not None:  # every process makes the same calls (each one a collective)
-        ks = sync.share("ks", ks)
+    ks = sync.share("ks", ks)  # every process makes the same calls (each a collective)
     samples: dict[str, list[float]] = {b: [] for b in runs}
     names = sorted(runs, key=float)
     for r in range(a.rounds):

@@ -327,10 +327,9 @@ def _search(step: Step, args: tuple, kwargs: Mapping[str, Any], dyn: tuple, sour
             opt = optimize_step(step.dynamic_jit(args, kwargs), dyn, time_budget_s=budget,
                                 hardware=step.hardware, sync=sync,
                                 memory_budget_bytes=memory, progress=progress, **options)
-        if sync is not None:  # a process that failed after the last exchange
-            sync.gather("searched", True)
+        sync.gather("searched", True)  # a process that failed after the last exchange
     except Exception as err:  # noqa: BLE001 - a compile, profile or run failure
-        if sync is not None and not isinstance(err, JobFailed):
+        if sync is not None and not isinstance(err, JobFailed):  # None: job_sync failed
             sync.fail(failure("its search failed", err, limit=200))
         if isinstance(err, ValueError) and str(err).startswith(_SETTINGS):
             raise

@@ -167,6 +167,8 @@ class _Process0:
     """Process 0 of a job, alone: its shares and gathers go through a key-value store
     that refuses a key set twice, as jax.distributed's coordination service does."""
 
+    processes = 2
+
     def __init__(self):
         self.keys: list[str] = []
 

@@ -5,8 +5,9 @@
 layout searches (``ENABLE_SEARCH=1``: mode ``searched``, staged candidates included),
 then runs what it stored (``=0``: mode ``stored``), with outputs equal to ``jax.jit``'s.
 
-Each job runs ``tests/user_job_worker.py`` (tiny vgg, a store per process). Two layouts
-run in CI; the whole matrix is ``slow``.
+Each job runs ``tests/user_job_worker.py`` (tiny vgg, a store per process). One layout
+(two devices per process) runs in CI, where tests/test_layouts_gloo.py runs every
+construction with one device per process; the whole matrix is ``slow``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def _check(tmp: Path, local: int, inputs: str) -> None:
         assert rows[0]["choice"] == rows[1]["choice"]
 
 
-@pytest.mark.parametrize("local,inputs", [(1, "host_local"), (2, "single_device")])
+@pytest.mark.parametrize("local,inputs", [
+    pytest.param(1, "host_local", marks=pytest.mark.slow),  # tests/test_layouts_gloo.py's too
+    (2, "single_device")])
 def test_user_built_job(tmp_path, local, inputs):
     _check(tmp_path, local, inputs)
 

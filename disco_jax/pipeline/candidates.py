@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from disco_jax.pipeline.program import Program
+from disco_jax.pipeline.sync import SOLO, Sync
 
 __all__ = [
     "Candidates",
@@ -97,7 +98,7 @@ def baseline_program(program: Program, options: Mapping[str, Any]) -> Any:
 def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                      baselines: Sequence[str] = ("xla_default", "op_fusion"),
                      bucket_thresholds: Sequence[int | None] | None = None,
-                     staged: Sequence[Any] = (), costs: Any = None, sync: Any = None,
+                     staged: Sequence[Any] = (), costs: Any = None, sync: Sync = SOLO,
                      say: Callable[[str], None] | None = None, staged_top: int = 3,
                      chunk_bytes: int | None | str = "default", budget: Any = None,
                      choice_rounds: int = 3,
@@ -169,8 +170,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             return True
         ok = budget.affords(choice_rounds, **need)
         asked[0] += 1
-        if sync is not None:
-            ok = sync.share(f"budget_{asked[0]}_{what}", ok)
+        ok = sync.share(f"budget_{asked[0]}_{what}", ok)
         if not ok:
             stopped.append(what)
             say(f"time budget: {what} and what would follow left out")
@@ -205,7 +205,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             kept = Path(tempfile.gettempdir()) / f"disco_rejected_{name}_{os.getpid()}.hlo"
             kept.write_text(plan_text)
             error += f"; text in {kept}"
-        errors = [error] if sync is None else sync.gather(f"compiled_{name}", error)
+        errors = sync.gather(f"compiled_{name}", error)
         if any(errors):
             runs.pop(name, None)
             say(f"{name}: XLA rejected it, left out ({next(e for e in errors if e)})")
@@ -257,7 +257,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
 
 def staged_candidates(program: Program, entries: Sequence[Any], *,
                       plans: Mapping[str, Any] | None = None,
-                      costs: Any = None, sync: Any = None,
+                      costs: Any = None, sync: Sync = SOLO,
                       say: Callable[[str], None] | None = None, top: int = 3,
                       chunk_bytes: int | None | str = "default"
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -275,7 +275,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
             fixed tail), so the fully overlapped ranking is measured too.
         plans: the search's plans by name.
         costs: the cost model (process 0; None elsewhere).
-        sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (None: one process); every
+        sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (default: one process); every
             process calls this alike.
         say: progress lines.
         top: predicted bucketings kept by ``"auto"``.
@@ -324,8 +324,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     # builds the same stages
     node_s = costs.graph_costs(graph).time_s if costs is not None else None
     order = [int(a) for a in ready_order(space, node_s)]
-    if sync is not None:
-        order = sync.share("staged_order", order)
+    order = sync.share("staged_order", order)
     cands = layouts(graph, order)
     ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
     try:
@@ -334,12 +333,11 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     except ValueError as err:
         say(f"staged: not staged ({err})")
         return out, info
-    barrier = sync.barrier if sync is not None else None
-    check = out[ref].self_test(*args, barrier=barrier)
+    check = out[ref].self_test(*args, barrier=sync.barrier)
     info["self_test"] = check._asdict()
     if not check.overlaps:  # the final choice measures them anyway
         say(f"staged self-test: {check.reason}")
-    parts = out[ref].parts(*args, barrier=barrier)
+    parts = out[ref].parts(*args, barrier=sync.barrier)
     # the whole step, interleaved with nothing: enough rounds that one slow phase of
     # the machine does not become the fitted overlap
     total = float(np.median(measure({ref: out[ref]}, args, rounds=7, warmup=3, sync=sync,
@@ -371,8 +369,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
             f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
             f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms "
             f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
-    if sync is not None:
-        pick = sync.share("staged_pick", pick)
+    pick = sync.share("staged_pick", pick)
     for name in pick:
         out[name] = staged_step(step, args, buckets=cands[name], chunk_bytes=chunk,
                                  module=module)

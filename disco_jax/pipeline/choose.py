@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from disco_jax.pipeline.sync import Sync
+from disco_jax.pipeline.sync import SOLO, Sync
 
 __all__ = [
     "CHALLENGER_WIN_SHARE",
@@ -46,7 +46,7 @@ def _timed(run: Callable[..., Any], args: Sequence[Any], k: int) -> float:
 
 def measure(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
             rounds: int = 10, min_sample_s: float = 0.1, warmup: int = 2, max_k: int = 50,
-            seed: int = 0, sync: Sync | None = None, tag: str = "measure",
+            seed: int = 0, sync: Sync = SOLO, tag: str = "measure",
             progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
     """Per-iteration seconds of each program, measured interleaved.
 
@@ -60,7 +60,7 @@ def measure(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
         warmup: untimed calls per program first.
         max_k: the most calls in one sample.
         seed: seeds the round order.
-        sync: the job's :class:`Sync` (None: one process).
+        sync: the job's :class:`Sync` (default: one process).
         tag: keeps the barriers and keys of separate measurements apart.
         progress: called with a line after the warm-up and every few rounds.
 
@@ -71,12 +71,10 @@ def measure(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
     names = sorted(runs)
     warm: dict[str, float] = {}
     for name in names:
-        if sync is not None:
-            sync.barrier(f"{tag}_warm")
+        sync.barrier(f"{tag}_warm")
         warm[name] = min(_timed(runs[name], args, 1) for _ in range(max(1, warmup)))
     ks = {n: max(1, min(max_k, round(min_sample_s / max(t, 1e-6)))) for n, t in warm.items()}
-    if sync is not None:
-        ks = sync.share(f"{tag}_k", ks)
+    ks = sync.share(f"{tag}_k", ks)
     if progress is not None:
         progress("warm: " + ", ".join(f"{n} {warm[n] * 1e3:.1f} ms" for n in names))
     rng = random.Random(f"{seed}/{tag}")
@@ -85,15 +83,12 @@ def measure(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
         order = list(names)
         rng.shuffle(order)
         for name in order:
-            if sync is not None:
-                sync.barrier(tag)
+            sync.barrier(tag)
             samples[name].append(_timed(runs[name], args, ks[name]))
         if progress is not None and (r == 0 or (r + 1) % 5 == 0 or r + 1 == rounds):
             progress(f"round {r + 1}/{rounds}")
-    if sync is not None:
-        everyone = sync.gather(f"{tag}_samples", samples)
-        samples = {n: [min(p[n][i] for p in everyone) for i in range(rounds)]
-                   for n in names}
+    everyone = sync.gather(f"{tag}_samples", samples)
+    samples = {n: [min(p[n][i] for p in everyone) for i in range(rounds)] for n in names}
     return samples
 
 

@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from disco_jax.pipeline.sync import SOLO, Sync
+
 if TYPE_CHECKING:
     from disco_jax.costs.fused_choice import FusedChoice
     from disco_jax.pipeline.candidates import Candidates
@@ -178,8 +180,7 @@ def _keep_labels(program: Any, cands: Any, costs: Any, wall_s: float, budget: An
             if n == "xla_default" or (n.startswith("plan_") and not hasattr(r, "close"))}
     wanted = bool(runs) and labels_wanted() and (
         not budget.limited or budget.left_s() >= keep_labels_s(len(runs), wall_s))
-    if sync is not None:
-        wanted = sync.share("keep_labels", wanted)
+    wanted = sync.share("keep_labels", wanted)
     if wanted:
         new = keep_labels(runs, program.args, costs, program.module.name)
         if costs is not None:
@@ -207,7 +208,7 @@ def _xla_default_only(program: Any, route: Any, hardware: str,
 
 def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   time_budget_s: float | None = None, hardware: str | None = None,
-                  sync: Any = None, top_k: int = 3,
+                  sync: Sync = SOLO, top_k: int = 3,
                   choice_rounds: int = DEFAULT_CHOICE_ROUNDS, staged: Sequence[Any] = (),
                   min_sample_s: float = 0.05, seed: int = 0, predict_baselines: bool = True,
                   bucket_thresholds: Sequence[int | None] | None = None,
@@ -229,7 +230,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             the search stops at ``configs/search.toml``'s limit).
         hardware: hardware file name or path (None:
             :func:`~disco_jax.pipeline.fit.default_hardware`).
-        sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (None: one process). Every
+        sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (default: one process). Every
             process calls this function alike; process 0 searches and its plans are
             shared.
         top_k: plans of the search that take part in the final choice.
@@ -331,8 +332,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         budget.note_compile(time.perf_counter() - t_default)
         lap("compile")
         affords = budget.affords_profile()
-        if sync is not None:
-            affords = sync.share("budget_profile", affords)
+        affords = sync.share("budget_profile", affords)
         if not affords:
             why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
                    f"takes (about {budget.profile_s():.0f} s, from its "
@@ -358,8 +358,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                                               fused=fused.estimator)
         lap("fit")
     search_s = budget.search_s(search_s)
-    if sync is not None:  # process 0's clock decides
-        search_s = sync.share("budget_search_s", search_s)
+    search_s = sync.share("budget_search_s", search_s)  # process 0's clock decides
     searched = plans_for_choice(graph, costs, sync=sync, seed=seed,
                                 time_budget_s=search_s, top_k=top_k,
                                 memory_budget_bytes=memory_budget_bytes,
@@ -380,8 +379,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     beside = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()} \
         if remeasure_fit else {}
     sample_s = budget.sample_s(len(runs) + len(beside), choice_rounds, min_sample_s)
-    if sync is not None:
-        sample_s = sync.share("budget_sample_s", sample_s)
+    sample_s = sync.share("budget_sample_s", sample_s)
     n = len(runs)
     say(f"final choice among {n} program{'s' if n != 1 else ''}"
         + (f" (and the fit's {len(beside)})" if beside else ""))

@@ -15,7 +15,7 @@ import hlo_tools
 from disco_estimator.ops import trace
 from disco_estimator.probes import tuple_allreduce_programs
 from disco_jax.pipeline.choose import measure
-from disco_jax.pipeline.sync import Sync
+from disco_jax.pipeline.sync import SOLO, Sync
 from hlo_tools.ir import HloModule
 
 __all__ = [
@@ -85,7 +85,7 @@ class InContext(NamedTuple):
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
                        iterations: int = 5, warmup: int = 2, rounds: int = 5,
-                       library: bool = True, sync: Sync | None = None,
+                       library: bool = True, sync: Sync = SOLO,
                        quick: bool = False,
                        left_s: Callable[[], float] | None = None) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
@@ -104,7 +104,7 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
         library: run dots and convolutions on XLA's kernel library, as enacted plans do
             (:class:`hlo_tools.CompileOptions`' ``library``), so their in-context times are
             the times a plan's dots will take.
-        sync: the job's :class:`Sync` (None: one process).
+        sync: the job's :class:`Sync` (default: one process).
         quick: for a short budget: the one-bucket program is timed but not traced (its
             bucket's copies are then priced standalone) and inconsistent timings are not
             measured again.
@@ -125,7 +125,7 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
         hlo_tools.to_text(one), hlo_tools.InPlaceOf(step, args),
         hlo_tools.CompileOptions(exact=False, extra=_fused_options()))
     buffers = [int(graph.out_bytes[i]) for i in graph.gradient_allreduces]
-    if sync is not None and several:
+    if sync.processes > 1 and several:
         probe = tuple_allreduce_programs(buffers)
         runs["tuple"] = lambda *_: probe.run_tuple()
         runs["flat"] = lambda *_: probe.run_flat()
@@ -179,7 +179,7 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
             "fused": compile_module(one_text, FromText(inputs=False), CompileOptions(
                 exact=False, library=True, extra=_fused_options())).run}
     return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
-                         rounds=rounds, sync=None,
+                         rounds=rounds, sync=SOLO,
                          buckets_differ=len(graph.gradient_allreduces) >= 2)
 
 
@@ -315,19 +315,18 @@ def inconsistent_walls(walls: Mapping[str, Sequence[float]]) -> bool:
     return statistics.median(walls["one_bucket"]) >= statistics.median(walls["no_fusion"])
 
 
-def _fits(left_s: Callable[[], float] | None, need_s: float, sync: Sync | None,
+def _fits(left_s: Callable[[], float] | None, need_s: float, sync: Sync,
           tag: str) -> bool:
     """Whether ``need_s`` more seconds fit in what is left (always without a limit);
     process 0's answer in a job, where every process must run the same programs."""
     if left_s is None:
         return True
-    fits = left_s() >= need_s
-    return fits if sync is None else bool(sync.share(f"profile_fits_{tag}", fits))
+    return bool(sync.share(f"profile_fits_{tag}", left_s() >= need_s))
 
 
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   one: HloModule, *, iterations: int, warmup: int, rounds: int,
-                  sync: Sync | None, buckets_differ: bool,
+                  sync: Sync, buckets_differ: bool,
                   tuple_buffers: int | None = None, quick: bool = False,
                   left_s: Callable[[], float] | None = None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the

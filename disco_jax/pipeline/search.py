@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 from disco_jax.costs.cost_model import CostModel
 from disco_jax.costs.lower import sim_graph
 from disco_jax.costs.simulator import full_overlap_bound, simulate
+from disco_jax.pipeline.sync import SOLO, Sync
 from disco_jax.units import format_bytes
 from hlo_tools import plan as P
 from hlo_tools.graph import DeviceGraph
@@ -577,7 +578,7 @@ class SearchedPlans(NamedTuple):
                 "over_budget": out.stats.over_budget}
 
 
-def plans_for_choice(graph: DeviceGraph, costs: CostModel | None, *, sync: Any = None,
+def plans_for_choice(graph: DeviceGraph, costs: CostModel | None, *, sync: Sync = SOLO,
                      seed: int = 0, time_budget_s: float | None = None, top_k: int = 3,
                      memory_budget_bytes: int | None = None, buckets_only: bool = False,
                      say: Callable[[str], None] | None = None) -> SearchedPlans:
@@ -585,7 +586,7 @@ def plans_for_choice(graph: DeviceGraph, costs: CostModel | None, *, sync: Any =
 
     Process 0 of a job (the one with a cost model, ``costs``) searches within the memory
     budget (None: the device's memory); the plans reach every process through ``sync``
-    (None: one process). When not even a start plan fits the budget there are no plans,
+    (default: one process). When not even a start plan fits the budget there are no plans,
     and the final choice runs among the baselines.
     """
     from hlo_tools.jax_bridge import device_memory_bytes
@@ -609,6 +610,5 @@ def plans_for_choice(graph: DeviceGraph, costs: CostModel | None, *, sync: Any =
             say(f"search: {outcome.stats.evaluated} candidates, predicted "
                 f"{outcome.cost_s * 1e3:.2f} ms (best start {outcome.best_start}), peak "
                 f"memory {format_bytes(outcome.peak_bytes)} of {format_bytes(budget)}")
-    if sync is not None:
-        plans_json = sync.share("optimize_plans", plans_json)
+    plans_json = sync.share("optimize_plans", plans_json)
     return SearchedPlans(plans_json, outcome, refused)

@@ -1,5 +1,6 @@
-"""The job sync of a multi-process pipeline: barriers, process 0's values, everyone's
-values, over ``jax.distributed``'s coordination service (one process: no sync).
+"""The job sync of the pipeline: barriers, process 0's values, everyone's values, over
+``jax.distributed``'s coordination service; in one process (:data:`SOLO`) each exchange
+passes the process's own value through, so the pipeline has one path for both.
 
 A process whose part of the pipeline fails posts it (``fail``); every wait of the others
 then raises :class:`~hlo_tools.jax_bridge.sync.JobFailed` within half a second, so the
@@ -10,17 +11,20 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["Sync", "job_sync"]
+__all__ = ["SOLO", "Sync", "job_sync"]
 
 
 class Sync(Protocol):
-    """What :func:`measure` needs from a multi-process job (None: one process).
+    """The exchanges between the processes of a job that the pipeline needs.
 
-    ``barrier(tag)`` waits for every process; ``share(key, value)`` returns process 0's
-    JSON value everywhere; ``gather(key, value)`` returns every process's value;
-    ``fail(reason)`` tells the others that this process left the pipeline (their waits
-    raise :class:`~hlo_tools.jax_bridge.sync.JobFailed`).
+    ``processes`` counts them; ``barrier(tag)`` waits for every process;
+    ``share(key, value)`` returns process 0's JSON value everywhere; ``gather(key,
+    value)`` returns every process's value; ``fail(reason)`` tells the others that this
+    process left the pipeline (their waits raise
+    :class:`~hlo_tools.jax_bridge.sync.JobFailed`).
     """
+
+    processes: int
 
     def barrier(self, tag: str) -> None: ...
 
@@ -31,6 +35,28 @@ class Sync(Protocol):
     def fail(self, reason: str) -> None: ...
 
 
+class _Solo:
+    """The job of one process: nothing to wait for, its own values are everyone's."""
+
+    processes = 1
+
+    def barrier(self, tag: str) -> None:
+        pass
+
+    def share(self, key: str, value: Any) -> Any:
+        return value
+
+    def gather(self, key: str, value: Any) -> list[Any]:
+        return [value]
+
+    def fail(self, reason: str) -> None:
+        pass
+
+
+#: The :class:`Sync` of a one-process job.
+SOLO: Sync = _Solo()
+
+
 class _JobSync:
     def __init__(self, prefix: str, timeout_ms: int):
         import jax
@@ -39,6 +65,7 @@ class _JobSync:
 
         self._coord = Coordinator(prefix, timeout_ms, watch_failures=True)
         self._pid, self._n = jax.process_index(), jax.process_count()
+        self.processes = self._n
 
     def barrier(self, tag: str) -> None:
         self._coord.barrier(tag)
@@ -53,9 +80,9 @@ class _JobSync:
         self._coord.fail(reason)
 
 
-def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync | None:
-    """A :class:`Sync` over ``jax.distributed`` when the job has several processes,
-    else None. ``prefix`` keeps the keys of separate uses apart."""
+def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync:
+    """A :class:`Sync` over ``jax.distributed`` when the job has several processes, else
+    :data:`SOLO`. ``prefix`` keeps the keys of separate uses apart."""
     import jax
 
-    return _JobSync(prefix, timeout_ms) if jax.process_count() > 1 else None
+    return _JobSync(prefix, timeout_ms) if jax.process_count() > 1 else SOLO
