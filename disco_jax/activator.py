@@ -70,6 +70,7 @@ __all__ = [
     "agree_on_enactment",
     "broadcast_bytes",
     "check_payload",
+    "read_payload_record",
     "initialize_from_env",
     "unanimous",
 ]
@@ -218,7 +219,7 @@ def unanimous(ok: bool, reason: str = "", *, step: str = "vote") -> tuple[bool, 
 
 
 def check_payload(payload: Mapping[str, Any], own_fingerprint: str,
-                  setup: Any = None) -> str | None:
+                  setup: Any = None, record: Any = None) -> str | None:
     """Why process 0's payload cannot run on this process (a sentence), or None.
 
     Args:
@@ -227,20 +228,32 @@ def check_payload(payload: Mapping[str, Any], own_fingerprint: str,
         own_fingerprint: the source fingerprint of this process's lowering.
         setup: this process's :class:`disco_jax.store.Setup` (None: the record's setup
             is not checked).
+        record: the payload's record as read (:func:`read_payload_record`), when it was
+            read already.
     """
-    from disco_jax.store import Record
-
     if payload.get("source_fingerprint") != own_fingerprint:
         return (f"process 0 lowered another program (key "
                 f"{str(payload.get('source_fingerprint'))[:12]}, here {own_fingerprint[:12]}); "
                 "every process must call the step with the same program")
     if setup is None:
         return None
+    if record is None:
+        record, why = read_payload_record(payload.get("record"))
+        if why:
+            return why
+    return setup.mismatch(record) if record is not None else \
+        "corrupt record from process 0: none came with its plan"
+
+
+def read_payload_record(data: Any) -> tuple[Any, str]:
+    """Process 0's :class:`~disco_jax.store.Record` from the payload's JSON, and why it
+    cannot be read (``""`` when it can; ``(None, "")`` for no record)."""
+    from disco_jax.store import Record
+
     try:
-        record = Record.from_json(payload.get("record"))
+        return (Record.from_json(data) if data is not None else None), ""
     except ValueError as err:
-        return f"{err} (process 0's)"
-    return setup.mismatch(record)
+        return None, f"{err} (process 0's)"
 
 
 def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
@@ -293,24 +306,27 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
             raise _step_error("barrier before the broadcast (are all processes calling "
                               "the step?)", err) from err
 
-    payload = {"source_fingerprint": own_fingerprint,
-               "record": record.to_json() if record is not None else None,
-               "reason": reason, "warn": bool(warn),
-               "enactment": local.to_json() if local is not None else None}
-    if solo:  # nothing to broadcast: the payload is this process's own
-        data = b""
+    def payload_of(enactment: Any, record_json: Any) -> dict[str, Any]:
+        return {"source_fingerprint": own_fingerprint, "record": record_json,
+                "reason": reason, "warn": bool(warn), "enactment": enactment}
+
+    if solo:  # nothing to broadcast: the payload is this process's own, not serialized
+        data, payload = b"", payload_of(local, None)
+        p_record, record_why = record, ""
     else:
-        data = json.dumps(payload, sort_keys=True).encode("utf-8") \
-            if jax.process_index() == 0 else None
+        data = json.dumps(payload_of(
+            local.to_json() if local is not None else None,
+            record.to_json() if record is not None else None), sort_keys=True).encode(
+                "utf-8") if jax.process_index() == 0 else None
         data = broadcast_bytes(data, step="broadcast of the enactment")
         try:
             payload = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             payload = {"enactment": None, "warn": True, "record": None,
                        "reason": f"corrupt broadcast from process 0 ({err})"}
+        p_record, record_why = read_payload_record(payload.get("record"))
     p_reason = str(payload.get("reason") or "")
     p_warn = bool(payload.get("warn", True))
-    p_record = record if solo else _record(payload.get("record"))
     if payload.get("enactment") is None:
         # nothing to run: every process received the same payload, no vote is needed
         return Agreement(None, None, p_record, p_reason or "process 0 has no plan", p_warn,
@@ -318,8 +334,9 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
 
     why, enactment, run = None, None, None
     whose = "the plan" if solo else "the plan from process 0"
-    why = check_payload(payload, own_fingerprint,
-                        (setup or st.Setup.current()) if check_record else None)
+    why = record_why if check_record and record_why else check_payload(
+        payload, own_fingerprint, (setup or st.Setup.current()) if check_record else None,
+        p_record)
     if why is None:
         try:
             enactment = local if solo else Enactment.from_json(payload["enactment"])
@@ -340,16 +357,6 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
     return Agreement(None, None, p_record, agreed_reason if solo else
                      f"not every process can run the plan, all fall back: {agreed_reason}",
                      True, len(data))
-
-
-def _record(data: Any) -> Any:
-    """Process 0's record from the payload (None: none, or not readable here)."""
-    from disco_jax.store import Record
-
-    try:
-        return Record.from_json(data) if data is not None else None
-    except ValueError:
-        return None
 
 
 def initialize_from_env(**kwargs: Any) -> bool:
