@@ -11,7 +11,7 @@ This module holds:
 * :class:`NodeCosts`, the per-node arrays of a graph that the fallback rule reads
   (the cost model computes them once per graph);
 * the fallback rule itself: :func:`split_times` (each node's measured time split into
-  launch, memory and compute parts) and :func:`fallback_fused_time` (the time of a
+  launch, memory and compute parts; :func:`moves_data` says which ops compute nothing) and :func:`fallback_fused_time` (the time of a
   group from those parts), as pure functions over :class:`NodeCosts`;
 * :class:`FallbackFusedEstimator`, the rule as an estimator over any
   :class:`NodeCostSource` (an object with ``node_costs(graph)``, e.g.
@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from disco_estimator.ops.keys import opcode_class
 from hlo_tools.graph import DeviceGraph
 from hlo_tools.plan import group_outputs
 
@@ -37,6 +38,7 @@ __all__ = [
     "NodeCostSource",
     "NodeCosts",
     "fallback_fused_time",
+    "moves_data",
     "split_times",
 ]
 
@@ -119,7 +121,8 @@ class NodeCostSource(Protocol):
 
 
 def split_times(time_s: np.ndarray, traffic: np.ndarray, kernel_launch_s: float,
-                mem_s_per_byte: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                mem_s_per_byte: float, moves: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Splits each node's time into launch, memory and compute parts.
 
     Each part is >= 0 and they add up to ``t_i`` exactly::
@@ -128,18 +131,34 @@ def split_times(time_s: np.ndarray, traffic: np.ndarray, kernel_launch_s: float,
         m_i = min(b * traffic_i, t_i - l_i)        b = mem_s_per_byte
         c_i = t_i - l_i - m_i
 
+    except for an op that only moves data (``moves``: a broadcast, transpose, copy,
+    slice...), which computes nothing: ``m_i = t_i - l_i``, ``c_i = 0`` however slowly it
+    streams. A broadcast that materializes its result runs far below the rate ``b``
+    (the write-allocate reads the destination too); counting the excess as compute
+    would keep it in every fusion, where the broadcast costs nothing.
+
     Args:
         time_s: ``[N]`` float64 seconds of each node run alone.
         traffic: ``[N]`` bytes each node reads and writes.
         kernel_launch_s: fixed cost of one kernel, seconds.
         mem_s_per_byte: seconds per byte of memory traffic.
+        moves: ``[N]`` bool, the nodes that only move data (:func:`moves_data`; None:
+            none).
 
     Returns:
         ``(launch_s, mem_s, compute_s)``, each ``[N]`` float64 seconds.
     """
     launch = np.minimum(kernel_launch_s, time_s)
     mem = np.minimum(mem_s_per_byte * traffic, time_s - launch)
+    if moves is not None:
+        mem = np.where(moves, time_s - launch, mem)
     return launch, mem, time_s - launch - mem
+
+
+def moves_data(opcodes: Sequence[str]) -> np.ndarray:
+    """``[N]`` bool: which opcodes only move data (the ``data-movement`` class of
+    :func:`disco_estimator.ops.keys.opcode_class`), for :func:`split_times`."""
+    return np.array([opcode_class(op) == "data-movement" for op in opcodes], dtype=np.bool_)
 
 
 def fallback_fused_time(nodes: NodeCosts, members: Sequence[int], copies: Sequence[int],

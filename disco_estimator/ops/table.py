@@ -376,7 +376,8 @@ class OpTimes:
     def add_program_profile(self, profile: ProgramProfile,
                             original: HloModule | None = None, source: str = "profile") -> int:
         """Adds the per-execution times of a whole-program profile, each keyed by the
-        single op it ran (multi-op fusions are skipped).
+        single op it ran (multi-op fusions are skipped); a key's time is the mean over
+        its ops.
 
         Args:
             profile: a profile of a program compiled without fusion (``exact=True``).
@@ -418,10 +419,13 @@ class OpTimes:
             one = total / max(profile.counts.get(name, 1.0), 1.0)
             by_key.setdefault(info.key.encode(), []).append(one)
             infos.setdefault(info.key.encode(), info)
+        # the mean over the ops of one key (each already a median over iterations), so
+        # that they cost in sum what the trace measured: their times are skewed by their
+        # context (what ran before, what the caches hold), and a median is below it
         added = 0
         for key, times in [*by_key.items(), *on_library.items()]:
             info = infos[key]
-            added += self.add(key, float(np.median(times)), source, info.cls, info.bytes,
+            added += self.add(key, float(np.mean(times)), source, info.cls, info.bytes,
                               info.flops)
         return added
 

@@ -42,6 +42,7 @@ from disco_estimator.interface import (
     FallbackFusedEstimator,
     FusedOpEstimator,
     NodeCosts,
+    moves_data,
     split_times,
 )
 from disco_estimator.ops import (
@@ -273,7 +274,7 @@ class GraphCosts:
         self._measure(graph, costs)
         self.launch_s, self.mem_s, self.compute_s = split_times(
             self.time_s, self.traffic, costs.constants.kernel_launch_s,
-            costs.constants.mem_s_per_byte)
+            costs.constants.mem_s_per_byte, moves_data(graph.opcodes))
         self.nodes = NodeCosts(self.launch_s, self.mem_s, self.compute_s, self.traffic,
                                self.write_bytes, self.op_ptr, self.op_idx, self.read_bytes)
         self.users = graph.users
