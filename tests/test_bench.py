@@ -350,4 +350,18 @@ def test_render_table_shows_speedups():
            "predicted_s": {k: 2.0 for k in PROGRAMS} | {"disco": 1.5, "fo": 1.0}}
     text = render_table([row, {"model": "x", "setup": "s", "size": "tiny",
                                "error": "boom"}])
-    assert "2.00x" in text and "50%" in text and "failed: boom" in text
+    assert "2.00x" in text and "100%" in text and "failed: boom" in text
+
+
+def test_the_share_is_the_measured_gain_over_the_bounds_and_never_negative():
+    """DisCo measured 1.25x over the best baseline where the bound predicts 1.5x: half
+    the gain, although the model predicts DisCo's program slower than the best baseline
+    (the old share, a difference of predictions, printed -100% here); no gain gives 0%."""
+    pred = {k: 2.0 for k in PROGRAMS} | {"disco": 2.5, "fo": 2.0 / 1.5}
+    row = {"model": "m", "setup": "s", "size": "medium", "search_s": 1.0,
+           "measured_s": {k: 2.0 for k in PROGRAMS} | {"disco": 1.6}, "predicted_s": pred}
+    text = render_table([row])
+    assert "1.25x" in text and "1.50x" in text and "50%" in text and "-" not in text.split(
+        "\n")[3]
+    row["measured_s"]["disco"] = 2.1
+    assert " 0%" in render_table([row])

@@ -263,22 +263,29 @@ def _staged_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
     """Speed-ups of a row: DisCo (measured) and FO (predicted) over the best baseline,
-    and the share of FO's predicted gain DisCo's plan gets in prediction."""
+    and DisCo's share of the gain the bound shows.
+
+    The share is DisCo's gain over the best baseline (measured; predicted in a
+    predict-only row) as a part of FO's predicted gain over the predicted best baseline:
+    ``(DisCo/best - 1) / (FO/best - 1)``, 0 when DisCo gains nothing, None when the
+    bound shows no gain. Both gains are relative to their own best baseline, so a
+    prediction that is off in absolute terms does not turn the share negative."""
     pred = row["predicted_s"]
     # on GPU also XLA's combiner at the best swept threshold (predict-only rows)
     best_pred = min(pred[k] for k in (*BASELINE_KEYS, "xla_combine_best")
                     if pred.get(k) is not None)
     out: dict[str, float | None] = {
         "fo_speedup": best_pred / pred["fo"] if pred.get("fo") else None,
-        "share_pred": ((best_pred - pred["disco"]) / (best_pred - pred["fo"])
-                       if pred.get("fo") and pred.get("disco") is not None
-                       and best_pred > pred["fo"] else None),
-        "disco_speedup": None, "best_baseline": None}
+        "share": None, "disco_speedup": None, "best_baseline": None}
     meas = row.get("measured_s")
     if meas:
         best = min(BASELINE_KEYS, key=meas.__getitem__)
         out["disco_speedup"] = meas[best] / meas["disco"]
         out["best_baseline"] = best
+    gain = (out["disco_speedup"] if meas else
+            best_pred / pred["disco"] if pred.get("disco") else None)
+    if gain is not None and out["fo_speedup"] is not None and out["fo_speedup"] > 1.0:
+        out["share"] = max(gain - 1.0, 0.0) / (out["fo_speedup"] - 1.0)
     return out
 
 
@@ -320,7 +327,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 label = (row["model"], row["setup"])
             else:
                 fo = f"{g['fo_speedup']:.2f}x" if g["fo_speedup"] else ""
-                share = f"{g['share_pred']:.0%}" if g["share_pred"] is not None else ""
+                share = f"{g['share']:.0%}" if g["share"] is not None else ""
                 tail = f"{'':>11} {fo:>8} {share:>6}"
                 if "measured_s" not in row:
                     tail += f" {row.get('search_s', 0):>9.1f}"

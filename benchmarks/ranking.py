@@ -1,0 +1,151 @@
+"""Does the cost model order the bench's programs as the measurement does?
+
+Per row of ``disco bench`` results (one zoo model in one setup): the Kendall tau between
+the predicted and the measured order of the six programs (the paper's four baselines,
+hand bucketing and DisCo's choice; 1: the same order, -1: reversed) and each program's
+prediction error, ``predicted / measured - 1``. Per file and overall: the mean tau, the
+mean absolute error per program, and how many programs are predicted within 10%.
+
+The rows come from bench files (``benchmarks/results/bench*.json``, or ``--run``: the
+bench is run first, one file per size and setup, as ``disco bench`` with the README's
+flags; ``gloo2-1gbit`` needs root). Prints the table and writes
+``benchmarks/results/ranking.json``.
+
+    python benchmarks/ranking.py benchmarks/results/bench_large_1gbit.json
+    sudo python benchmarks/ranking.py --run --sizes medium,large --setups gloo2-1gbit \\
+        --models transformer,bert
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import write_result  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+#: The programs of a bench row, in table order.
+PROGRAMS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "bucketed", "disco")
+#: ``disco bench``'s flags of the README's results table.
+BENCH_FLAGS = ("--time-budget", "10", "--rounds", "7", "--choice-rounds", "3",
+               "--min-sample-s", "0.3", "--staged", "auto")
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a of two equally long sequences: concordant minus discordant pairs
+    over all pairs (a tie in either counts as neither)."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    score = 0
+    for i, j in pairs:
+        s = (a[i] - a[j]) * (b[i] - b[j])
+        score += (s > 0) - (s < 0)
+    return score / len(pairs) if pairs else 1.0
+
+
+def row_ranking(row: dict[str, Any]) -> dict[str, Any] | None:
+    """Tau and per-program errors of one bench row (None: nothing measured)."""
+    meas, pred = row.get("measured_s"), row.get("predicted_s")
+    if not meas or not pred:
+        return None
+    names = [p for p in PROGRAMS if meas.get(p) and pred.get(p)]
+    errors = {p: pred[p] / meas[p] - 1.0 for p in names}
+    return {"model": row["model"], "setup": row["setup"], "size": row.get("size"),
+            "tau": kendall_tau([meas[p] for p in names], [pred[p] for p in names]),
+            "error": errors}
+
+
+def summarize(rankings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean tau, mean absolute error per program and the share within 10%."""
+    if not rankings:
+        return {"rows": 0}
+    per = {p: [abs(r["error"][p]) for r in rankings if p in r["error"]] for p in PROGRAMS}
+    errors = [e for v in per.values() for e in v]
+    return {"rows": len(rankings),
+            "mean_tau": statistics.fmean(r["tau"] for r in rankings),
+            "mean_abs_error": {p: statistics.fmean(v) for p, v in per.items() if v},
+            "within_10": sum(e <= 0.10 for e in errors) / len(errors)}
+
+
+def run_bench(models: str, sizes: list[str], setups: list[str]) -> list[Path]:
+    """Runs ``disco bench`` once per size and setup; returns the files it wrote."""
+    files = []
+    for size, setup in itertools.product(sizes, setups):
+        out = RESULTS / f"bench_{size}_{setup}.json"
+        cmd = [sys.executable, "-m", "disco_jax.cli", "bench", "--models", models,
+               "--setups", setup, "--size", size, *BENCH_FLAGS, "--out", str(out)]
+        print("$", " ".join(cmd[2:]), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        files.append(out)
+    return files
+
+
+def render(files: dict[str, list[dict[str, Any]]], total: dict[str, Any]) -> str:
+    """The table: one line per row, a summary line per file and overall."""
+    head = f"{'model':12} {'setup':12} {'size':7} {'tau':>6} " + "".join(
+        f"{p[:12]:>13}" for p in PROGRAMS)
+    lines = [head, "-" * len(head)]
+    for name, rankings in files.items():
+        lines.append(name)
+        for r in rankings:
+            cells = "".join(f"{r['error'][p]:>+13.0%}" if p in r["error"] else f"{'':>13}"
+                            for p in PROGRAMS)
+            lines.append(f"{r['model']:12} {r['setup']:12} {r['size'] or '':7} "
+                         f"{r['tau']:>+6.2f} {cells}")
+        s = summarize(rankings)
+        if s["rows"]:
+            lines.append(_summary_line("  mean", s))
+    lines.append(_summary_line("all", total))
+    return "\n".join(lines)
+
+
+def _summary_line(label: str, s: dict[str, Any]) -> str:
+    if not s["rows"]:
+        return f"{label}: no measured rows"
+    cells = "".join(f"{s['mean_abs_error'].get(p, float('nan')):>13.0%}" for p in PROGRAMS)
+    return (f"{label:12} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {cells}"
+            f"   within 10%: {s['within_10']:.0%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="bench result files (JSON)")
+    ap.add_argument("--run", action="store_true", help="run disco bench first")
+    ap.add_argument("--models", default="vgg,resnet,transformer,rnnlm,bert,reformer")
+    ap.add_argument("--sizes", default="medium,large")
+    ap.add_argument("--setups", default="inproc4,gloo2-1gbit")
+    ap.add_argument("--out", default=str(RESULTS / "ranking.json"))
+    args = ap.parse_args(argv)
+    paths = [Path(f) for f in args.files]
+    if args.run:
+        paths += run_bench(args.models, args.sizes.split(","), args.setups.split(","))
+    if not paths:
+        ap.error("give bench files or --run")
+    per_file: dict[str, list[dict[str, Any]]] = {}
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text())["rows"]
+        except (OSError, ValueError, KeyError) as err:
+            print(f"{path}: not a bench result file ({err})", file=sys.stderr)
+            return 2
+        per_file[path.name] = [r for r in map(row_ranking, rows) if r is not None]
+    every = [r for rs in per_file.values() for r in rs]
+    total = summarize(every)
+    print(render(per_file, total))
+    write_result(args.out, {"files": {n: {"rows": rs, "summary": summarize(rs)}
+                                      for n, rs in per_file.items()},
+                            "summary": total})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
