@@ -1,6 +1,7 @@
-"""Tests of the cost model (disco_jax.costs.cost_model), plans to SimGraphs (disco_jax.costs.lower),
-the fallback fused-op rule (disco_estimator.interface), disco_estimator.ops (keys,
-standalone timing, the op-time table) and jax_bridge.compile_module for Standalone."""
+"""Tests of the cost model (disco_estimator.costs.cost_model), plans to SimGraphs
+(disco_estimator.costs.lower), the fallback fused-op rule (disco_estimator.interface),
+disco_estimator.ops (keys, standalone timing, the op-time table) and
+jax_bridge.compile_module for Standalone."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import pytest
 
 import hlo_tools
 from disco_estimator import ops
+from disco_estimator.costs import cost_model as C
+from disco_estimator.costs.lower import sim_graph, sim_graph_from_module
+from disco_estimator.costs.simulator import check_graph, simulate
 from disco_estimator.hardware import load_hardware, shipped_hardware_dir
 from disco_estimator.interface import (
     BatchedFusedOpEstimator,
@@ -24,9 +28,6 @@ from disco_estimator.interface import (
     NodeCosts,
     fallback_fused_time,
 )
-from disco_jax.costs import cost_model as C
-from disco_jax.costs.lower import sim_graph, sim_graph_from_module
-from disco_jax.costs.simulator import check_graph, simulate
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 from hlo_tools.rewrite import apply_plan
@@ -276,7 +277,7 @@ def test_lowering_uses_the_plan_packages_outputs_rule(fixture: str) -> None:
     with the one rule, hlo_tools.plan.group_outputs, on every group of plans with copies."""
     import random
 
-    from disco_jax.costs.lower import _leaving
+    from disco_estimator.costs.lower import _leaving
 
     module = hlo_tools.parse((FIXTURES / fixture).read_text())
     graph = device_graph(module)

@@ -290,7 +290,7 @@ def buildable(graph: DeviceGraph, members: Sequence[int]) -> bool:
 
 
 def node_arrays(graph: DeviceGraph, time_s: np.ndarray, free: np.ndarray) -> NodeCosts:
-    """The node arrays the features read, built as ``disco_jax.costs.cost_model.GraphCosts``
+    """The node arrays the features read, built as ``disco_estimator.costs.cost_model.GraphCosts``
     builds them (reads of slice-like ops capped at their result, ops without a kernel
     read nothing); the whole time is put in ``compute_s``.
 

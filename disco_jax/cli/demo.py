@@ -112,8 +112,8 @@ def _product_path(args: argparse.Namespace, table_choice: str) -> None:
     import jax
     import numpy as np
 
+    from disco_estimator.costs.fused_choice import FUSED_ESTIMATOR_ENV
     from disco_jax import zoo
-    from disco_jax.costs.fused_choice import FUSED_ESTIMATOR_ENV
     from disco_jax.jit import FLAG_ENV, jit
 
     step, step_args = zoo.get(args.model)(DEVICES, args.size)

@@ -417,7 +417,7 @@ def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
 
 
 def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> dict[str, Any]:
-    from disco_jax.costs.lower import simulate_plan
+    from disco_estimator.costs.lower import simulate_plan
     from hlo_tools.plan import initial_plan
 
     fusions, buckets = _fusions_and_buckets(graph, outcome.plan)

@@ -1,7 +1,7 @@
 """``disco simulate FILE.hlo``: simulate one iteration of an HLO module as written.
 
 The per-device program of the module (the shard_map body of a pre-optimization module,
-else ENTRY) is costed by :func:`disco_jax.costs.lower.sim_graph_from_module` and run through
+else ENTRY) is costed by :func:`disco_estimator.costs.lower.sim_graph_from_module` and run through
 the simulator: every instruction is a kernel, ``fusion`` instructions are *predicted*
 from their members (never timed as fusions), all-reduces use the hardware file's
 ``T = C * bytes + D``. Single ops are timed on this machine by
@@ -125,7 +125,7 @@ def add_gnn_argument(p: argparse.ArgumentParser) -> None:
 def add_fused_estimator_argument(p: argparse.ArgumentParser) -> None:
     """``--fused-estimator {gnn,fallback}``: which estimator prices fused ops (see
     :func:`fused_choice`)."""
-    from disco_jax.costs.fused_choice import (
+    from disco_estimator.costs.fused_choice import (
         DEFAULT_FUSED_ESTIMATOR,
         FUSED_ESTIMATOR_ENV,
         FUSED_ESTIMATORS,
@@ -158,9 +158,9 @@ def _checkpoint_file(path: str, option: str) -> str:
 
 def _choose(option: str, name: str | None = None, checkpoint: str | None = None,
             platform: str = "cpu") -> Any:
-    """:func:`disco_jax.costs.fused_choice.choose_fused_estimator`, its errors as
+    """:func:`disco_estimator.costs.fused_choice.choose_fused_estimator`, its errors as
     :class:`UserError` naming ``option``."""
-    from disco_jax.costs.fused_choice import choose_fused_estimator
+    from disco_estimator.costs.fused_choice import choose_fused_estimator
 
     try:
         return choose_fused_estimator(name, platform=platform, checkpoint=checkpoint,
@@ -183,7 +183,7 @@ def load_gnn(path: str, option: str = "--gnn") -> Any:
 
 def fused_choice(args: argparse.Namespace, platform: str | None = None) -> Any:
     """The fused-op estimator the options choose
-    (:class:`~disco_jax.costs.fused_choice.FusedChoice`): ``--gnn CHECKPOINT`` (the GNN of
+    (:class:`~disco_estimator.costs.fused_choice.FusedChoice`): ``--gnn CHECKPOINT`` (the GNN of
     that checkpoint), else ``--fused-estimator``, else ``$DISCO_FUSED_ESTIMATOR``, else the
     default. Chosen once per run (kept on ``args``).
 
@@ -342,9 +342,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def cost_model(module: Any, args: argparse.Namespace) -> Any:
-    """The :class:`~disco_jax.costs.cost_model.CostModel` the options choose, with op times
+    """The :class:`~disco_estimator.costs.cost_model.CostModel` the options choose, with op times
     covering ``module``; raises :class:`UserError` for a bad hardware or profile file."""
-    from disco_jax.costs.cost_model import CostModel
+    from disco_estimator.costs.cost_model import CostModel
 
     hardware = load_hardware_file(args.hardware)
     profile = _profile(args.profile)
@@ -499,8 +499,8 @@ def _compiled_in_context(module: Any, hardware: Any, args: argparse.Namespace,
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco simulate``; returns the exit code."""
-    from disco_jax.costs.lower import sim_graph_from_module
-    from disco_jax.costs.simulator import full_overlap_bound, simulate
+    from disco_estimator.costs.lower import sim_graph_from_module
+    from disco_estimator.costs.simulator import full_overlap_bound, simulate
     from hlo_tools.graph import device_graph
 
     check_arguments(args)
@@ -533,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
         "in_context": in_context,
     }
     if args.trace is not None:
-        from disco_jax.costs.trace import write_trace
+        from disco_estimator.costs.trace import write_trace
 
         write_trace(args.trace, result, sim, label=f"{Path(args.file).name} (simulated)")
     if args.json:

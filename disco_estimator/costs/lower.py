@@ -1,10 +1,10 @@
 """Plans to simulator graphs: a plan over a :class:`~hlo_tools.graph.DeviceGraph`, or a
-module as written, becomes a :class:`~disco_jax.costs.simulator.SimGraph`.
+module as written, becomes a :class:`~disco_estimator.costs.simulator.SimGraph`.
 
 :func:`sim_graph` turns a plan into a SimGraph -- one node per group in the plan's
 schedule order -- and is on the search's hot path: everything that does not depend on
 the plan is computed once per graph in the cost model's
-:class:`~disco_jax.costs.cost_model.GraphCosts`, fused-op estimates are cached by group, and
+:class:`~disco_estimator.costs.cost_model.GraphCosts`, fused-op estimates are cached by group, and
 the per-plan work is a handful of numpy passes over the N nodes.
 :func:`sim_graph_from_module` simulates a module *as written* (e.g. XLA's own plan from
 ``lowered.compile().as_text()``): every instruction is a kernel, ``fusion``
@@ -12,7 +12,7 @@ instructions are predicted by the fused-op estimator from their fused computatio
 (never measured as fusions), and all-reduces -- also tuple-shaped ones from XLA's
 combiner, and ``all-reduce-start``/``-done`` -- are communication nodes.
 :func:`simulate_plan` costs a plan: its SimGraph through
-:func:`disco_jax.costs.simulator.simulate`.
+:func:`disco_estimator.costs.simulator.simulate`.
 
 Times are seconds and sizes bytes throughout.
 """
@@ -23,8 +23,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from disco_jax.costs.cost_model import CostModel, GraphCosts
-from disco_jax.costs.simulator import SimGraph, SimResult, simulate
+from disco_estimator.costs.cost_model import CostModel, GraphCosts
+from disco_estimator.costs.simulator import SimGraph, SimResult, simulate
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloModule
 from hlo_tools.plan import Plan, initial_plan
@@ -57,12 +57,12 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
       writes it, a compute node concatenating the gradients into a flat buffer, one
       communication node ``T = C * bytes + D`` for the whole buffer, and k compute nodes
       slicing each gradient back out (the reshapes are bitcasts); the copies are priced
-      by :meth:`~disco_jax.costs.cost_model.CostModel.copy_time`.
+      by :meth:`~disco_estimator.costs.cost_model.CostModel.copy_time`.
 
     Dependencies follow the plan's group-contracted graph. Parameters and constants are
     zero-time nodes whose bytes are persistent; tuples, ``get-tuple-element``, bitcasts
     and reshapes take no time and no memory. Every compute duration is multiplied by
-    :attr:`~disco_jax.costs.cost_model.BackendConstants.compute_scale`. Groups that duplicate
+    :attr:`~disco_estimator.costs.cost_model.BackendConstants.compute_scale`. Groups that duplicate
     fusion left without readers (every reader holds its own copy) cost nothing: XLA
     deletes them.
 
@@ -72,7 +72,7 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
 
     Cost: a few numpy passes over the N nodes and E edges plus a dict lookup per fusion
     group (fused-op estimates are cached per group in the graph's
-    :class:`~disco_jax.costs.cost_model.GraphCosts`).
+    :class:`~disco_estimator.costs.cost_model.GraphCosts`).
 
     Args:
         graph: the per-device graph.

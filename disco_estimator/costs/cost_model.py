@@ -21,7 +21,7 @@ A :class:`CostModel` gathers everything needed to cost a plan on one backend:
 Everything about a graph that no plan changes is computed once per graph in a
 :class:`GraphCosts` (node times, bytes, operand CSR, the fallback rule's
 :class:`~disco_estimator.interface.NodeCosts`, and a cache of fused-op estimates by group).
-:mod:`disco_jax.costs.lower` turns plans into simulator graphs with it.
+:mod:`disco_estimator.costs.lower` turns plans into simulator graphs with it.
 
 Times are seconds and sizes bytes throughout.
 """
@@ -119,7 +119,7 @@ class BackendConstants:
     Read from the optional ``[costs]`` table of a hardware file::
 
         [costs]
-        overlap = 0.0             # phi of disco_jax.costs.simulator, in [0, 1]
+        overlap = 0.0             # phi of disco_estimator.costs.simulator, in [0, 1]
         kernel_launch_s = 1e-6    # fixed cost of one kernel (thunk), seconds
         mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
         compute_scale = 2.0       # factor on every kernel time in the simulation
