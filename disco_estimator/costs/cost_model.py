@@ -49,6 +49,7 @@ from disco_estimator.ops import (
     OpTimes,
     ProgramProfile,
     bench_ops,
+    benchable_ops,
     library_computations,
     module_view,
     op_status,
@@ -63,6 +64,7 @@ __all__ = [
     "BackendConstants",
     "CostModel",
     "GraphCosts",
+    "cover",
 ]
 
 _K = TypeVar("_K")
@@ -641,3 +643,13 @@ class CostModel:
                               "d_tuple_extra_s": self.hardware.allreduce.d_tuple_extra_s}}
 
 
+def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
+    """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
+    e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
+    runs them; returns how many were added."""
+    todo = [instr for key, (instr, _) in benchable_ops(module).items()
+            if key not in costs.op_times.times]
+    if not todo:
+        return 0
+    return costs.op_times.add_timings(bench_ops(module, todo, replicas=1,
+                                                progress=progress))

@@ -12,7 +12,9 @@ instructions are predicted by the fused-op estimator from their fused computatio
 (never measured as fusions), and all-reduces -- also tuple-shaped ones from XLA's
 combiner, and ``all-reduce-start``/``-done`` -- are communication nodes.
 :func:`simulate_plan` costs a plan: its SimGraph through
-:func:`disco_estimator.costs.simulator.simulate`.
+:func:`disco_estimator.costs.simulator.simulate`; :func:`simulated_s` a module as written,
+and :func:`predict_module` the same with the ops the cost model has no time for timed
+standalone first.
 
 Times are seconds and sizes bytes throughout.
 """
@@ -23,13 +25,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from disco_estimator.costs.cost_model import CostModel, GraphCosts
+from disco_estimator.costs.cost_model import CostModel, GraphCosts, cover
 from disco_estimator.costs.simulator import SimGraph, SimResult, simulate
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloModule
 from hlo_tools.plan import Plan, initial_plan
 
-__all__ = ["sim_graph", "sim_graph_from_module", "simulate_plan"]
+__all__ = ["predict_module", "sim_graph", "sim_graph_from_module", "simulate_plan",
+           "simulated_s"]
 
 
 def _runs(plan: Plan, n: int) -> tuple[np.ndarray, ...]:
@@ -308,3 +311,16 @@ def simulate_plan(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimResult
     """Simulates ``plan`` with the cost model's overlap phi (no graph check: the SimGraph
     of :func:`sim_graph` is valid by construction)."""
     return simulate(sim_graph(graph, plan, costs), costs.overlap, check=False)
+
+
+def simulated_s(module: HloModule, costs: CostModel) -> float:
+    """Simulated seconds per iteration of ``module`` as written, under ``costs``."""
+    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s
+
+
+def predict_module(module: HloModule, costs: CostModel) -> float:
+    """Predicted seconds per iteration of a module as written (e.g. XLA's compiled
+    program), its ops the profile lacks timed standalone first
+    (:func:`~disco_estimator.costs.cost_model.cover`)."""
+    cover(costs, module)
+    return simulated_s(module, costs)

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import hlo_tools
-from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.cost_model import CostModel, cover
+from disco_estimator.costs.lower import simulated_s
 from disco_estimator.hardware import HardwareConfig
 from disco_estimator.interface import FallbackFusedEstimator
-from disco_estimator.ops import OpProfile, bench_ops, benchable_ops
+from disco_estimator.ops import OpProfile, bench_ops
 from disco_estimator.probes import tuple_buffer_latency
 from disco_jax.pipeline.profile import CompiledInContext, InContext
 from hlo_tools.ir import HloInstruction, HloModule
@@ -28,11 +29,8 @@ __all__ = [
     "bucket_copy_rate",
     "calibrate_in_context",
     "compiled_in_context_costs",
-    "cover",
     "default_hardware",
     "in_context_costs",
-    "predict_module",
-    "simulated_s",
 ]
 
 
@@ -100,18 +98,6 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
     if not calibrate or measured is None:
         return costs, None
     return calibrate_in_context(costs, module, measured, bench=bench)
-
-
-def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
-    """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
-    e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
-    runs them; returns how many were added."""
-    todo = [instr for key, (instr, _) in benchable_ops(module).items()
-            if key not in costs.op_times.times]
-    if not todo:
-        return 0
-    return costs.op_times.add_timings(bench_ops(module, todo, replicas=1,
-                                                progress=progress))
 
 
 class Calibration(NamedTuple):
@@ -236,8 +222,8 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        the compute scale then took out of every kernel.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
-    standalone first (:func:`cover`, before any fit, so that every fit sees the same op
-    times).
+    standalone first (:func:`~disco_estimator.costs.cost_model.cover`, before any fit, so
+    that every fit sees the same op times).
 
     Returns:
         The calibrated cost model (same op times) and the :class:`Calibration`.
@@ -370,21 +356,3 @@ def _fit_affine(time_at: Callable[[float], float], want: float, x: float,
             break
         x = float(min(max(x + (want - base) / slope, lo), hi))
     return x, time_at(x)
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-def predict_module(module: HloModule, costs: CostModel) -> float:
-    """Predicted seconds per iteration of a module as written (e.g. XLA's compiled
-    program), its ops the profile lacks timed standalone first (:func:`cover`)."""
-    cover(costs, module)
-    return simulated_s(module, costs)
-
-
-def simulated_s(module: HloModule, costs: CostModel) -> float:
-    """Simulated seconds per iteration of ``module`` as written, under ``costs``."""
-    from disco_estimator.costs.lower import sim_graph_from_module
-    from disco_estimator.costs.simulator import simulate
-
-    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s

@@ -153,7 +153,7 @@ def _predictions(cands: Any, runs: Mapping[str, Any], searched: Any, costs: Any,
     """Every candidate's (``runs``') predicted seconds: the search's for its plans, the
     staged cost model's for staged programs, and (``baselines``) the simulation of XLA's
     compiled program for hand bucketing, XLA's default and op fusion."""
-    from disco_jax.pipeline.fit import predict_module
+    from disco_estimator.costs.lower import predict_module
     from hlo_tools import baselines as bl
 
     predicted: dict[str, float | None] = {name: None for name in runs}
