@@ -31,7 +31,7 @@ import sys
 from typing import Any
 
 from disco_jax.cli import UserError
-from disco_jax.cli.simulate import (
+from disco_jax.cli.options import (
     add_cost_model_arguments,
     check_arguments,
     cost_model,
