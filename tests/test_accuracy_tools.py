@@ -22,7 +22,8 @@ from disco_estimator.costs.cost_model import BackendConstants
 from disco_estimator.costs.simulator import SimGraph, simulate
 from disco_estimator.costs.trace import to_chrome_trace
 from disco_estimator.hardware import load_hardware, shipped_hardware_dir
-from disco_estimator.ops import OpEvent, OpTimes, measured_chrome_trace, module_view, op_key
+from disco_estimator.ops import OpEvent, OpTimes, measured_chrome_trace, module_view
+from disco_estimator.ops.keys import op_key
 from hlo_tools import plan as P
 
 _BENCHMARKS = Path(__file__).parents[1] / "benchmarks"

@@ -228,6 +228,6 @@ def test_dataset_generation_times_fused_modules_and_resumes(tmp_path, monkeypatc
 
 
 def ob_inputs(specs):
-    from disco_estimator.ops import random_inputs
+    from disco_estimator.ops.standalone import random_inputs
 
     return random_inputs(specs, seed=0)
