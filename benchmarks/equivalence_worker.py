@@ -28,6 +28,8 @@ def _api():
     import importlib
 
     for costs, lower, simulator in (
+            ("disco_estimator.costs.cost_model", "disco_estimator.costs.lower",
+             "disco_estimator.costs.simulator"),
             ("disco_jax.costs.cost_model", "disco_jax.costs.lower", "disco_jax.costs.simulator"),
             ("disco_jax.cost_model", "disco_jax.lower", "disco_jax.simulator"),
             ("disco_jax.costs", "disco_jax.costs", "disco_jax.simulator")):
@@ -36,7 +38,7 @@ def _api():
             return cm.CostModel, lw.simulate_plan, lw.sim_graph_from_module, sm.simulate
         except (ImportError, AttributeError):
             continue
-    raise ImportError("no known layout of disco_jax's cost model")
+    raise ImportError("no known layout of the cost model")
 
 
 def plan_key(plan) -> str:
@@ -117,7 +119,8 @@ def speed(inputs: Path, moves: int) -> dict:
 def _sim_rate(graph, plan, simulate, costs) -> float:
     import importlib
 
-    for module in ("disco_jax.costs.lower", "disco_jax.lower", "disco_jax.costs"):
+    for module in ("disco_estimator.costs.lower", "disco_jax.costs.lower", "disco_jax.lower",
+                   "disco_jax.costs"):
         try:
             sim_graph = importlib.import_module(module).sim_graph
             break

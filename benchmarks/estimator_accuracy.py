@@ -256,10 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 1 or args.batch_size < 1 or not args.learning_rate > 0:
         p.error("--epochs and --batch-size must be >= 1, --learning-rate > 0")
 
+    from disco_estimator.costs.cost_model import BackendConstants
     from disco_estimator.gnn.dataset import DATASET_VERSION, dataset_path, load_samples
     from disco_estimator.hardware import load_hardware
     from disco_estimator.ops import backend_fingerprint
-    from disco_jax.costs.cost_model import BackendConstants
 
     t0 = time.perf_counter()
     if args.dataset:

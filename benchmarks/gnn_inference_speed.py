@@ -50,8 +50,8 @@ TARGET_PER_S = 10_000
 def _fixture_groups() -> tuple[Any, Any, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
     """The MLP fixture's graph, analytic cost model and random plans' groups."""
     import hlo_tools
+    from disco_estimator.costs.cost_model import CostModel
     from disco_estimator.gnn.dataset import plan_groups
-    from disco_jax.costs.cost_model import CostModel
 
     graph = hlo_tools.device_graph(hlo_tools.parse(FIXTURE.read_text()))
     costs = CostModel("inproc4")

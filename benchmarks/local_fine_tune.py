@@ -61,11 +61,11 @@ def fine_tune(samples: list, epochs: int) -> dict:
 
 def fallback_on_held_out(samples: list, hardware: str) -> dict:
     """The fallback rule on the samples ``--local`` holds out (the same split)."""
+    from disco_estimator.costs.cost_model import BackendConstants
     from disco_estimator.gnn.evaluate import accuracy, fallback_time
     from disco_estimator.gnn.local import held_out_split
     from disco_estimator.hardware import load_hardware
     from disco_jax.cli.train_estimator import LOCAL_HELD_OUT
-    from disco_jax.costs.cost_model import BackendConstants
 
     c = BackendConstants.from_hardware(load_hardware(hardware))
     _, held = held_out_split(samples, LOCAL_HELD_OUT)

@@ -14,27 +14,27 @@ private network namespace limited to 1 Gbit/s by ``tc``), the benchmark
    See ``benchmarks/accuracy_worker.py`` for the details (barriers, traces, crash
    handling: a plan that aborts XLA:CPU is screened alone, reported, and replaced by
    the next seed).
-2. **predicts** each variant with :class:`disco_jax.costs.cost_model.CostModel` on the setup's
+2. **predicts** each variant with :class:`disco_estimator.costs.cost_model.CostModel` on the setup's
    hardware file: single-op times from the in-context profile of the no-fusion program
    (measured in the same job and setup: one traced iteration after each timed round,
    median over rounds, then over processes), then standalone timings
    (:mod:`disco_estimator.ops.standalone`, cached) for ops only XLA's plan has (the ops of its
    library fusions as the library runs them); plans through
-   :func:`disco_jax.costs.lower.sim_graph`, XLA's default from its post-optimization HLO as
-   written (:func:`disco_jax.costs.lower.sim_graph_from_module`).
+   :func:`disco_estimator.costs.lower.sim_graph`, XLA's default from its post-optimization HLO as
+   written (:func:`disco_estimator.costs.lower.sim_graph_from_module`).
 3. **calibrates** the backend constants per setup -- overlap phi, per-kernel overhead
    ``kernel_launch_s`` (a small grid), and the AllReduce ``C``/``D`` *inside the real
    program* (``--fit-scale``: ``compute_scale`` too; by default it stays at the hardware
    file's 1, since op times are measured in the program's own context, and an in-sample
    fit with it free is reported as a diagnostic) -- by minimizing the mean absolute
    percentage error (MAPE, each model weighted equally) with Nelder-Mead from a linear
-   least-squares start (:func:`disco_jax.costs.constants_fit.fit_constants`), and reports the
+   least-squares start (:func:`disco_estimator.costs.constants_fit.fit_constants`), and reports the
    error three ways: with the hardware files as they are (``shipped``), **in-sample**
    (constants fitted on every model: what ``--write-config`` puts into the hardware
    files) and **leave-one-model-out** (each model predicted with constants fitted on
    the other models: the honest number).
-   Two simulator models are compared: ``costs`` (:mod:`disco_jax.costs.cost_model`: a combined,
-   tuple-shaped all-reduce of XLA's plan pays one latency ``D`` per operand, as XLA:CPU's
+   Two simulator models are compared: ``costs`` (:mod:`disco_estimator.costs.cost_model`: a
+   combined, tuple-shaped all-reduce of XLA's plan pays one latency ``D`` per operand, as XLA:CPU's
    gloo collectives reduce each buffer separately) and the ablation
    ``one_d_per_allreduce`` (one ``D`` per all-reduce).
 
@@ -57,7 +57,7 @@ default) also writes ``benchmarks/results/trace_measured_vgg.json`` (one measure
 iteration, from the profiler trace of process 0, via
 :func:`disco_estimator.ops.measured_chrome_trace`) and
 ``benchmarks/results/trace_simulated_vgg.json`` (the simulation of the same program with
-the calibrated constants, via :func:`disco_jax.costs.trace.write_trace`): open both in
+the calibrated constants, via :func:`disco_estimator.costs.trace.write_trace`): open both in
 https://ui.perfetto.dev (per device: tid 0 compute, tid 1 communication).
 
 Raw measurements are kept per model in ``$DISCO_CACHE_DIR/accuracy`` (default
@@ -86,9 +86,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from disco_estimator.gloo import child_env, run_bounded
-from disco_estimator.hardware import shipped_hardware_dir
-from disco_jax.costs.constants_fit import (
+from disco_estimator.costs.constants_fit import (
     BOUNDS,
     FREE_ALL,
     LAUNCH_GRID,
@@ -97,6 +95,8 @@ from disco_jax.costs.constants_fit import (
     calibrated_hardware_text,
     fit_constants,
 )
+from disco_estimator.gloo import child_env, run_bounded
+from disco_estimator.hardware import shipped_hardware_dir
 from hlo_tools import dirs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -398,7 +398,7 @@ class Predictor:
     ``c * bytes + d * operands`` (``operands`` is 1 unless ``tuple_latency``: then a
     combined tuple all-reduce of XLA's plan pays ``d`` per operand, as XLA:CPU's gloo
     collectives reduce each buffer separately); tiny ones (at most the hardware file's
-    ``small_bytes``) as ``c * bytes + d_small_s``, as :mod:`disco_jax.costs.cost_model` does.
+    ``small_bytes``) as ``c * bytes + d_small_s``, as :mod:`disco_estimator.costs.cost_model` does.
     """
 
     def __init__(self, m: Measured, hardware: Any, op_times: Any, tuple_latency: bool = False):
@@ -415,7 +415,7 @@ class Predictor:
                 if n in self.m.plans or (n == "xla_default" and self.m.xla_module is not None)]
 
     def _cost_model(self, launch: float, mem: float) -> Any:
-        from disco_jax.costs.cost_model import BackendConstants, CostModel
+        from disco_estimator.costs.cost_model import BackendConstants, CostModel
 
         consts = BackendConstants(0.0, launch, mem, "simulator_accuracy", 1.0)
         return CostModel(self.hardware, op_times=self.op_times, constants=consts)
@@ -424,7 +424,7 @@ class Predictor:
         """Variant -> ``(SimGraph, comm mask, comm bytes, comm operands)``."""
         key = (launch, mem)
         if key not in self._cache:
-            from disco_jax.costs.lower import sim_graph, sim_graph_from_module
+            from disco_estimator.costs.lower import sim_graph, sim_graph_from_module
 
             costs = self._cost_model(launch, mem)
             out = {}
@@ -462,7 +462,7 @@ class Predictor:
 
     def sim(self, name: str, c: Constants) -> tuple[Any, Any]:
         """``(SimResult, SimGraph)`` of one variant under constants ``c``."""
-        from disco_jax.costs.simulator import simulate
+        from disco_estimator.costs.simulator import simulate
 
         sg, comm, nbytes, ops = self.graphs(c.kernel_launch_s, c.mem_s_per_byte)[name]
         dur = sg.duration_s * c.compute_scale
@@ -478,7 +478,7 @@ class Predictor:
     def comm_terms(self, c: Constants) -> dict[str, tuple[float, float]]:
         """Variant -> ``(bytes on the channel, latencies D paid)`` under ``c``'s
         ``kernel_launch_s`` and ``mem_s_per_byte`` (see
-        :class:`disco_jax.costs.constants_fit.FitCase`)."""
+        :class:`disco_estimator.costs.constants_fit.FitCase`)."""
         out = {}
         for n, (_, comm, nbytes, ops) in self.graphs(c.kernel_launch_s,
                                                      c.mem_s_per_byte).items():
@@ -487,7 +487,7 @@ class Predictor:
 
     def case(self) -> FitCase:
         """This model's variants as a case of
-        :func:`disco_jax.costs.constants_fit.fit_constants`."""
+        :func:`disco_estimator.costs.constants_fit.fit_constants`."""
         measured = {n: t["median_s"] for n, t in self.m.times.items()}
         return FitCase(measured, self.predict, self.comm_terms)
 
@@ -553,8 +553,8 @@ def pooled(rows: Sequence[dict[str, Any]], ms: Sequence[Measured]) -> dict[str, 
 
 # --------------------------------------------------------------------------- evaluating
 
-#: The simulator models compared: ``costs`` is :mod:`disco_jax.costs.cost_model` (a combined, tuple-
-#: shaped all-reduce of XLA's plan pays the latency D once per operand);
+#: The simulator models compared: ``costs`` is :mod:`disco_estimator.costs.cost_model` (a
+#: combined, tuple-shaped all-reduce of XLA's plan pays the latency D once per operand);
 #: ``one_d_per_allreduce`` is the ablation that charges it once per all-reduce.
 SIM_MODELS = {"costs": True, "one_d_per_allreduce": False}
 
@@ -640,8 +640,8 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
                  setup: str) -> list[Path]:
     """``trace_measured_<model>.json`` (process 0's traced iteration) and
     ``trace_simulated_<model>.json`` (the same program simulated with ``c``)."""
+    from disco_estimator.costs.trace import write_trace
     from disco_estimator.ops import OpEvent, measured_chrome_trace
-    from disco_jax.costs.trace import write_trace
 
     trace = raw["processes"][0]["setups"].get(setup, {}).get("trace")
     if not trace or trace["variant"] not in pred.names:
@@ -663,8 +663,8 @@ def write_traces(raw: Mapping[str, Any], pred: Predictor, c: Constants, out_dir:
 
 def provenance(sim_model: str, results: str = DEFAULT_OUT) -> list[str]:
     """The comment written above the calibrated ``[costs]`` table (see
-    :func:`disco_jax.costs.constants_fit.costs_table`): where the constants come from (``results``:
-    the JSON that holds the errors)."""
+    :func:`disco_estimator.costs.constants_fit.costs_table`): where the constants come from
+    (``results``: the JSON that holds the errors)."""
     return [
         "calibrated inside real training steps by",
         f"benchmarks/simulator_accuracy.py ({sim_model} simulator model, fitted on every",
@@ -680,7 +680,7 @@ def write_config(setup: str, c: Constants, sim_model: str, free: Sequence[str],
     """Writes the calibrated constants into ``<directory>/<setup>.toml`` atomically: the
     hardware file with a ``[costs]`` table and the in-program AllReduce ``C``/``D``
     (previous values kept as ``microbenchmark_*`` keys), see
-    :func:`disco_jax.costs.constants_fit.calibrated_hardware_text`.
+    :func:`disco_estimator.costs.constants_fit.calibrated_hardware_text`.
 
     Args:
         setup: the setup (= hardware file name).

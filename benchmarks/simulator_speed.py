@@ -10,8 +10,8 @@ wall time (throughput) and in process CPU time.
 
 Re-costing (``"recost"`` in the JSON): a plan of 30 random moves over the MLP fixture
 (``tests/fixtures/shard_map_mlp.pre.hlo``) turned into its SimGraph
-(:func:`disco_jax.costs.lower.sim_graph`, per-graph costs and fused-op estimates cached, as in
-the search) and simulated (:func:`disco_jax.costs.lower.simulate_plan`), analytic op times.
+(:func:`disco_estimator.costs.lower.sim_graph`, per-graph costs and fused-op estimates cached, as in
+the search) and simulated (:func:`disco_estimator.costs.lower.simulate_plan`), analytic op times.
 
 Run from the repository root: ``python benchmarks/simulator_speed.py [--max-nodes N]``.
 """
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.provenance import write_result  # noqa: E402
-from disco_jax.costs import simulator as sim  # noqa: E402
+from disco_estimator.costs import simulator as sim  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "simulator_speed.json"
 FIXTURE = Path(__file__).parents[1] / "tests" / "fixtures" / "shard_map_mlp.pre.hlo"
@@ -97,8 +97,8 @@ def measure_recost(reps: int = 200) -> dict[str, Any]:
     import random
 
     import hlo_tools
-    from disco_jax.costs.cost_model import CostModel
-    from disco_jax.costs.lower import sim_graph, simulate_plan
+    from disco_estimator.costs.cost_model import CostModel
+    from disco_estimator.costs.lower import sim_graph, simulate_plan
     from hlo_tools import plan as P
 
     graph = hlo_tools.device_graph(hlo_tools.parse(FIXTURE.read_text()))
@@ -130,7 +130,7 @@ def main() -> None:
     recost = measure_recost()
     record = {
         "benchmark": "simulator_speed",
-        "graph": "disco_jax.costs.simulator.synthetic_graph(n, seed=0)",
+        "graph": "disco_estimator.costs.simulator.synthetic_graph(n, seed=0)",
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),

@@ -1,4 +1,5 @@
-"""Cost estimation for DisCo: measured per-op times and the linear AllReduce model.
+"""Cost estimation for DisCo: measured per-op times, the linear AllReduce model, and the
+cost model and simulator that price a step's plans with them.
 
 * :mod:`disco_estimator.ops`: op times in one place: op keys (opcode + shapes) so a time
   measured in one program serves identical ops elsewhere (``ops.keys``), per-instruction
@@ -15,99 +16,41 @@
   compute/communication overlap.
 * :mod:`disco_estimator.gloo`: processes and the (emulated) network of gloo jobs.
 * :mod:`disco_estimator.interface`: the fused-op estimator protocols and the fallback rule.
+* :mod:`disco_estimator.gnn`: the GNN fused-op estimator.
+* :mod:`disco_estimator.costs`: the cost model (op times, fused-op estimators and the
+  AllReduce model into per-node costs), plans and modules into simulator graphs, the
+  ready-queue simulator, the staged cost model, Chrome traces of simulations, and the
+  backend constants fitted to measured iterations.
+
+The names below are the ones a user of this layer starts from: the cost model and the
+simulator (:class:`CostModel`, :func:`sim_graph_from_module`, :func:`simulate`,
+:func:`predict_module`), hardware files (:class:`HardwareConfig`, :func:`find_hardware`,
+:func:`load_hardware`, :class:`HardwareError`), the AllReduce model
+(:class:`AllReduceModel`, :func:`fit_allreduce`) and op times (:class:`OpTimes`,
+:class:`OpProfile`, :func:`profile_ops`). Everything else is imported from its module.
 
 Importing this package does not import jax (workers set device flags before that).
 """
 
-from disco_estimator import gloo
-from disco_estimator.allreduce import (
-    SETUPS,
-    AllReduceFit,
-    AllReduceModel,
-    AllReducePoint,
-    MeasuredAllReduce,
-    fit_allreduce,
-    measure_psum,
-    run_setup,
-)
-from disco_estimator.hardware import (
-    HardwareConfig,
-    HardwareError,
-    available_hardware,
-    find_hardware,
-    load_hardware,
-    write_hardware,
-    write_hardware_text,
-)
-from disco_estimator.interface import (
-    BatchedFusedOpEstimator,
-    FallbackFusedEstimator,
-    FusedOpEstimator,
-    NodeCosts,
-    fallback_fused_time,
-)
-from disco_estimator.ops import (
-    OP_CLASSES,
-    OpCostModel,
-    OpEstimate,
-    OpInfo,
-    OpKey,
-    OpProfile,
-    OpTimeCache,
-    OpTiming,
-    ProgramProfile,
-    analyze_module,
-    backend_fingerprint,
-    bench_module,
-    bench_ops,
-    build_op_profile,
-    describe_instruction,
-    map_to_original,
-    profile_ops,
-    profile_program,
-)
-from disco_estimator.probes import ProbeResult, measure_probes
+from disco_estimator.allreduce import AllReduceModel, fit_allreduce
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import predict_module, sim_graph_from_module
+from disco_estimator.costs.simulator import simulate
+from disco_estimator.hardware import HardwareConfig, HardwareError, find_hardware, load_hardware
+from disco_estimator.ops import OpProfile, OpTimes, profile_ops
 
 __all__ = [
-    "OP_CLASSES",
-    "SETUPS",
-    "AllReduceFit",
     "AllReduceModel",
-    "AllReducePoint",
-    "BatchedFusedOpEstimator",
-    "FallbackFusedEstimator",
-    "FusedOpEstimator",
+    "CostModel",
     "HardwareConfig",
     "HardwareError",
-    "MeasuredAllReduce",
-    "NodeCosts",
-    "OpCostModel",
-    "OpEstimate",
-    "OpInfo",
-    "OpKey",
     "OpProfile",
-    "OpTimeCache",
-    "OpTiming",
-    "ProbeResult",
-    "ProgramProfile",
-    "analyze_module",
-    "available_hardware",
-    "backend_fingerprint",
-    "bench_module",
-    "bench_ops",
-    "build_op_profile",
-    "describe_instruction",
-    "fallback_fused_time",
+    "OpTimes",
     "find_hardware",
     "fit_allreduce",
-    "gloo",
     "load_hardware",
-    "map_to_original",
-    "measure_probes",
-    "measure_psum",
+    "predict_module",
     "profile_ops",
-    "profile_program",
-    "run_setup",
-    "write_hardware",
-    "write_hardware_text",
+    "sim_graph_from_module",
+    "simulate",
 ]

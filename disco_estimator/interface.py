@@ -15,7 +15,7 @@ This module holds:
   group from those parts), as pure functions over :class:`NodeCosts`;
 * :class:`FallbackFusedEstimator`, the rule as an estimator over any
   :class:`NodeCostSource` (an object with ``node_costs(graph)``, e.g.
-  ``disco_jax.costs.cost_model.CostModel``).
+  ``disco_estimator.costs.cost_model.CostModel``).
 
 Times are seconds and sizes bytes throughout. Importing this module does not import jax.
 """
@@ -213,7 +213,7 @@ class FallbackFusedEstimator:
 
     Args:
         source: gives the :class:`NodeCosts` of a graph (``source.node_costs(graph)``),
-            e.g. ``disco_jax.costs.cost_model.CostModel``.
+            e.g. ``disco_estimator.costs.cost_model.CostModel``.
     """
 
     def __init__(self, source: NodeCostSource):

@@ -14,8 +14,8 @@ What a user calls:
   the project optimizes.
 
 Everything else stays importable from its module (the cost model from
-:mod:`disco_jax.costs.cost_model`, plans to simulator graphs from
-:mod:`disco_jax.costs.lower`, ...).
+:mod:`disco_estimator.costs.cost_model`, plans to simulator graphs from
+:mod:`disco_estimator.costs.lower`, ...).
 Importing the package does not import jax.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from disco_jax.costs.simulator import simulate
+from disco_estimator.costs.simulator import simulate
 from disco_jax.jit import DiscoFallbackWarning, RunInfo, jit
 from disco_jax.pipeline.optimize import Optimized, optimize_step
 from disco_jax.pipeline.search import search

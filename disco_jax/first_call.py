@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from disco_jax.costs.fused_choice import FUSED_ESTIMATOR_ENV
+from disco_estimator.costs.fused_choice import FUSED_ESTIMATOR_ENV
 
 __all__ = [
     "BUDGET_ENV",

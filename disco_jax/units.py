@@ -1,5 +1,5 @@
-"""Quantities read from text (options, the environment): sizes in bytes, also written
-for people, and seconds.
+"""Quantities read from text (options, the environment) and written for people: sizes in
+bytes and seconds.
 
 Binary units throughout: ``k``/``KB``/``KiB`` = 1024 bytes, ``M``/``MB``/``MiB`` = 2**20,
 ``G``/``GB``/``GiB`` = 2**30, ``T``/``TB``/``TiB`` = 2**40 (case does not matter).
@@ -7,10 +7,11 @@ Binary units throughout: ``k``/``KB``/``KiB`` = 1024 bytes, ``M``/``MB``/``MiB``
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
-__all__ = ["env_bytes", "env_seconds", "format_bytes", "parse_bytes"]
+__all__ = ["env_bytes", "env_seconds", "format_bytes", "format_seconds", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
           "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
@@ -76,3 +77,15 @@ def format_bytes(n: int | float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def format_seconds(t: float) -> str:
+    """``t`` seconds for people: ``1.234 s``, ``12.345 ms``, ``56.7 us`` (``inf`` and
+    ``nan`` as Python writes them)."""
+    if not math.isfinite(t):
+        return str(t)
+    if t >= 1.0:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3f} ms"
+    return f"{t * 1e6:.1f} us"

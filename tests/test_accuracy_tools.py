@@ -1,6 +1,7 @@
 """Tests of the simulator-accuracy tools: measured Chrome traces, the benchmark's statistics
-and crash bookkeeping, per-operand all-reduce latency, calibration (disco_jax.costs.constants_fit),
-hardware-file writing. The benchmark and its worker are loaded from benchmarks/ by path."""
+and crash bookkeeping, per-operand all-reduce latency, calibration
+(disco_estimator.costs.constants_fit), hardware-file writing. The benchmark and its worker
+are loaded from benchmarks/ by path."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator.costs import constants_fit as CAL
+from disco_estimator.costs.cost_model import BackendConstants
+from disco_estimator.costs.simulator import SimGraph, simulate
+from disco_estimator.costs.trace import to_chrome_trace
 from disco_estimator.hardware import load_hardware, shipped_hardware_dir
-from disco_estimator.ops import OpEvent, OpTimes, measured_chrome_trace, module_view, op_key
-from disco_jax.costs import constants_fit as CAL
-from disco_jax.costs.cost_model import BackendConstants
-from disco_jax.costs.simulator import SimGraph, simulate
-from disco_jax.costs.trace import to_chrome_trace
+from disco_estimator.ops import OpEvent, OpTimes, measured_chrome_trace, module_view
+from disco_estimator.ops.keys import op_key
 from hlo_tools import plan as P
 
 _BENCHMARKS = Path(__file__).parents[1] / "benchmarks"

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
 from disco_jax import zoo
 from disco_jax.cli.bench import render_table
-from disco_jax.costs.cost_model import CostModel
 from disco_jax.pipeline.bench import PROGRAMS
 from disco_jax.pipeline.choose import choice_tiers, choose, decide, measure
 from disco_jax.pipeline.fit import FUSED_SCALE_BOUNDS, calibrate_in_context, in_context_costs

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
 from disco_estimator.gnn import checkpoint as ckpt_io
 from disco_estimator.gnn.dataset import load_samples, plan_groups
 from disco_estimator.gnn.features import subgraph_from_group
@@ -18,7 +19,6 @@ from disco_estimator.interface import FallbackFusedEstimator
 from disco_jax import zoo
 from disco_jax.cli import main
 from disco_jax.cli.train_estimator import accuracy, fallback_time
-from disco_jax.costs.cost_model import CostModel
 
 
 def _main(*argv: str) -> tuple[int, str, str]:

@@ -15,10 +15,10 @@ import pytest
 from step_helpers import local, mlp_step
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import sim_graph_from_module
+from disco_estimator.costs.simulator import simulate
 from disco_jax.cli import main
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import sim_graph_from_module
-from disco_jax.costs.simulator import simulate
 from disco_jax.pipeline.fit import COMPUTE_SCALE_BOUNDS, compiled_in_context_costs
 from disco_jax.pipeline.profile import compile_again, profile_compiled_in_context
 from hlo_tools.compiled import NODE_TAG, is_compiled, runnable, tagged_node

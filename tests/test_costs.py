@@ -1,6 +1,7 @@
-"""Tests of the cost model (disco_jax.costs.cost_model), plans to SimGraphs (disco_jax.costs.lower),
-the fallback fused-op rule (disco_estimator.interface), disco_estimator.ops (keys,
-standalone timing, the op-time table) and jax_bridge.compile_module for Standalone."""
+"""Tests of the cost model (disco_estimator.costs.cost_model), plans to SimGraphs
+(disco_estimator.costs.lower), the fallback fused-op rule (disco_estimator.interface),
+disco_estimator.ops (keys, standalone timing, the op-time table) and
+jax_bridge.compile_module for Standalone."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import pytest
 
 import hlo_tools
 from disco_estimator import ops
+from disco_estimator.costs import cost_model as C
+from disco_estimator.costs.lower import sim_graph, sim_graph_from_module
+from disco_estimator.costs.simulator import check_graph, simulate
 from disco_estimator.hardware import load_hardware, shipped_hardware_dir
 from disco_estimator.interface import (
     BatchedFusedOpEstimator,
@@ -26,9 +30,11 @@ from disco_estimator.interface import (
     moves_data,
     split_times,
 )
-from disco_jax.costs import cost_model as C
-from disco_jax.costs.lower import sim_graph, sim_graph_from_module
-from disco_jax.costs.simulator import check_graph, simulate
+from disco_estimator.ops.cache import OpTimeCache, OpTiming
+from disco_estimator.ops.keys import is_library_fusion, library_instructions, library_key, op_key
+from disco_estimator.ops.standalone import PinnedTimer, pinned_timing, random_inputs, standalone_op
+from disco_estimator.ops.table import OpEstimate, build_op_profile
+from disco_estimator.ops.trace import profile_program
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 from hlo_tools.rewrite import apply_plan
@@ -73,7 +79,7 @@ def _model(text: str, times: dict[str, float], constants: C.BackendConstants = E
     op_times = ops.OpTimes()
     for _, instr in module.instructions():
         if instr.name in times:
-            assert op_times.add(ops.op_key(view, instr).encode(), times[instr.name], "test")
+            assert op_times.add(op_key(view, instr).encode(), times[instr.name], "test")
     return C.CostModel("inproc4", op_times=op_times, constants=constants), module
 
 
@@ -302,7 +308,7 @@ def test_lowering_uses_the_plan_packages_outputs_rule(fixture: str) -> None:
     with the one rule, hlo_tools.plan.group_outputs, on every group of plans with copies."""
     import random
 
-    from disco_jax.costs.lower import _leaving
+    from disco_estimator.costs.lower import _leaving
 
     module = hlo_tools.parse((FIXTURES / fixture).read_text())
     graph = device_graph(module)
@@ -514,8 +520,8 @@ def test_bucket_copies_are_priced_at_the_rate_profiled_in_context(tmp_path) -> N
     times = ops.OpTimes()
     # 1280 + 1024 bytes, read and written once: 2 * 2304 bytes in 9.216e-8 s of copying
     for instr, extra in zip(copies[:2], (5.12e-8, 4.096e-8)):
-        assert times.add(ops.op_key(view, instr).encode(), L + extra, "profile")
-    assert times.add(ops.op_key(view, copies[2]).encode(), 1.0, "op_bench")  # not counted
+        assert times.add(op_key(view, instr).encode(), L + extra, "profile")
+    assert times.add(op_key(view, copies[2]).encode(), 1.0, "op_bench")  # not counted
     costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
     rate = enact.bucket_copy_rate(costs, one)
     assert rate == pytest.approx(2e-11)
@@ -576,8 +582,8 @@ def test_op_keys_ignore_names_layouts_and_metadata() -> None:
     b = hlo_tools.parse(CHAIN.replace("a = f32[256] add(p0, p1)",
                                       'q = f32[256]{0} add(p0, p1), metadata={op_name="x"}')
                         .replace("(a, a)", "(q, q)").replace("(c, a)", "(c, q)"))
-    ka = ops.op_key(ops.module_view(a), a.entry.instruction("a"))
-    kb = ops.op_key(ops.module_view(b), b.entry.instruction("q"))
+    ka = op_key(ops.module_view(a), a.entry.instruction("a"))
+    kb = op_key(ops.module_view(b), b.entry.instruction("q"))
     assert ka == kb and ka.encode() == "add|f32[256];f32[256]|f32[256]|f32|"
     assert ops.op_status(a.entry.instruction("p0"))[0] == "free"
     assert ops.op_status(a.entry.instruction("c"))[0] == "bench"
@@ -600,13 +606,13 @@ ENTRY e {{
 }}
 """
     module = hlo_tools.parse(text)
-    gather = ops.standalone_op(module, module.entry.instruction("rows"))
+    gather = standalone_op(module, module.entry.instruction("rows"))
     assert [s.index_high for s in gather.inputs] == [0, 50]
-    (ids,) = [x for x in ops.random_inputs(gather) if x.dtype == np.int32]
+    (ids,) = [x for x in random_inputs(gather) if x.dtype == np.int32]
     assert ids.min() >= 0 and ids.max() < 50
-    part = ops.standalone_op(module, module.entry.instruction("part"))
+    part = standalone_op(module, module.entry.instruction("part"))
     assert [s.index_high for s in part.inputs] == [0, 47, 1]  # the constant start stays a param
-    assert part.key == ops.op_key(ops.module_view(module), module.entry.instruction("part"))
+    assert part.key == op_key(ops.module_view(module), module.entry.instruction("part"))
     hlo_tools.parse(part.hlo_text)  # our own parser accepts it
 
 
@@ -656,7 +662,7 @@ def test_wrapped_key_matches_xla_fusion_wrapper() -> None:
     compiled = hlo_tools.parse(jax_bridge.compile_module(
         CHAIN, jax_bridge.Standalone(), jax_bridge.CompileOptions(exact=True)).as_text())
     view = ops.module_view(compiled)
-    wrapped = {ops.op_key(view, i).encode() for i in compiled.entry.instructions
+    wrapped = {op_key(view, i).encode() for i in compiled.entry.instructions
                if i.opcode == "fusion"}
     mine = ops.module_view(module)
     for name in ("a", "b", "c", "d"):
@@ -668,7 +674,7 @@ def test_standalone_times_and_caches(tmp_path, monkeypatch) -> None:
     module = hlo_tools.parse(GRADS)
     timings = ops.bench_ops(module, repeats=5, warmup=1, progress=False)
     view = ops.module_view(module)
-    want = {ops.op_key(view, view.instr[n]).encode() for n in ("g1", "g2", "u1", "u2")}
+    want = {op_key(view, view.instr[n]).encode() for n in ("g1", "g2", "u1", "u2")}
     assert set(timings) == want
     assert all(t.ok and t.time_s > 0 and t.samples == 5 for t in timings.values())
     files = list((tmp_path / "ops").glob("*.json"))
@@ -681,28 +687,28 @@ def test_standalone_times_and_caches(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(ops.standalone, "_measure_chunk", boom)
     assert ops.bench_ops(module, progress=False) == timings
-    cache = ops.OpTimeCache.for_backend(1)
+    cache = OpTimeCache.for_backend(1)
     assert {k: cache.get(k) for k in want} == timings
-    other = ops.OpTimeCache({**ops.backend_fingerprint(1), "cpu_count": -1})
+    other = OpTimeCache({**ops.backend_fingerprint(1), "cpu_count": -1})
     assert len(other) == 0 and other.path != cache.path  # another machine, another file
     files[0].write_text("{not json")
-    assert len(ops.OpTimeCache.for_backend(1)) == 0  # corrupt file reads as empty
-    failed = ops.OpTiming(math.nan, math.nan, math.nan, 0, "other", 4, 0.0, "boom")
+    assert len(OpTimeCache.for_backend(1)) == 0  # corrupt file reads as empty
+    failed = OpTiming(math.nan, math.nan, math.nan, 0, "other", 4, 0.0, "boom")
     cache.update({"k": failed})
     cache.save()
-    assert ops.OpTimeCache.for_backend(1).get("k") == ops.OpTiming.from_json(failed.to_json())
+    assert OpTimeCache.for_backend(1).get("k") == OpTiming.from_json(failed.to_json())
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity")
 def test_pinned_timer_times_in_a_child_on_one_cpu() -> None:
-    assert ops.pinned_timing(replicas=4) is False  # devices sharing the cores: in place
-    assert ops.pinned_timing() is True
+    assert pinned_timing(replicas=4) is False  # devices sharing the cores: in place
+    assert pinned_timing() is True
     module = hlo_tools.parse(GRADS)
     view = ops.module_view(module)
-    op = ops.standalone_op(module, view.instr["g1"], view)
+    op = standalone_op(module, view.instr["g1"], view)
     job = ops.TimingJob(op.module_name, op.hlo_text, op.inputs, seed=3)
     bad = ops.TimingJob("bad", "HloModule bad\nENTRY e { ROOT x = f32[] nonsense() }", ())
-    with ops.PinnedTimer(repeats=4, warmup=1) as clock:
+    with PinnedTimer(repeats=4, warmup=1) as clock:
         samples, errors = clock.run([job, bad])
         assert len(clock.child_cpus) == 1
         assert set(clock.child_cpus) <= os.sched_getaffinity(0)
@@ -728,8 +734,8 @@ def test_pinned_and_in_place_timings_are_cached_apart(tmp_path, monkeypatch) -> 
     module = hlo_tools.parse(GRADS)
     pinned = ops.bench_ops(module, repeats=3, warmup=1, progress=False, pinned=True)
     assert pinned and all(t.ok and t.time_s > 0 for t in pinned.values())
-    assert set(ops.OpTimeCache.for_backend(1, pinned=True).entries) == set(pinned)
-    assert len(ops.OpTimeCache.for_backend(1)) == 0  # the program's regime: not timed yet
+    assert set(OpTimeCache.for_backend(1, pinned=True).entries) == set(pinned)
+    assert len(OpTimeCache.for_backend(1)) == 0  # the program's regime: not timed yet
     fingerprint = ops.backend_fingerprint(1, pinned=True)
     assert fingerprint.pop("pinned") is True and fingerprint == ops.backend_fingerprint(1)
 
@@ -761,14 +767,14 @@ def test_profiles_give_in_context_times() -> None:
     module = hlo_tools.parse(text)
     compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
                                          jax_bridge.CompileOptions(exact=True))
-    prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
+    prof = profile_program(compiled, *args, iterations=3, warmup=1)
     view = ops.module_view(module)
     benched = [i for i in module.entry.instructions if ops.op_status(i)[0] == "bench"]
     assert {i.opcode for i in benched} >= {"dot", "tanh", "multiply", "reduce", "add"}
     by_name = ops.OpTimes()
     assert by_name.add_program_profile(prof, original=module) > 0
     stored = ops.OpTimes()
-    stored.add_op_profile(ops.build_op_profile(prof))
+    stored.add_op_profile(build_op_profile(prof))
     for instr in benched:
         est = by_name.estimate(view, instr)
         assert not est.estimated and est.source == "profile" and est.time_s > 0, instr
@@ -856,18 +862,18 @@ def test_ops_in_library_fusions_cost_their_library_time() -> None:
     module = hlo_tools.parse(LIBRARY)
     view = ops.module_view(module)
     dot = module.computation("lib_body").root
-    plain = ops.op_key(view, dot)
-    assert ops.timing_key(view, dot, library=True) == ops.library_key(plain).encode()
-    assert ops.library_key(plain).opcode == "dot@library"
+    plain = op_key(view, dot)
+    assert ops.timing_key(view, dot, library=True) == library_key(plain).encode()
+    assert library_key(plain).opcode == "dot@library"
     assert {i.name for _, i in module.instructions()
-            if id(i) in ops.library_instructions(module)} == {"a", "b", "d"}
+            if id(i) in library_instructions(module)} == {"a", "b", "d"}
     times = ops.OpTimes()
     times.add(plain.encode(), 200e-6, "profile")
     costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
     sg = sim_graph_from_module(module, costs)
     dur = dict(zip(sg.names, sg.duration_s))
     assert dur["ynn"] == dur["loop"] == pytest.approx(200e-6)  # no library time: as unwrapped
-    times.add(ops.library_key(plain).encode(), 20e-6, "op_bench")
+    times.add(library_key(plain).encode(), 20e-6, "op_bench")
     costs = C.CostModel("inproc4", op_times=times, constants=EXACT)
     sg = sim_graph_from_module(module, costs)
     dur = dict(zip(sg.names, sg.duration_s))
@@ -885,16 +891,16 @@ def test_standalone_times_library_ops_as_the_library_runs_them(tmp_path, monkeyp
     module = hlo_tools.parse(LIBRARY)
     view = ops.module_view(module)
     timings = ops.bench_ops(module, repeats=3, warmup=1, progress=False)
-    plain = ops.op_key(view, module.computation("lib_body").root)
-    assert set(timings) == {plain.encode(), ops.library_key(plain).encode()}
+    plain = op_key(view, module.computation("lib_body").root)
+    assert set(timings) == {plain.encode(), library_key(plain).encode()}
     assert all(t.ok and t.time_s > 0 for t in timings.values())
-    lib = ops.standalone_op(module, module.computation("lib_body").root, view, library=True)
+    lib = standalone_op(module, module.computation("lib_body").root, view, library=True)
     exe = jax_bridge.compile_module(lib.hlo_text, jax_bridge.Standalone(),
                                     jax_bridge.CompileOptions(exact=True, library="default"))
     plain_exe = jax_bridge.compile_module(lib.hlo_text, jax_bridge.Standalone(),
                                           jax_bridge.CompileOptions(exact=True))
     assert "kind=kCustom" in exe.as_text() and "kind=kCustom" not in plain_exe.as_text()
-    a, b = ops.random_inputs(lib, seed=1)
+    a, b = random_inputs(lib, seed=1)
     np.testing.assert_allclose(exe(a, b)[0], a @ b.T, rtol=1e-4, atol=1e-4)
 
 
@@ -925,7 +931,7 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     mul = next(i for i in body.instructions if i.opcode == "multiply")
     compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
                                          jax_bridge.CompileOptions(exact=True))
-    prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
+    prof = profile_program(compiled, *args, iterations=3, warmup=1)
     kernels = hlo_tools.parse(prof.hlo_text)
     sites = {}
     for instr in kernels.entry.instructions:
@@ -943,7 +949,7 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     kernel = next(i for i in kernels.entry.instructions if i.opcode == "dot")
     assert kernel.op_name == transpose.name, prof.hlo_text  # XLA folded it
     assert times.estimate(view, dot).time_s == pytest.approx(prof.times_s[kernel.name])
-    assert times.estimate(view, transpose) == ops.OpEstimate(0.0, False, "profile")
+    assert times.estimate(view, transpose) == OpEstimate(0.0, False, "profile")
 
 
 def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
@@ -963,9 +969,9 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     module = hlo_tools.parse(text)
     compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
                                          jax_bridge.CompileOptions(exact=True, library=True))
-    prof = ops.profile_program(compiled, *args, iterations=3, warmup=1)
+    prof = profile_program(compiled, *args, iterations=3, warmup=1)
     kernels = hlo_tools.parse(prof.hlo_text)
-    on_library = [i for i in kernels.entry.instructions if ops.is_library_fusion(i)]
+    on_library = [i for i in kernels.entry.instructions if is_library_fusion(i)]
     assert len(on_library) == 1, prof.hlo_text
     times = ops.OpTimes()
     times.add_program_profile(prof, original=module)

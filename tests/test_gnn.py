@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import simulate_plan
 from disco_estimator.gnn import checkpoint as ckpt_io
 from disco_estimator.gnn import features as F
 from disco_estimator.gnn.estimator import GnnFusedEstimator
@@ -20,8 +22,6 @@ from disco_estimator.interface import (
     FallbackFusedEstimator,
     FusedOpEstimator,
 )
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import simulate_plan
 from hlo_tools import plan as P
 from hlo_tools.graph import device_graph
 
@@ -228,6 +228,6 @@ def test_dataset_generation_times_fused_modules_and_resumes(tmp_path, monkeypatc
 
 
 def ob_inputs(specs):
-    from disco_estimator.ops import random_inputs
+    from disco_estimator.ops.standalone import random_inputs
 
     return random_inputs(specs, seed=0)

@@ -1,5 +1,5 @@
 """The local dataset of labeled fused ops, ``disco train-estimator --local`` and the one
-choice of fused-op estimator (disco_estimator/gnn/local.py, disco_jax/costs/fused_choice.py).
+choice of fused-op estimator (disco_estimator/gnn/local.py, disco_estimator/costs/fused_choice.py).
 
 Real files, real processes (a writer killed with SIGKILL), real checkpoints and a real
 search through ``disco_jax.jit``. The fine-tuning samples are the fused ops of random
@@ -23,6 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from disco_estimator.costs.fused_choice import (
+    DEFAULT_FUSED_ESTIMATOR,
+    FUSED_ESTIMATOR_ENV,
+    choose_fused_estimator,
+)
 from disco_estimator.gnn import checkpoint as ckpt_io
 from disco_estimator.gnn.dataset import Sample, dataset_path
 from disco_estimator.gnn.features import FusedSubgraph
@@ -36,11 +41,6 @@ from disco_estimator.gnn.local import (
     local_dataset_path,
 )
 from disco_jax.cli import main
-from disco_jax.costs.fused_choice import (
-    DEFAULT_FUSED_ESTIMATOR,
-    FUSED_ESTIMATOR_ENV,
-    choose_fused_estimator,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT_FIXTURE = ROOT / "tests" / "fixtures" / "context_samples.jsonl"
@@ -253,7 +253,7 @@ def test_choice_of_the_local_checkpoint(cache) -> None:
 
 
 def test_the_fallback_rule_imports_no_jax() -> None:
-    code = ("import sys; from disco_jax.costs.fused_choice import choose_fused_estimator; "
+    code = ("import sys; from disco_estimator.costs.fused_choice import choose_fused_estimator; "
             "c = choose_fused_estimator('fallback'); assert c.estimator is None; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -326,11 +326,11 @@ def local_subgraphs() -> list[Sample]:
         return [Sample.from_json(json.loads(line))
                 for line in CONTEXT_FIXTURE.read_text().splitlines() if line.strip()]
     import hlo_tools
+    from disco_estimator.costs.cost_model import CostModel
     from disco_estimator.gnn.dataset import plan_groups
     from disco_estimator.gnn.evaluate import fallback_time
     from disco_estimator.gnn.features import canonical_key, subgraph_from_group
     from disco_jax import zoo
-    from disco_jax.costs.cost_model import CostModel
 
     step, args = zoo.get("vgg")(4, "tiny")
     graph = hlo_tools.device_graph(hlo_tools.parse(hlo_tools.extract(step, *args)))

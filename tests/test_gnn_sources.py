@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
 from disco_estimator.gnn import dataset as D
 from disco_estimator.gnn import evaluate as E
 from disco_estimator.gnn import features as F
@@ -23,7 +24,6 @@ from disco_estimator.gnn.estimator import GnnFusedEstimator
 from disco_estimator.gnn.model import GnnConfig, init_params
 from disco_estimator.gnn.train import make_batch
 from disco_jax.cli import main
-from disco_jax.costs.cost_model import CostModel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMALL = GnnConfig(opcode_embed=8, dtype_embed=2, hidden=16, heads=2, num_layers=1, mlp=(16,))

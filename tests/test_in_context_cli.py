@@ -17,7 +17,7 @@ import pytest
 import hlo_tools
 from disco_jax import zoo
 from disco_jax.cli import main
-from disco_jax.cli.simulate import in_context_line
+from disco_jax.cli.options import in_context_line
 from hlo_tools.devices import module_devices, parse_groups
 from hlo_tools.jax_bridge import (
     CompileOptions,

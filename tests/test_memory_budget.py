@@ -10,9 +10,9 @@ import jax
 import pytest
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import simulate_plan
 from disco_jax.cli import main
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import simulate_plan
 from disco_jax.pipeline.search import MemoryBudgetError, baseline_plans, search
 from disco_jax.units import env_bytes, format_bytes, parse_bytes
 from hlo_tools import plan as P

@@ -15,6 +15,9 @@ from jax.sharding import PartitionSpec as P
 
 import hlo_tools
 from disco_estimator import ops
+from disco_estimator.ops.keys import OP_CLASSES, OpInfo, OpKey, analyze_module, map_to_original
+from disco_estimator.ops.table import OpCostModel, OpEstimate, build_op_profile
+from disco_estimator.ops.trace import profile_program
 
 # Opcodes that never run as a thunk of their own on XLA:CPU.
 _NO_EVENT = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
@@ -35,7 +38,7 @@ def _program() -> tuple[object, tuple[jax.Array, jax.Array]]:
 @pytest.fixture(scope="module")
 def profile() -> ops.ProgramProfile:
     fn, args = _program()
-    return ops.profile_program(fn, *args, iterations=4, warmup=1)
+    return profile_program(fn, *args, iterations=4, warmup=1)
 
 
 def test_every_executed_instruction_has_a_positive_time(profile: ops.ProgramProfile) -> None:
@@ -54,7 +57,7 @@ def test_every_executed_instruction_has_a_positive_time(profile: ops.ProgramProf
 
 
 def test_op_profile_keys_and_json_round_trip(profile: ops.ProgramProfile, tmp_path) -> None:
-    op = ops.build_op_profile(profile)
+    op = build_op_profile(profile)
     assert op.records and op.module == profile.module
     for name, rec in op.instructions.items():
         assert rec["time_s"] > 0 and rec["key"] in op.records, name
@@ -65,8 +68,8 @@ def test_op_profile_keys_and_json_round_trip(profile: ops.ProgramProfile, tmp_pa
     loaded = ops.OpProfile.load(path)
     assert loaded.to_json() == op.to_json()
     assert json.loads(path.read_text())["backend"] == jax.default_backend()
-    info = ops.analyze_module(hlo_tools.parse(profile.hlo_text))[next(iter(op.instructions))]
-    assert loaded.estimate(info) == ops.OpEstimate(op.records[info.key.encode()].time_s,
+    info = analyze_module(hlo_tools.parse(profile.hlo_text))[next(iter(op.instructions))]
+    assert loaded.estimate(info) == OpEstimate(op.records[info.key.encode()].time_s,
                                                   False, "measured")
 
 
@@ -76,9 +79,9 @@ def test_map_back_to_the_hlo_text_that_was_compiled() -> None:
     text = jax_bridge.extract(fn, *args)
     compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(fn, args),
                                          jax_bridge.CompileOptions(exact=True))
-    prof = ops.profile_program(compiled, *args, iterations=2, warmup=1)
-    infos = ops.analyze_module(hlo_tools.parse(prof.hlo_text))
-    mapping = ops.map_to_original({n: infos[n].op_names for n in prof.times_s},
+    prof = profile_program(compiled, *args, iterations=2, warmup=1)
+    infos = analyze_module(hlo_tools.parse(prof.hlo_text))
+    mapping = map_to_original({n: infos[n].op_names for n in prof.times_s},
                                  hlo_tools.parse(text))
     mapped = {o for names in mapping.values() for o in names}
     original = hlo_tools.parse(text)
@@ -98,12 +101,12 @@ ENTRY %main{tag} (p{tag}: f32[8,16]) -> f32[8,16] {{
 
 
 def test_identical_ops_in_different_programs_share_a_key() -> None:
-    a = ops.analyze_module(hlo_tools.parse(_HLO.format(tag="a")))
-    b = ops.analyze_module(hlo_tools.parse(_HLO.format(tag="b")))
+    a = analyze_module(hlo_tools.parse(_HLO.format(tag="a")))
+    b = analyze_module(hlo_tools.parse(_HLO.format(tag="b")))
     assert a["ta"].key == b["tb"].key and a["aa"].key == b["ab"].key
     assert a["ta"].key != a["aa"].key
     assert a["ta"].cls == "elementwise" and a["ta"].bytes == 2 * 8 * 16 * 4
-    assert ops.OpKey.decode(a["aa"].key.encode()) == a["aa"].key
+    assert OpKey.decode(a["aa"].key.encode()) == a["aa"].key
     assert a["ta"].op_names == ("ta",)
 
 
@@ -170,18 +173,18 @@ def test_fallback_is_positive_flagged_and_monotone() -> None:
     samples = [("elementwise", b, b / 8, 1e-6 + b * 1e-10 * rng.uniform(0.9, 1.1))
                for b in (1e3, 1e4, 1e5, 1e6)]
     samples.append(("dot-conv", 1e5, 1e8, 2e-3))
-    model = ops.OpCostModel.fit(samples)
-    for cls in ops.OP_CLASSES:
+    model = OpCostModel.fit(samples)
+    for cls in OP_CLASSES:
         assert model.predict(cls, 0, 0) > 0
     sizes = [0, 1e2, 1e4, 1e6, 1e8]
     preds = [model.predict("elementwise", b, 0) for b in sizes]
     assert all(x <= y for x, y in zip(preds, preds[1:], strict=False)) and preds[-1] > preds[0]
-    for m in (ops.OpCostModel.fit([]), ops.OpCostModel.fit([("reduce", 100, 10, 1e-6)])):
+    for m in (OpCostModel.fit([]), OpCostModel.fit([("reduce", 100, 10, 1e-6)])):
         preds = [m.predict("reduce", b, 0) for b in sizes]
         assert min(preds) > 0 and preds[-1] > preds[0]
-    key = ops.OpKey("exponential", ("f32[4]",), "f32[4]", "f32")
+    key = OpKey("exponential", ("f32[4]",), "f32[4]", "f32")
     prof = ops.OpProfile("cpu", "cpu", jax.__version__, "0", "m", "now", {}, {}, [], [])
-    est = prof.estimate(ops.OpInfo(key, "elementwise", 32, 4))
+    est = prof.estimate(OpInfo(key, "elementwise", 32, 4))
     assert est.estimated and est.time_s > 0 and est.source == "model:elementwise"
 
 
@@ -195,10 +198,10 @@ def test_loop_body_ops_are_counted_per_execution() -> None:
     x = jnp.ones((32, 32))
     run = hlo_tools.compile_module(None, hlo_tools.InPlaceOf(f, (x,)),
                                    hlo_tools.CompileOptions(exact=True))
-    prof = ops.profile_program(run, x, iterations=2, warmup=1)
+    prof = profile_program(run, x, iterations=2, warmup=1)
     body = [n for n, c in prof.counts.items() if c == 5]
     assert body, prof.counts  # the loop body ran 5 times per iteration
-    op = ops.build_op_profile(prof)
+    op = build_op_profile(prof)
     name = body[0]
     rec = op.records[op.instructions[name]["key"]]
     assert rec.time_s == pytest.approx(prof.times_s[name] / 5)

@@ -10,10 +10,10 @@ import tomllib
 import pytest
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import sim_graph, simulate_plan
+from disco_estimator.costs.simulator import full_overlap_bound
 from disco_jax import search as search_fn
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import sim_graph, simulate_plan
-from disco_jax.costs.simulator import full_overlap_bound
 from disco_jax.pipeline.search import (
     NO_FUSION,
     STOP_PATIENCE,

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import hlo_tools
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import simulate_plan
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import simulate_plan
 from disco_jax.pipeline.search import backtracking_search
 from hlo_tools import plan as P
 

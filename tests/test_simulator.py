@@ -17,9 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from disco_jax.costs import simulator as sim
-from disco_jax.costs.simulator import Backend, SimGraph, check_graph, full_overlap_bound, simulate
-from disco_jax.costs.trace import COMM_TID, COMPUTE_TID, to_chrome_trace, write_trace
+from disco_estimator.costs import simulator as sim
+from disco_estimator.costs.simulator import (
+    Backend,
+    SimGraph,
+    check_graph,
+    full_overlap_bound,
+    simulate,
+)
+from disco_estimator.costs.trace import COMM_TID, COMPUTE_TID, to_chrome_trace, write_trace
 
 Spec = tuple[str, float, Sequence[int], int]
 BACKENDS = ["python", "c"]

@@ -146,7 +146,7 @@ def test_staged_candidates_auto_fits_a_reference_and_adds_the_best_predicted_lay
     import jax
     import numpy as np
 
-    from disco_jax.costs.cost_model import CostModel
+    from disco_estimator.costs.cost_model import CostModel
     from disco_jax.pipeline.candidates import staged_candidates
     from disco_jax.pipeline.program import lower_program
 

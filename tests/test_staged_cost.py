@@ -1,5 +1,5 @@
-"""The staged cost model (disco_jax.costs.staged_cost): hand-computed makespans of a small staged
-step, the fit recovering the costs it was given, and the bucketings it proposes.
+"""The staged cost model (disco_estimator.costs.staged_cost): hand-computed makespans of a
+small staged step, the fit recovering the costs it was given, and the bucketings it proposes.
 
 The staged step priced here, by hand (node: stage; ``-1`` is no stage)::
 
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from disco_jax.costs.simulator import simulate
-from disco_jax.costs.staged_cost import StagedCosts, fit_assignment, layouts, staged_graph
+from disco_estimator.costs.simulator import simulate
+from disco_estimator.costs.staged_cost import StagedCosts, fit_assignment, layouts, staged_graph
 from hlo_tools.stages import CommBucket, StageAssignment
 
 NODE_S = np.array([0.0, 1.0, 1.0, 0.0, 2.0, 0.0, 0.5, 0.5])
@@ -100,8 +100,8 @@ def test_layouts_split_the_gradients_in_order():
 
 def test_predict_layouts_prices_each_layout_as_predict_staged_and_bounds_it():
     import hlo_tools
+    from disco_estimator.costs.staged_cost import predict_layouts, predict_staged
     from disco_jax import zoo
-    from disco_jax.costs.staged_cost import predict_layouts, predict_staged
     from hlo_tools import plan as P
     from hlo_tools.jax_bridge import fresh_function
 

@@ -22,7 +22,7 @@ Generation (:func:`generate`), for one HLO module at a time:
    (:func:`fused_module`).
 4. **Time**: compiled with XLA's fusion passes off
    (:func:`hlo_tools.jax_bridge.compile_module`, ``Standalone``, ``exact=True``), fed random inputs
-   (:func:`disco_estimator.ops.random_inputs`: floats in [0.5, 2), small integers; index
+   (:func:`disco_estimator.ops.standalone.random_inputs`: floats in [0.5, 2), small integers; index
    operands of gather/scatter/dynamic-(update-)slice are 0, always in bounds) and timed
    by :func:`disco_estimator.ops.timer` (``warmup`` untraced runs, ``repeats`` traced
    runs, the median kept; on the CPU backend in a child process pinned to one CPU, as
@@ -92,8 +92,8 @@ __all__ = [
 
 #: Version of how samples are drawn, built and timed (part of the file name). 2: samples
 #: carry their ``kind``; XLA's own fusions are a source. 3: timed in a process pinned to
-#: one CPU (:class:`~disco_estimator.ops.PinnedTimer`; v2's unpinned timings of the same op
-#: swung by up to 10x from one batch of runs to the next).
+#: one CPU (:class:`~disco_estimator.ops.standalone.PinnedTimer`; v2's unpinned timings of
+#: the same op swung by up to 10x from one batch of runs to the next).
 DATASET_VERSION = 3
 #: Kinds of samples: groups of random plans, XLA's own fusions (both timed standalone,
 #: drawn by :func:`generate`), fused ops timed in whole-program traces
@@ -290,7 +290,7 @@ def buildable(graph: DeviceGraph, members: Sequence[int]) -> bool:
 
 
 def node_arrays(graph: DeviceGraph, time_s: np.ndarray, free: np.ndarray) -> NodeCosts:
-    """The node arrays the features read, built as ``disco_jax.costs.cost_model.GraphCosts``
+    """The node arrays the features read, built as ``disco_estimator.costs.cost_model.GraphCosts``
     builds them (reads of slice-like ops capped at their result, ops without a kernel
     read nothing); the whole time is put in ``compute_s``.
 
@@ -463,7 +463,7 @@ def generate(modules: Sequence[tuple[str, str]], *, kind: str = "plan", per_modu
         directory: dataset directory (default: ``cache_dir("gnn")``).
         progress: print progress on stderr (default: when it is a terminal).
         pinned: time members and fused ops in a child pinned to one CPU (default:
-            :func:`disco_estimator.ops.pinned_timing`: on the CPU backend, yes).
+            :func:`disco_estimator.ops.standalone.pinned_timing`: on the CPU backend, yes).
 
     Returns:
         ``(dataset file, samples added)``.
@@ -527,7 +527,7 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
     """Times fusion groups as standalone fused ops, the way the dataset's samples are.
 
     Each group is built by :func:`fused_module`, compiled with XLA's fusion passes off,
-    fed :func:`disco_estimator.ops.random_inputs` and timed (median of ``repeats`` traced
+    fed :func:`disco_estimator.ops.standalone.random_inputs` and timed (median of ``repeats`` traced
     runs) by :func:`disco_estimator.ops.timer`: on the CPU backend in a process pinned to
     one CPU.
 
@@ -539,7 +539,7 @@ def measure_groups(groups: Sequence[tuple[DeviceGraph, Sequence[int], Sequence[i
         warmup: untraced runs first.
         replicas: devices running each at once.
         pinned: time in a child pinned to one CPU (default:
-            :func:`disco_estimator.ops.pinned_timing`).
+            :func:`disco_estimator.ops.standalone.pinned_timing`).
 
     Returns:
         Per group ``{"time_s", "p25_s", "p75_s", "samples"}`` (seconds), or

@@ -40,7 +40,7 @@ class GnnFusedEstimator:
         params: parameters of :class:`~disco_estimator.gnn.model.FusedOpGnn`.
         config: its sizes.
         source: gives the :class:`~disco_estimator.interface.NodeCosts` of a graph (the member
-            times), e.g. ``disco_jax.costs.cost_model.CostModel``; may be set later with
+            times), e.g. ``disco_estimator.costs.cost_model.CostModel``; may be set later with
             :meth:`bind` (a cost model that needs the estimator at construction).
         chunk: fused ops per forward pass (511 fills the 512-graph bucket with the
             padding graph).

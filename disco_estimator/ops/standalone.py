@@ -34,7 +34,7 @@ effects, and ``fusion`` (a fusion's time is always predicted from its members, n
 measured). Ops that run no kernel (parameters,
 constants, tuples, ``get-tuple-element``, ``bitcast``, and ``reshape``, which XLA:CPU
 turns into a bitcast under its default layouts) cost zero. Both fall back to the
-analytic model of :mod:`disco_estimator.ops.table` (see ``disco_jax.costs.cost_model``).
+analytic model of :mod:`disco_estimator.ops.table` (see ``disco_estimator.costs.cost_model``).
 
 Timings are cached on disk per backend (:mod:`disco_estimator.ops.cache`).
 

@@ -64,8 +64,8 @@ __all__ = [
 ]
 
 #: Chrome-trace ``tid`` of compute kernels, in the trace layout shared by measured traces
-#: (:func:`measured_chrome_trace`) and simulated ones (``disco_jax.costs.trace``, which takes
-#: its thread ids from here).
+#: (:func:`measured_chrome_trace`) and simulated ones (``disco_estimator.costs.trace``, which
+#: takes its thread ids from here).
 COMPUTE_TID = 0
 #: Chrome-trace ``tid`` of collectives (communication), in the same layout.
 COMM_TID = 1
@@ -214,16 +214,17 @@ def _iteration_spans(events: Sequence[OpEvent]) -> list[float]:
 def measured_chrome_trace(events: Sequence[OpEvent], *, run_id: str | None = None,
                           comm: Iterable[str] | None = None, label: str | None = None,
                           pid_offset: int = 0) -> dict[str, Any]:
-    """One measured iteration as a Chrome trace in :mod:`disco_jax.costs.trace`'s format.
+    """One measured iteration as a Chrome trace in :mod:`disco_estimator.costs.trace`'s format.
 
-    The result has the layout of a simulated trace (``disco_jax.costs.trace.to_chrome_trace``),
-    so that both can be opened side by side: one trace process per device (``pid`` =
-    ``pid_offset`` + device ordinal), ``tid`` 0 for compute kernels and ``tid`` 1 for
-    collectives, times in microseconds from the start of the iteration, and the same
-    ``otherData`` keys (``iteration_us``, ``compute_us``, ``comm_us``, ``overlap_us``).
-    XLA:CPU may run independent kernels at the same time; a kernel that starts before
-    the previous one on its device has ended goes on ``tid`` 2, 3, ... ("compute
-    (concurrent)"), so that no thread holds partially overlapping events.
+    The result has the layout of a simulated trace
+    (``disco_estimator.costs.trace.to_chrome_trace``), so that both can be opened side by
+    side: one trace process per device (``pid`` = ``pid_offset`` + device ordinal), ``tid``
+    0 for compute kernels and ``tid`` 1 for collectives, times in microseconds from the
+    start of the iteration, and the same ``otherData`` keys (``iteration_us``,
+    ``compute_us``, ``comm_us``, ``overlap_us``). XLA:CPU may run independent kernels at
+    the same time; a kernel that starts before the previous one on its device has ended
+    goes on ``tid`` 2, 3, ... ("compute (concurrent)"), so that no thread holds partially
+    overlapping events.
 
     Args:
         events: instruction events of one program (:func:`op_events`, one module).
@@ -275,7 +276,7 @@ def _lane(ends: list[float], start: float, end: float, compute_tid: int) -> int:
 
 def _trace_metadata(evs: Sequence[OpEvent], lanes: Mapping[int, list[float]], pid_offset: int,
                     label: str | None, compute_tid: int, comm_tid: int) -> list[dict[str, Any]]:
-    """"M" events naming each device's process and threads (as disco_jax.costs.trace does)."""
+    """"M" events naming each device's process and threads (as disco_estimator.costs.trace does)."""
     meta: list[dict[str, Any]] = []
     for dev in sorted({e.device for e in evs}):
         pid = pid_offset + dev

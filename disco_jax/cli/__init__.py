@@ -4,7 +4,9 @@ Each subcommand lives in its own module of this package (``disco_jax/cli/<name>.
 exposing ``register(subparsers)``, which adds its parser and sets ``func`` to a function
 taking the parsed arguments and returning the exit code. Adding a subcommand is adding
 its module and its name to :data:`SUBCOMMANDS`. User errors raise :class:`UserError`
-and are printed without a traceback (exit code :data:`EXIT_USAGE`).
+and are printed without a traceback (exit code :data:`EXIT_USAGE`). Two modules are no
+subcommand: :mod:`disco_jax.cli.inputs` reads input files, :mod:`disco_jax.cli.options`
+holds the options, input checks and cost model of the commands that cost a module.
 
 The ``disco`` console script, ``python -m disco_jax`` and ``python -m disco_jax.cli`` run
 :func:`main`.

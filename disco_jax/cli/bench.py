@@ -54,7 +54,7 @@ BASELINE_KEYS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "b
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bench`` subcommand."""
     from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES
-    from disco_jax.cli.simulate import add_fused_estimator_argument
+    from disco_jax.cli.options import add_fused_estimator_argument
     from disco_jax.pipeline.bench import SETUPS
 
     parser = subparsers.add_parser(
@@ -142,7 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from disco_estimator.hardware import load_hardware
     from disco_jax import zoo
     from disco_jax.cli import UserError
-    from disco_jax.cli.simulate import fused_choice
+    from disco_jax.cli.options import fused_choice
     from disco_jax.pipeline.bench import SETUPS, run_job
     from disco_jax.pipeline.search import load_config
     from hlo_tools.dirs import write_atomic

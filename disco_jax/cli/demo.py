@@ -42,7 +42,7 @@ DEVICES = 4
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``demo`` subcommand."""
-    from disco_jax.cli.simulate import add_fused_estimator_argument
+    from disco_jax.cli.options import add_fused_estimator_argument
 
     parser = subparsers.add_parser(
         "demo", help="optimize a bundled zoo train step and compare with XLA's default",
@@ -75,7 +75,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from disco_jax import zoo
     from disco_jax.cli import UserError
     from disco_jax.cli.bench import TABLE_LEGEND, render_table
-    from disco_jax.cli.simulate import fused_choice
+    from disco_jax.cli.options import fused_choice
     from disco_jax.pipeline.bench import bench_row
 
     if len(jax.devices()) < DEVICES:
@@ -112,8 +112,8 @@ def _product_path(args: argparse.Namespace, table_choice: str) -> None:
     import jax
     import numpy as np
 
+    from disco_estimator.costs.fused_choice import FUSED_ESTIMATOR_ENV
     from disco_jax import zoo
-    from disco_jax.costs.fused_choice import FUSED_ESTIMATOR_ENV
     from disco_jax.jit import FLAG_ENV, jit
 
     step, step_args = zoo.get(args.model)(DEVICES, args.size)

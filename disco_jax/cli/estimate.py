@@ -31,7 +31,7 @@ import sys
 from typing import Any
 
 from disco_jax.cli import UserError
-from disco_jax.cli.simulate import (
+from disco_jax.cli.options import (
     add_cost_model_arguments,
     check_arguments,
     cost_model,
@@ -96,7 +96,7 @@ def estimate_fusions(module: Any, graph: Any, costs: Any, gnn: Any = None,
     Args:
         module: the module.
         graph: its per-device graph.
-        costs: the :class:`~disco_jax.costs.cost_model.CostModel` giving the member times.
+        costs: the :class:`~disco_estimator.costs.cost_model.CostModel` giving the member times.
         gnn: a :class:`~disco_estimator.gnn.estimator.GnnFusedEstimator`, or None.
         measure: also time each fusion standalone
             (:func:`disco_estimator.gnn.dataset.measure_groups`).

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from disco_jax.cli import EXIT_INTERRUPTED, UserError
-from disco_jax.cli.simulate import (
+from disco_jax.cli.options import (
     add_cost_model_arguments,
     add_fused_estimator_argument,
     add_gnn_argument,
@@ -57,6 +57,7 @@ from disco_jax.cli.simulate import (
     fused_choice,
     fused_line,
     in_context_line,
+    load_hardware_file,
     load_module,
 )
 from disco_jax.units import format_bytes
@@ -374,7 +375,6 @@ def _route(args: argparse.Namespace) -> Any:
     """How plans reach the hardware file's backend (:func:`hlo_tools.jax_bridge.known_route`:
     probed when this process runs that backend); a note on stderr when the plans can hold
     AllReduce buckets only."""
-    from disco_jax.cli.simulate import load_hardware_file
     from hlo_tools.jax_bridge import EXACT, known_route
 
     backend = str(load_hardware_file(args.hardware).hardware.get("backend", "cpu"))
@@ -417,7 +417,7 @@ def _enactment(args: argparse.Namespace, module: Any, graph: Any, plan: Any,
 
 
 def _report(args: argparse.Namespace, graph: Any, outcome: Any, costs: Any) -> dict[str, Any]:
-    from disco_jax.costs.lower import simulate_plan
+    from disco_estimator.costs.lower import simulate_plan
     from hlo_tools.plan import initial_plan
 
     fusions, buckets = _fusions_and_buckets(graph, outcome.plan)

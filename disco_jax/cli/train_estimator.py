@@ -19,7 +19,7 @@ the dataset's backend fingerprint and the training notes.
 dataset of this backend (:mod:`disco_estimator.gnn.local`: fused ops timed in context),
 holds out :data:`LOCAL_HELD_OUT` of it (:func:`~disco_estimator.gnn.local.held_out_split`)
 and writes the result to :func:`~disco_estimator.gnn.local.local_checkpoint_path` -- where
-``--fused-estimator gnn`` finds it (:mod:`disco_jax.costs.fused_choice`) -- only when its
+``--fused-estimator gnn`` finds it (:mod:`disco_estimator.costs.fused_choice`) -- only when its
 held-out mean squared log error is below the base's.
 
 The report compares the GNN with the fallback rule
@@ -210,8 +210,8 @@ def _check_arguments(args: argparse.Namespace) -> list[str]:
 
 def _constants(spec: str) -> Any:
     """The fallback rule's backend constants of hardware file ``spec``."""
+    from disco_estimator.costs.cost_model import BackendConstants
     from disco_estimator.hardware import HardwareError, load_hardware
-    from disco_jax.costs.cost_model import BackendConstants
 
     try:
         return BackendConstants.from_hardware(load_hardware(spec))
@@ -459,7 +459,7 @@ def _run_local(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserError(f"{out}: cannot write: {err.strerror or err}") from None
     else:
-        from disco_jax.costs.fused_choice import choose_fused_estimator
+        from disco_estimator.costs.fused_choice import choose_fused_estimator
 
         report["in_use"] = choose_fused_estimator(
             "gnn", platform=fingerprint["platform"], fingerprint=fingerprint).checkpoint

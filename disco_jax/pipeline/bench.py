@@ -216,9 +216,13 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
     """Step 7's predictions: a function of a cost model giving the six programs' (and
     ``fo``) and the final choice's candidates' predicted seconds, XLA's programs parsed
     once for every model."""
-    from disco_jax.costs.lower import sim_graph, sim_graph_from_module, simulate_plan
-    from disco_jax.costs.simulator import full_overlap_bound
-    from disco_jax.pipeline.fit import predict_module
+    from disco_estimator.costs.lower import (
+        predict_module,
+        sim_graph,
+        sim_graph_from_module,
+        simulate_plan,
+    )
+    from disco_estimator.costs.simulator import full_overlap_bound
     from hlo_tools import baselines as bl
 
     cands, graph, name = details.candidates, details.program.graph, details.choice.name
@@ -264,7 +268,7 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
 def _fused_choice(spec: Mapping[str, Any]) -> Any:
     """The job's fused-op estimator: the GNN of ``spec["gnn"]`` (a checkpoint), else the
     fallback rule (``disco bench`` resolved the user's choice to a checkpoint or none)."""
-    from disco_jax.costs.fused_choice import choose_fused_estimator
+    from disco_estimator.costs.fused_choice import choose_fused_estimator
 
     if spec.get("gnn"):
         return choose_fused_estimator("gnn", checkpoint=spec["gnn"], origin="the job")
@@ -382,7 +386,7 @@ def predict_row(spec: Mapping[str, Any]) -> dict[str, Any]:
     process's devices (host devices will do: nothing is run but the op timings)."""
     import jax
 
-    from disco_jax.pipeline.fit import predict_module
+    from disco_estimator.costs.lower import predict_module
     from disco_jax.pipeline.optimize import predict_step
     from hlo_tools import baselines as bl
 

@@ -267,9 +267,9 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     Args:
         program: the train step, lowered and parsed.
         entries: bucket counts, ``"plan"`` (the buckets of ``plans["plan_0"]``) and
-            ``"auto"``: the staged cost model (:mod:`disco_jax.costs.staged_cost`) fitted
+            ``"auto"``: the staged cost model (:mod:`disco_estimator.costs.staged_cost`) fitted
             on one staged step measured here (after its self-test), then the ``top`` best
-            predicted bucketings of :func:`~disco_jax.costs.staged_cost.layouts`, the best
+            predicted bucketings of :func:`~disco_estimator.costs.staged_cost.layouts`, the best
             one predicted with the streams not sharing the CPU (overlap 1) when it is not
             among them: the fitted overlap also absorbs what is not overlap (the step's
             fixed tail), so the fully overlapped ranking is measured too.
@@ -290,7 +290,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     import jax
     import numpy as np
 
-    from disco_jax.costs.staged_cost import fit_staged_costs, layouts, predict_layouts
+    from disco_estimator.costs.staged_cost import fit_staged_costs, layouts, predict_layouts
     from disco_jax.enactment.staged import CHUNK_BYTES, staged_step
     from disco_jax.pipeline.choose import measure
     from hlo_tools import plan as P

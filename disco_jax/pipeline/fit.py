@@ -10,11 +10,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import hlo_tools
+from disco_estimator.costs.cost_model import CostModel, cover
+from disco_estimator.costs.lower import simulated_s
 from disco_estimator.hardware import HardwareConfig
 from disco_estimator.interface import FallbackFusedEstimator
-from disco_estimator.ops import OpProfile, bench_ops, benchable_ops
+from disco_estimator.ops import OpProfile, bench_ops
 from disco_estimator.probes import tuple_buffer_latency
-from disco_jax.costs.cost_model import CostModel
 from disco_jax.pipeline.profile import CompiledInContext, InContext
 from hlo_tools.ir import HloInstruction, HloModule
 
@@ -28,11 +29,8 @@ __all__ = [
     "bucket_copy_rate",
     "calibrate_in_context",
     "compiled_in_context_costs",
-    "cover",
     "default_hardware",
     "in_context_costs",
-    "predict_module",
-    "simulated_s",
 ]
 
 
@@ -102,18 +100,6 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
     return calibrate_in_context(costs, module, measured, bench=bench)
 
 
-def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
-    """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
-    e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
-    runs them; returns how many were added."""
-    todo = [instr for key, (instr, _) in benchable_ops(module).items()
-            if key not in costs.op_times.times]
-    if not todo:
-        return 0
-    return costs.op_times.add_timings(bench_ops(module, todo, replicas=1,
-                                                progress=progress))
-
-
 class Calibration(NamedTuple):
     """What :func:`calibrate_in_context` fitted.
 
@@ -181,7 +167,7 @@ def bucket_copy_rate(costs: CostModel, module: HloModule) -> float | None:
     """Seconds per byte of the bucket copies of ``module`` (:func:`bucket_copies`) as
     profiled in context: ``sum(t - L) / sum(2 * bytes)`` over those with a profiled time
     (each reads and writes its bytes once; ``L`` the per-kernel launch cost, as in
-    :meth:`~disco_jax.costs.cost_model.CostModel.copy_time`), clamped to
+    :meth:`~disco_estimator.costs.cost_model.CostModel.copy_time`), clamped to
     :data:`COPY_RATE_BOUNDS`. None: no copy was profiled."""
     view = costs.view(module)
     launch = costs.constants.kernel_launch_s
@@ -212,7 +198,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        ``(scale, D)``: finite differences give the 2x2 system, solved once and refined
        once; the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
        ``[0, 1 s]``. ``C`` (seconds per byte) stays the file's.
-    2. The fused-op scale (:attr:`~disco_jax.costs.cost_model.BackendConstants.fused_scale`),
+    2. The fused-op scale (:attr:`~disco_estimator.costs.cost_model.BackendConstants.fused_scale`),
        from XLA's fused compilation of the one-bucket program, when it was measured: the
        same collective and the same computation as the second program, fused as XLA
        fuses, so what its time differs by is how fast fused kernels run here. Its
@@ -229,15 +215,15 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        gloo2 where the probe and XLA's default's traced all-reduce both show
        0.17 ms, and XLA's default came out 20-40% too slow.)
     4. The bucket copies' seconds per byte
-       (:attr:`~disco_jax.costs.cost_model.BackendConstants.copy_s_per_byte`), from the
+       (:attr:`~disco_estimator.costs.cost_model.BackendConstants.copy_s_per_byte`), from the
        one-bucket program's profile (:func:`bucket_copy_rate`) when it was taken; set
        before 1-3, which price that program's copies. The default per-byte cost priced
        autoencoder's 2.5 MB flat buffer at 2.5 times its traced 0.2 ms, which the fit of
        the compute scale then took out of every kernel.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
-    standalone first (:func:`cover`, before any fit, so that every fit sees the same op
-    times).
+    standalone first (:func:`~disco_estimator.costs.cost_model.cover`, before any fit, so
+    that every fit sees the same op times).
 
     Returns:
         The calibrated cost model (same op times) and the :class:`Calibration`.
@@ -370,21 +356,3 @@ def _fit_affine(time_at: Callable[[float], float], want: float, x: float,
             break
         x = float(min(max(x + (want - base) / slope, lo), hi))
     return x, time_at(x)
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-def predict_module(module: HloModule, costs: CostModel) -> float:
-    """Predicted seconds per iteration of a module as written (e.g. XLA's compiled
-    program), its ops the profile lacks timed standalone first (:func:`cover`)."""
-    cover(costs, module)
-    return simulated_s(module, costs)
-
-
-def simulated_s(module: HloModule, costs: CostModel) -> float:
-    """Simulated seconds per iteration of ``module`` as written, under ``costs``."""
-    from disco_jax.costs.lower import sim_graph_from_module
-    from disco_jax.costs.simulator import simulate
-
-    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s

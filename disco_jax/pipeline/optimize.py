@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from disco_jax.pipeline.sync import SOLO, Sync
 
 if TYPE_CHECKING:
-    from disco_jax.costs.fused_choice import FusedChoice
+    from disco_estimator.costs.fused_choice import FusedChoice
     from disco_jax.pipeline.candidates import Candidates
     from disco_jax.pipeline.choose import Choice
     from disco_jax.pipeline.profile import InContext
@@ -81,7 +81,7 @@ class OptimizeReport(NamedTuple):
         calibration: the in-context fit (None on processes other than 0).
         seconds: wall seconds of each phase and ``total``.
         fused_estimator: the fused-op estimator of the cost model
-            (:meth:`~disco_jax.costs.fused_choice.FusedChoice.to_json`: name, checkpoint,
+            (:meth:`~disco_estimator.costs.fused_choice.FusedChoice.to_json`: name, checkpoint,
             its sha256).
     """
 
@@ -153,7 +153,7 @@ def _predictions(cands: Any, runs: Mapping[str, Any], searched: Any, costs: Any,
     """Every candidate's (``runs``') predicted seconds: the search's for its plans, the
     staged cost model's for staged programs, and (``baselines``) the simulation of XLA's
     compiled program for hand bucketing, XLA's default and op fusion."""
-    from disco_jax.pipeline.fit import predict_module
+    from disco_estimator.costs.lower import predict_module
     from hlo_tools import baselines as bl
 
     predicted: dict[str, float | None] = {name: None for name in runs}
@@ -258,7 +258,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         search_s: the search's own limit, seconds, within its share of the budget (None:
             ``configs/search.toml``'s).
         fused_estimator: the cost model's fused-op estimator (None:
-            :func:`~disco_jax.costs.fused_choice.choose_fused_estimator` for the step's
+            :func:`~disco_estimator.costs.fused_choice.choose_fused_estimator` for the step's
             platform: ``$DISCO_FUSED_ESTIMATOR``, else the default).
         progress: called with a line per phase (None: silent).
         extra_baselines: more of XLA's baselines to compile
@@ -287,7 +287,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     """
     import jax
 
-    from disco_jax.costs.fused_choice import choose_fused_estimator
+    from disco_estimator.costs.fused_choice import choose_fused_estimator
     from disco_jax.pipeline.budget import Budget
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, decide, measure
@@ -449,7 +449,7 @@ def predict_step(step: Callable[..., Any], args: Sequence[Any], hardware: str, *
     Raises:
         ValueError: the step has no gradient all-reduce to optimize.
     """
-    from disco_jax.costs.cost_model import CostModel
+    from disco_estimator.costs.cost_model import CostModel
     from disco_jax.pipeline.program import lower_program
     from disco_jax.pipeline.search import search
 

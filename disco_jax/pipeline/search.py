@@ -10,7 +10,7 @@ time budget is spent, or when the caller's ``stop`` callable says so (``disco op
 sets it on SIGINT/SIGTERM): the best plan so far is the result in every case.
 
 A memory budget (``memory_budget_bytes``) refuses every plan whose predicted peak memory
-(the simulator's live-range estimate, :attr:`disco_jax.costs.simulator.SimResult.peak_bytes`)
+(the simulator's live-range estimate, :attr:`disco_estimator.costs.simulator.SimResult.peak_bytes`)
 exceeds it: such a plan costs infinity, so it is never the best, never among the ``top``
 plans and never queued; the refusals are counted (:attr:`SearchStats.over_budget`). Duplicate
 fusion keeps a duplicated producer's operands live until the last copy runs, so a plan
@@ -46,9 +46,9 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from disco_jax.costs.cost_model import CostModel
-from disco_jax.costs.lower import sim_graph
-from disco_jax.costs.simulator import full_overlap_bound, simulate
+from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.lower import sim_graph
+from disco_estimator.costs.simulator import full_overlap_bound, simulate
 from disco_jax.pipeline.sync import SOLO, Sync
 from disco_jax.units import format_bytes
 from hlo_tools import plan as P
@@ -207,7 +207,7 @@ class SearchOutcome(NamedTuple):
             ``math.inf``: refused, over the memory budget).
         best_start: name of the cheapest start plan.
         fo_bound_s: full-overlap bound of the best plan
-            (:func:`disco_jax.costs.simulator.full_overlap_bound` of its SimGraph), seconds.
+            (:func:`disco_estimator.costs.simulator.full_overlap_bound` of its SimGraph), seconds.
         stats: the :class:`SearchStats`.
         config: the parameters the search ran with.
         seed: the seed it ran with.
@@ -418,8 +418,8 @@ def search(graph: DeviceGraph, costs: CostModel, *, seed: int = 0,
            ) -> SearchOutcome:
     """Searches the plan of ``graph`` with the lowest predicted iteration time.
 
-    The cost of a plan is :func:`disco_jax.costs.simulator.simulate` of its
-    :func:`disco_jax.costs.lower.sim_graph` with the cost model's overlap.
+    The cost of a plan is :func:`disco_estimator.costs.simulator.simulate` of its
+    :func:`disco_estimator.costs.lower.sim_graph` with the cost model's overlap.
 
     Args:
         graph: the per-device graph (:func:`hlo_tools.device_graph`).

@@ -519,7 +519,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 #: The C kernel, built by :mod:`hlo_tools.native` on first use.
 KERNEL = native.SharedLibrary(_C_SOURCE, "simkernel", _CFLAGS, setup=_declare,
-                              owner="disco_jax simulator", fallback="simulator", stacklevel=4)
+                              owner="disco_estimator simulator", fallback="simulator", stacklevel=4)
 _load_kernel = KERNEL.load
 
 
@@ -559,7 +559,7 @@ def _run_c(
         ctypes.addressof(peak),
     )
     if rc == 1:
-        raise MemoryError("disco_jax simulator kernel: out of memory")
+        raise MemoryError("disco_estimator simulator kernel: out of memory")
     if rc != 0:
         raise ValueError("SimGraph has nodes that never became ready (not a DAG?)")
     return _Raw(start, finish, free, overlap.value, peak.value)

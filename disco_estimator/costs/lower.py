@@ -1,10 +1,10 @@
 """Plans to simulator graphs: a plan over a :class:`~hlo_tools.graph.DeviceGraph`, or a
-module as written, becomes a :class:`~disco_jax.costs.simulator.SimGraph`.
+module as written, becomes a :class:`~disco_estimator.costs.simulator.SimGraph`.
 
 :func:`sim_graph` turns a plan into a SimGraph -- one node per group in the plan's
 schedule order -- and is on the search's hot path: everything that does not depend on
 the plan is computed once per graph in the cost model's
-:class:`~disco_jax.costs.cost_model.GraphCosts`, fused-op estimates are cached by group, and
+:class:`~disco_estimator.costs.cost_model.GraphCosts`, fused-op estimates are cached by group, and
 the per-plan work is a handful of numpy passes over the N nodes.
 :func:`sim_graph_from_module` simulates a module *as written* (e.g. XLA's own plan from
 ``lowered.compile().as_text()``): every instruction is a kernel, ``fusion``
@@ -12,7 +12,9 @@ instructions are predicted by the fused-op estimator from their fused computatio
 (never measured as fusions), and all-reduces -- also tuple-shaped ones from XLA's
 combiner, and ``all-reduce-start``/``-done`` -- are communication nodes.
 :func:`simulate_plan` costs a plan: its SimGraph through
-:func:`disco_jax.costs.simulator.simulate`.
+:func:`disco_estimator.costs.simulator.simulate`; :func:`simulated_s` a module as written,
+and :func:`predict_module` the same with the ops the cost model has no time for timed
+standalone first.
 
 Times are seconds and sizes bytes throughout.
 """
@@ -23,13 +25,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from disco_jax.costs.cost_model import CostModel, GraphCosts
-from disco_jax.costs.simulator import SimGraph, SimResult, simulate
+from disco_estimator.costs.cost_model import CostModel, GraphCosts, cover
+from disco_estimator.costs.simulator import SimGraph, SimResult, simulate
 from hlo_tools.graph import DeviceGraph, device_graph
 from hlo_tools.ir import HloModule
 from hlo_tools.plan import Plan, initial_plan
 
-__all__ = ["sim_graph", "sim_graph_from_module", "simulate_plan"]
+__all__ = ["predict_module", "sim_graph", "sim_graph_from_module", "simulate_plan",
+           "simulated_s"]
 
 
 def _runs(plan: Plan, n: int) -> tuple[np.ndarray, ...]:
@@ -57,12 +60,12 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
       writes it, a compute node concatenating the gradients into a flat buffer, one
       communication node ``T = C * bytes + D`` for the whole buffer, and k compute nodes
       slicing each gradient back out (the reshapes are bitcasts); the copies are priced
-      by :meth:`~disco_jax.costs.cost_model.CostModel.copy_time`.
+      by :meth:`~disco_estimator.costs.cost_model.CostModel.copy_time`.
 
     Dependencies follow the plan's group-contracted graph. Parameters and constants are
     zero-time nodes whose bytes are persistent; tuples, ``get-tuple-element``, bitcasts
     and reshapes take no time and no memory. Every compute duration is multiplied by
-    :attr:`~disco_jax.costs.cost_model.BackendConstants.compute_scale`. Groups that duplicate
+    :attr:`~disco_estimator.costs.cost_model.BackendConstants.compute_scale`. Groups that duplicate
     fusion left without readers (every reader holds its own copy) cost nothing: XLA
     deletes them.
 
@@ -72,7 +75,7 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
 
     Cost: a few numpy passes over the N nodes and E edges plus a dict lookup per fusion
     group (fused-op estimates are cached per group in the graph's
-    :class:`~disco_jax.costs.cost_model.GraphCosts`).
+    :class:`~disco_estimator.costs.cost_model.GraphCosts`).
 
     Args:
         graph: the per-device graph.
@@ -308,3 +311,16 @@ def simulate_plan(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimResult
     """Simulates ``plan`` with the cost model's overlap phi (no graph check: the SimGraph
     of :func:`sim_graph` is valid by construction)."""
     return simulate(sim_graph(graph, plan, costs), costs.overlap, check=False)
+
+
+def simulated_s(module: HloModule, costs: CostModel) -> float:
+    """Simulated seconds per iteration of ``module`` as written, under ``costs``."""
+    return simulate(sim_graph_from_module(module, costs), costs.overlap).iteration_s
+
+
+def predict_module(module: HloModule, costs: CostModel) -> float:
+    """Predicted seconds per iteration of a module as written (e.g. XLA's compiled
+    program), its ops the profile lacks timed standalone first
+    (:func:`~disco_estimator.costs.cost_model.cover`)."""
+    cover(costs, module)
+    return simulated_s(module, costs)

@@ -21,7 +21,7 @@ A :class:`CostModel` gathers everything needed to cost a plan on one backend:
 Everything about a graph that no plan changes is computed once per graph in a
 :class:`GraphCosts` (node times, bytes, operand CSR, the fallback rule's
 :class:`~disco_estimator.interface.NodeCosts`, and a cache of fused-op estimates by group).
-:mod:`disco_jax.costs.lower` turns plans into simulator graphs with it.
+:mod:`disco_estimator.costs.lower` turns plans into simulator graphs with it.
 
 Times are seconds and sizes bytes throughout.
 """
@@ -50,6 +50,7 @@ from disco_estimator.ops import (
     OpTimes,
     ProgramProfile,
     bench_ops,
+    benchable_ops,
     library_computations,
     module_view,
     op_status,
@@ -64,6 +65,7 @@ __all__ = [
     "BackendConstants",
     "CostModel",
     "GraphCosts",
+    "cover",
 ]
 
 _K = TypeVar("_K")
@@ -120,7 +122,7 @@ class BackendConstants:
     Read from the optional ``[costs]`` table of a hardware file::
 
         [costs]
-        overlap = 0.0             # phi of disco_jax.costs.simulator, in [0, 1]
+        overlap = 0.0             # phi of disco_estimator.costs.simulator, in [0, 1]
         kernel_launch_s = 1e-6    # fixed cost of one kernel (thunk), seconds
         mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
         compute_scale = 2.0       # factor on every kernel time in the simulation
@@ -642,3 +644,13 @@ class CostModel:
                               "d_tuple_extra_s": self.hardware.allreduce.d_tuple_extra_s}}
 
 
+def cover(costs: CostModel, module: HloModule, progress: bool | None = False) -> int:
+    """Times standalone (cached) the ops of ``module`` that ``costs`` has no time for --
+    e.g. the ops of XLA's compiled plans, inside its library fusions timed as the library
+    runs them; returns how many were added."""
+    todo = [instr for key, (instr, _) in benchable_ops(module).items()
+            if key not in costs.op_times.times]
+    if not todo:
+        return 0
+    return costs.op_times.add_timings(bench_ops(module, todo, replicas=1,
+                                                progress=progress))

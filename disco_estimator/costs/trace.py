@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from disco_estimator.costs.simulator import SimGraph, SimResult
 from disco_estimator.ops import COMM_TID, COMPUTE_TID
-from disco_jax.costs.simulator import SimGraph, SimResult
 from hlo_tools.dirs import write_atomic
 
 __all__ = ["COMPUTE_TID", "COMM_TID", "to_chrome_trace", "write_trace"]

@@ -4,8 +4,8 @@ A staged step (:mod:`disco_jax.enactment.staged`) is exactly the paper's two-res
 coarser grain: its compute stages run in order on the compute stream, each bucket's
 all-reduce on the communication channel once the stage that outputs it has run, and
 each post stage after the buckets it reads. :func:`staged_graph` writes that as a
-:class:`~disco_jax.costs.simulator.SimGraph` and :func:`disco_jax.costs.simulator.simulate` prices
-it, with
+:class:`~disco_estimator.costs.simulator.SimGraph` and
+:func:`disco_estimator.costs.simulator.simulate` prices it, with
 
 * a stage's time: ``compute_scale * (sum of its nodes' cost-model times) + stage_s``
   (XLA fuses inside a stage, hence a scale; ``stage_s`` is the dispatch cost of one
@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco_jax.costs.simulator import SimGraph, full_overlap_bound, simulate
+from disco_estimator.costs.simulator import SimGraph, full_overlap_bound, simulate
 from hlo_tools.graph import DeviceGraph
 from hlo_tools.ir import ELEMENT_BYTES, HloModule
 from hlo_tools.stages import StageAssignment, assign_stages
@@ -144,7 +144,7 @@ class LayoutPrediction(NamedTuple):
             what staging could reach with the first stage hiding nothing.
         fo_bound_s: the full-overlap bound of the staged program: the larger of its
             stages' and its buckets' summed seconds, with every dependency ignored
-            (:func:`disco_jax.costs.simulator.full_overlap_bound`); at most ``unshared_s``.
+            (:func:`disco_estimator.costs.simulator.full_overlap_bound`); at most ``unshared_s``.
     """
 
     fitted_s: float

@@ -1,5 +1,5 @@
 
-/* disco_jax simulator kernel; mirrors simulator._schedule_python expression by expression. */
+/* disco_estimator simulator kernel; mirrors simulator._schedule_python expression by expression. */
 #include <stdint.h>
 #include <stdlib.h>
 

@@ -2,7 +2,7 @@
 
 Given measured per-iteration times of several programs (plans, XLA's default, ...) and a
 way to predict them for any set of constants, this module fits the backend constants
-of :class:`~disco_jax.costs.cost_model.BackendConstants` together with the AllReduce model
+of :class:`~disco_estimator.costs.cost_model.BackendConstants` together with the AllReduce model
 ``T = C * bytes + D`` by minimizing the mean absolute percentage error (each case --
 e.g. one model -- weighted equally), and writes the result as the text of a hardware
 file. It holds:
@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from disco_jax.costs.cost_model import BackendConstants
+from disco_estimator.costs.cost_model import BackendConstants
 
 __all__ = [
     "BOUNDS",
@@ -58,7 +58,7 @@ FREE_ALL = ("overlap", "compute_scale", "c_s_per_byte", "d_s")
 
 @dataclasses.dataclass(frozen=True)
 class Constants:
-    """Backend constants (see :class:`~disco_jax.costs.cost_model.BackendConstants`) with the
+    """Backend constants (see :class:`~disco_estimator.costs.cost_model.BackendConstants`) with the
     AllReduce model ``T = c_s_per_byte * bytes + d_s``.
 
     Attributes:
