@@ -11,8 +11,9 @@ This module holds:
 * :class:`NodeCosts`, the per-node arrays of a graph that the fallback rule reads
   (the cost model computes them once per graph);
 * the fallback rule itself: :func:`split_times` (each node's measured time split into
-  launch, memory and compute parts; :func:`moves_data` says which ops compute nothing) and :func:`fallback_fused_time` (the time of a
-  group from those parts), as pure functions over :class:`NodeCosts`;
+  launch, memory and compute parts; :func:`moves_data` says which ops compute nothing)
+  and :func:`fallback_fused_time` (the time of a group from those parts), as pure
+  functions over :class:`NodeCosts`;
 * :class:`FallbackFusedEstimator`, the rule as an estimator over any
   :class:`NodeCostSource` (an object with ``node_costs(graph)``, e.g.
   ``disco_estimator.costs.cost_model.CostModel``).
