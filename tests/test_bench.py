@@ -257,6 +257,7 @@ def test_disco_bench_in_one_process(tmp_path):
     assert "vgg" in proc.stdout and "DisCo/best" in proc.stdout
 
 
+@pytest.mark.slow
 def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     out = tmp_path / "bench.json"
     proc = _disco("bench", "--models", "vgg", "--setups", "gloo2", "--size", "tiny",

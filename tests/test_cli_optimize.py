@@ -107,7 +107,8 @@ def test_bad_output_and_options(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hlo"]
 
 
-@pytest.mark.parametrize("staged", [None, pytest.param("2", marks=pytest.mark.slow), "plan"])
+@pytest.mark.parametrize("staged", [None, pytest.param("2", marks=pytest.mark.slow),
+                                    pytest.param("plan", marks=pytest.mark.slow)])
 def test_enactment_file_builds_and_matches_jit(staged, tmp_path, capsys):
     """--enactment writes the one value the store keeps; it builds and computes the step."""
     from disco_jax.enactment import SINGLE, STAGED, Enactment, build

@@ -4,7 +4,7 @@
   steps equal 5 ``jax.jit`` steps (rtol 1e-5), and both processes issue the same
   all-reduces in the same order;
 * the fallback of a staged enactment to one program (``DISCO_STAGED=0``), with a warning
-  naming the reason, computes the same steps;
+  naming the reason, computes the same steps (under ``-m slow``);
 * a stage that fails in one process raises a clear error in both, not a hang.
 """
 
@@ -67,6 +67,7 @@ def test_the_other_zoo_models_staged_equal_jit_in_two_processes(tmp_path):
     _check_zoo(tmp_path, [m for m in zoo.MODELS if m not in FAST_MODELS])
 
 
+@pytest.mark.slow
 def test_fallback_to_one_program_gives_the_same_steps(tmp_path):
     """The fallback path of a staged enactment (DISCO_STAGED=0 in both processes, pinned
     to one CPU without NPROC): one program with the same buckets, a warning naming the

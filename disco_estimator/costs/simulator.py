@@ -510,6 +510,8 @@ def _run_python(
 _C_SOURCE = Path(__file__).with_name("simulator_kernel.c").read_text()
 
 _CFLAGS = ("-O2", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math")
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.disco_sim_run
     fn.restype = ctypes.c_int
