@@ -99,8 +99,9 @@ def test_bucketed_option_set():
 
 
 @needs_devices
-@pytest.mark.parametrize("model", [pytest.param(m, marks=[pytest.mark.slow] if m in (
-    "transformer", "reformer", "rnnlm_unrolled") else []) for m in sorted(zoo.MODELS)])
+@pytest.mark.parametrize("model", [pytest.param(m, marks=[] if m in ("vgg", "rnnlm")
+                                                else [pytest.mark.slow])
+                                   for m in sorted(zoo.MODELS)])
 def test_bucketed_program_runs_as_planned(model):
     step, args = zoo.get(model)(4, "tiny")
     reference = jax.tree.leaves(jax.jit(step)(*args))

@@ -14,11 +14,12 @@ Needs 4 host devices (tests/conftest.py). For each tiny zoo model (``MODELS`` an
 * the parsed post-optimization HLO holds fusions and all-reduces, so XLA's own plan can be
   simulated as a baseline.
 
-Every model is lowered and compiled once for the reference, once per ``exact`` for our
-text and once more with ``exact=True`` for jax's own lowering; results are cached
-(``functools.cache``) and shared by the tests. Run with ``-s`` to see which execution
-round trips are bitwise identical (against the same options: always, on jax 0.10.2 CPU).
-The file takes about 3 minutes wall (125 s CPU) on 2 shared CPU cores.
+The default run takes vgg, transformer, rnnlm and ``auto_sharded``; the other models
+run under ``-m slow``. Every model is lowered and compiled once for the reference, once
+per ``exact`` for our text and once more with ``exact=True`` for jax's own lowering;
+results are cached (``functools.cache``) and shared by the tests. Run with ``-s`` to see
+which execution round trips are bitwise identical (against the same options: always, on
+jax 0.10.2 CPU). All of them take about 3 minutes wall (125 s CPU) on 2 shared CPU cores.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ from hlo_tools.jax_bridge import (
 N = 4
 SIZE = "tiny"
 NAMES = [*zoo.MODELS, zoo.AUTO_SHARDED]
+#: In the default run: convolutions, attention, a scan and jit-partitioned sharding; the
+#: other models under ``-m slow``.
+FAST_NAMES = ("vgg", "transformer", "rnnlm", zoo.AUTO_SHARDED)
+NAME_PARAMS = [pytest.param(n, marks=[] if n in FAST_NAMES else [pytest.mark.slow])
+               for n in NAMES]
 
 # Outputs are float32 after one optimizer step. exact=True disables XLA's fusion passes, so
 # ops run unfused in a different association order: a few float32 ulps (~1e-7 relative)
@@ -136,7 +142,7 @@ def _canonical(text: str) -> str:
 
 
 @pytest.mark.parametrize("stage", ["pre", "post"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 def test_golden_round_trip(name, stage):
     """parse∘print is accepted by XLA, idempotent, and canonically equal to the original.
 
@@ -152,7 +158,7 @@ def test_golden_round_trip(name, stage):
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 def test_execution_round_trip(name, exact, record_property):
     """Our text compiles to the outputs of jax's own lowering under the same options."""
     bitwise, diff = _assert_close(_ours(name, exact), _xla_own(name, exact))
@@ -161,7 +167,7 @@ def test_execution_round_trip(name, exact, record_property):
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 def test_execution_matches_jit(name, exact, record_property):
     """Our text compiled with ``compile_module`` gives ``jax.jit(step)``'s outputs.
 
@@ -181,7 +187,7 @@ def _all_close(got: Any, want: Any) -> bool:
     return all(np.allclose(g, w, rtol=RTOL, atol=ATOL) for g, w in _leaves(got, want))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 def test_post_opt_has_fusions_and_all_reduces(name):
     """XLA's default plan, parsed, shows its fusions and all-reduces (a simulable baseline)."""
     opcodes = [instr.opcode for _, instr in parse(_model(name).post).instructions()]
