@@ -30,10 +30,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import write_result  # noqa: E402
 
+from disco_jax.pipeline.bench import PROGRAMS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-#: The programs of a bench row, in table order.
-PROGRAMS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default", "bucketed", "disco")
 #: ``disco bench``'s flags of the README's results table.
 BENCH_FLAGS = ("--time-budget", "10", "--rounds", "7", "--choice-rounds", "3",
                "--min-sample-s", "0.3", "--staged", "auto")
