@@ -115,6 +115,15 @@ def _fail(args, sync) -> dict:
     return row
 
 
+def _wait_for_peer(peer_out: Path, timeout_s: float = 60.0) -> None:
+    """Wait until process 1 has written its row, then a little longer for it to exit:
+    process 1 aborts when the coordinator in process 0 goes away first."""
+    deadline = time.monotonic() + timeout_s
+    while not peer_out.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", required=True, choices=("zoo", "fallback", "fail"))
@@ -143,6 +152,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(row))
     sys.stdout.flush()
     if args.mode == "fail":  # process 0's communication thread may still wait in gloo
+        if args.process_id == 0:  # it hosts the coordinator: leave after process 1 has
+            _wait_for_peer(Path(args.out).with_name("fail1.json"))
         os._exit(0)
     jax.distributed.shutdown()
 
