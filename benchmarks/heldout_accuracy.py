@@ -9,7 +9,9 @@ program is ``|predicted - measured| / measured``. The in-context fit matches thr
 programs exactly (no fusion and no fusion with one bucket, both with library dots; XLA's
 fused program with one bucket); the programs scored here are all others, compiled
 differently (XLA's fusion, buckets, plans; hand bucketing with one bucket is left out:
-it is the fitted fused program).
+it is the fitted fused program). With ``--profile lean`` (the profile a short budget
+takes: no one-bucket programs) the fit measured XLA's default instead, which is then left
+out.
 
 Two predictions of each program are scored: with the job's fit taken again on the fit's
 programs with the samples of the final choice's rounds pooled in (``mean err``: the
@@ -24,7 +26,8 @@ per setup next to the error.
 
 Run from the repository root::
 
-    python benchmarks/heldout_accuracy.py [--steps autoencoder,gru] [--setups gloo2]
+    python benchmarks/heldout_accuracy.py [--steps autoencoder,gru] [--setups gloo2] \
+        [--profile lean]
 
 Prints a table and writes ``benchmarks/results/heldout_accuracy.json``.
 """
@@ -52,8 +55,11 @@ OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"
 def fitted(row: dict) -> set[str]:
     """The programs of a row that the in-context fit measured itself: hand bucketing with
     one bucket is XLA's fused one-bucket program (as ``bucketed`` and as DisCo when it is
-    the choice)."""
+    the choice); after a lean profile (``row["profile"]``) XLA's default is."""
     choice = row["choice"]
+    if row.get("profile") == "lean":
+        return {"xla_default", "choice:xla_default"} | (
+            {"disco"} if choice["disco"] == "xla_default" else set())
     ones = {n for n, k in choice.get("bucket_counts", {}).items() if k == 1}
     out = {f"choice:{n}" for n in ones}
     if choice["bucketed"] in ones:
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gloo-loop", choices=LOOP_CHOICES, default=DEFAULT_LOOP_POLICY,
                     help="gloo's event loops in the gloo setups (disco bench --gloo-loop; "
                          "default: %(default)s)")
+    ap.add_argument("--profile", choices=("full", "lean"), default="full",
+                    help="the in-context profile of every job (default: %(default)s)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--reuse", metavar="JSON",
                     help="measure nothing: score the rows of an earlier run's JSON again "
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
                     "time_budget_s": args.time_budget, "top_k": 3, "rounds": args.rounds,
                     "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn,
-                    "gloo_loop": args.gloo_loop}
+                    "gloo_loop": args.gloo_loop, "profile": args.profile}
             print(f"== {step} in {setup}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             except (RuntimeError, TimeoutError) as err:
                 rows.append({"model": step, "setup": setup, "error": str(err)[:300]})
                 continue
+            row["profile"] = args.profile
             row["errors"] = errors(row)
             row["errors_at_start"] = errors(row, "predicted_at_start_s")
             row["repeat"] = repeats(row)

@@ -183,6 +183,38 @@ def test_the_profile_does_the_least_when_its_time_is_up(vgg):
     assert full.one_bucket_profile is not None
 
 
+def test_a_lean_profile_times_xla_default_as_the_fused_program(vgg):
+    """Lean: one compile (no one-bucket programs); XLA's default, compiled already, is
+    the fused program; the fit matches the no-fusion program with the file's D, and
+    XLA's default unless the fused scale hit a bound."""
+    from disco_jax.pipeline.candidates import baseline_program
+    from disco_jax.pipeline.program import lower_program
+    from hlo_tools import baselines as bl
+
+    step, args, module, _ = vgg
+    program = lower_program(step, args)
+    default = baseline_program(program, bl.baseline_options("xla_default", program.platform))
+    measured = profile_in_context(step, args, module, rounds=3, xla_default=default)
+    assert measured.lean and measured.one_bucket_wall_s is None
+    assert set(measured.runs) == {"no_fusion", "fused"} and measured.runs["fused"] is default
+    assert measured.fused_wall_s > 0 and measured.wall_s > 0
+    costs, cal = in_context_costs(module, "inproc4", measured, progress=False)
+    assert cal.wall_s[1] is None and cal.predicted_s[1] is None
+    assert cal.d_s == costs.hardware.allreduce.d_s  # one process: the file's
+    assert cal.predicted_s[0] == pytest.approx(cal.wall_s[0], rel=0.05), cal
+    lo, hi = FUSED_SCALE_BOUNDS
+    if lo < cal.fused_scale < hi:
+        assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
+
+
+def test_the_flat_probe_gives_the_seconds_per_byte():
+    from disco_jax.pipeline.fit import C_BOUNDS, flat_rate
+
+    assert flat_rate(1.1e-3, 1e-4, 10**6, 1e-9) == pytest.approx(1e-9)  # (1.1-0.1) ms / MB
+    assert flat_rate(5e-5, 1e-4, 10**6, 1e-9) == C_BOUNDS[0] * 1e-9  # below the latency
+    assert flat_rate(1.0, 0.0, 1, 1e-9) == C_BOUNDS[1] * 1e-9
+
+
 def test_in_context_calibration_matches_both_programs(vgg):
     step, args, module, _ = vgg
     measured = profile_in_context(step, args, module, rounds=3)

@@ -8,6 +8,10 @@ import math
 import pytest
 
 from disco_jax.pipeline.budget import (
+    FULL,
+    LEAN,
+    LEAN_COMPILES,
+    PLAN_COMPILES,
     PROFILE_COMPILES,
     PROFILE_FIXED_S,
     PROFILE_SHARE,
@@ -87,6 +91,16 @@ def test_a_program_is_afforded_with_its_compile_and_its_share_of_the_choice():
     assert not b.affords(3)
     b.note_compile(1.0)  # the longest compile is the guess
     assert not b.affords(3)
+    # a staged program with one pick: 2 x 2 compiles + 10 calls + 3 s measured + the choice
+    # of the 2 programs (2 x 5 x 0.1 s): 4 + 1 + 3 + 1 = 9 s
+    b = Budget(10.0, clock=clock)
+    b.note_iteration(0.1)
+    b.note_compile(1.0)
+    assert b.compile_s() == 1.0
+    clock.now += 0.95
+    assert b.affords(3, programs=2, compiles=4, extra_calls=10, extra_s=3.0)
+    clock.now += 0.1
+    assert not b.affords(3, programs=2, compiles=4, extra_calls=10, extra_s=3.0)
 
 
 def test_samples_shrink_to_fit_the_rounds():
@@ -101,17 +115,25 @@ def test_samples_shrink_to_fit_the_rounds():
     assert b.sample_s(4, 3, 0.1) == 0.0  # one call per sample
 
 
-def test_the_profile_is_afforded_at_its_price_in_compiles():
+def test_the_profile_is_chosen_at_its_price_in_compiles():
+    """Full when 3 s + 10 compiles fit in a third of the budget; lean when 3 s + 3
+    compiles and a plan's 3 fit in what is left; else none."""
+    assert (PROFILE_FIXED_S, PROFILE_COMPILES, LEAN_COMPILES, PLAN_COMPILES) == \
+        (3.0, 10.0, 3.0, 3.0)
     clock = Clock()
-    b = Budget(10.0, clock=clock)
+    b = Budget(39.0, clock=clock)
     b.note_compile(1.0)
-    clock.now += 1.0  # XLA's default compiled: 9 s left
-    assert (PROFILE_FIXED_S, PROFILE_COMPILES) == (3.0, 6.0)
-    assert b.profile_s() == 9.0  # 3 s + 6 compiles of 1 s
-    assert b.affords_profile()
-    clock.now += 0.5
-    assert not b.affords_profile()  # 8.5 s left
-    assert Budget(None).affords_profile()
+    clock.now += 1.0  # XLA's default compiled: 38 s left
+    assert b.profile_s(FULL) == 13.0 and b.profile_s(LEAN) == 6.0
+    assert b.profile_level() == FULL  # 13 s <= 39 / 3
+    b = Budget(38.0, clock=clock)
+    b.note_compile(1.0)
+    assert b.profile_level() == LEAN  # 13 s > 38 / 3; 6 s + 3 s <= 38 s left
+    clock.now += 28.5  # 9.5 s left
+    assert b.profile_level() == LEAN
+    clock.now += 1.0
+    assert b.profile_level() is None  # 8.5 s left < 9 s
+    assert Budget(None).profile_level() == FULL
 
 
 def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
@@ -127,7 +149,7 @@ def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
     lines: list[str] = []
     opt = optimize_step(step, args, time_budget_s=1e-3, progress=lines.append)
     assert opt.report.choice == "xla_default" and opt.enactment.name == "xla_default"
-    assert "leaves less than profiling this step takes" in opt.report.search["skipped"]
+    assert "leaves less than profiling this step" in opt.report.search["skipped"]
     assert opt.report.measured_s == {} and opt.report.calibration is None
     assert set(opt.report.seconds) == {"lower", "compile", "total"}
     assert any(line.startswith("time budget:") for line in lines), lines
@@ -206,3 +228,30 @@ def test_each_budget_question_of_a_job_has_its_own_key():
     asked = [k for k in job.keys if k.startswith("budget_") and "hand bucketing" in k]
     assert len(asked) >= 2 and len(set(asked)) == len(asked), job.keys
     assert "xla_default" in cands.runs and cands.bucketed
+
+
+def test_a_lean_first_call_computes_what_jax_jit_computes():
+    """``profile="lean"``: XLA's default compiled first and timed as the fused program,
+    one compile of the step with nothing fused, a fit with the one-bucket half empty;
+    the choice runs and gives jax.jit's values."""
+    import jax
+    import numpy as np
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.optimize import optimize_step
+
+    step, args = zoo.get("vgg")(jax.device_count(), "tiny")
+    lines: list[str] = []
+    opt = optimize_step(step, args, profile="lean", progress=lines.append,
+                        keep_labels=False, keep_details=True)
+    assert any("lean" in line for line in lines), lines
+    measured = opt.details.profile
+    assert measured.lean and set(measured.runs) == {"no_fusion", "fused"}
+    assert measured.runs["fused"] is opt.details.candidates.runs["xla_default"]
+    cal = opt.report.calibration
+    assert cal["wall_s"][1] is None and cal["predicted_s"][0] > 0
+    got, want = opt.run(*args), jax.jit(step)(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="profile must be"):
+        optimize_step(step, args, profile="half")

@@ -981,3 +981,31 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     for library in (False, True):
         est = times.estimate(view, dot, library=library)
         assert est.source == "profile" and est.time_s == pytest.approx(want), est
+
+
+def test_an_affine_simulation_is_the_simulation_at_every_point():
+    """Two constants on disjoint nodes (compute scale, D) from three graphs, and the
+    fused-op scale alone from two: the same seconds as a cost model built at the point."""
+
+    import jax
+
+    from disco_estimator.costs.cost_model import CostModel
+    from disco_estimator.costs.lower import affine_simulation, simulated_s
+    from disco_jax import zoo
+
+    step, args = zoo.get("vgg")(jax.device_count(), "tiny")
+    module = hlo_tools.parse(jax.jit(step).lower(*args).compile().as_text())
+    base = CostModel.for_module(module, "inproc4", bench=False, progress=False)
+
+    def model(scale: float, d: float, fused: float = 1.0) -> CostModel:
+        ar = dataclasses.replace(base.hardware.allreduce, d_s=d)
+        consts = dataclasses.replace(base.constants, compute_scale=scale, fused_scale=fused)
+        return CostModel(dataclasses.replace(base.hardware, allreduce=ar),
+                         op_times=base.op_times, constants=consts)
+
+    at = affine_simulation(module, model, (1.0, 1e-4), (0.5, 5e-5))
+    for x in ((1.0, 1e-4), (2.7, 3e-4), (0.4, 0.0)):
+        assert at(*x) == pytest.approx(simulated_s(module, model(*x)), rel=1e-9)
+    fused = affine_simulation(module, lambda f: model(1.5, 2e-4, f), (1.0,), (0.5,))
+    for f in (0.2, 1.0, 3.3):
+        assert fused(f) == pytest.approx(simulated_s(module, model(1.5, 2e-4, f)), rel=1e-9)

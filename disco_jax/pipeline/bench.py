@@ -265,6 +265,17 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
     return predictions
 
 
+def _fitted_programs(cal: Any) -> str:
+    """The fit's programs, measured and predicted, for a progress line (one of them after
+    a lean profile)."""
+    ms = lambda t: f"{t * 1e3:.2f}"  # noqa: E731
+    if cal.wall_s[1] is None:
+        return (f"no fusion measured {ms(cal.wall_s[0])} ms, predicted "
+                f"{ms(cal.predicted_s[0])} ms; lean profile")
+    return (f"no fusion / one bucket measured {ms(cal.wall_s[0])} / {ms(cal.wall_s[1])} ms, "
+            f"predicted {ms(cal.predicted_s[0])} / {ms(cal.predicted_s[1])} ms")
+
+
 def _fused_choice(spec: Mapping[str, Any]) -> Any:
     """The job's fused-op estimator: the GNN of ``spec["gnn"]`` (a checkpoint), else the
     fallback rule (``disco bench`` resolved the user's choice to a checkpoint or none)."""
@@ -302,7 +313,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         extra_baselines=[b for b in bl.BASELINES if b not in ("xla_default", "op_fusion")],
         remeasure_fit=True, staged_top=int(spec.get("staged_top", 3)),
         chunk_bytes=spec.get("chunk_bytes", "default"), keep_labels=False,
-        keep_details=True)
+        keep_details=True, profile=spec.get("profile"))
     details = opt.details
     program, choice, cands, cal = (details.program, details.choice, details.candidates,
                                    details.calibration)
@@ -311,10 +322,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
             f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
             f"latency per buffer of a combined all-reduce "
             f"{cal.d_tuple_extra_s * 1e3:.3f} ms, bucket copies "
-            f"{_gb_per_s(cal.copy_s_per_byte)} (no fusion "
-            f"/ one bucket measured {cal.wall_s[0] * 1e3:.2f} / "
-            f"{cal.wall_s[1] * 1e3:.2f} ms, predicted {cal.predicted_s[0] * 1e3:.2f} / "
-            f"{cal.predicted_s[1] * 1e3:.2f} ms)")
+            f"{_gb_per_s(cal.copy_s_per_byte)} ({_fitted_programs(cal)})")
     bench = _bench_rounds(spec, details, sync, say)
     want = jax.jit(program.step)(*program.args)
     diff = _max_diff(bench.finals["disco"](*program.args), want)

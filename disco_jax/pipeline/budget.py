@@ -5,22 +5,27 @@ context, the fit, the search, compiling and measuring the candidates, predicting
 out of one budget of ``B`` seconds. The phases share it by one rule:
 
 0. **XLA's default** is compiled first (it is always a candidate), and its compile time
-   ``c`` prices the profile at :data:`PROFILE_FIXED_S` ``+`` :data:`PROFILE_COMPILES`
-   ``x c``; when less than that is left there is no time to choose by measurement, and the
-   first call runs XLA's default (:meth:`Budget.affords_profile`).
+   ``c`` prices the profile (:meth:`Budget.profile_level`): the full profile (three
+   compiles of the step) at :data:`PROFILE_FIXED_S` ``+`` :data:`PROFILE_COMPILES` ``x c``
+   when that fits in :data:`PROFILE_SHARE` of ``B``; else the lean one (one compile, XLA's
+   default measured as the fused program) at :data:`PROFILE_FIXED_S` ``+``
+   :data:`LEAN_COMPILES` ``x c`` when that and a plan's compile (:data:`PLAN_COMPILES`
+   ``x c``) fit in what is left; else there is no time to choose by measurement, and the
+   first call runs XLA's default.
 1. **Profile and fit**: the profile's own share is :data:`PROFILE_SHARE` of ``B``
    (:meth:`Budget.profile_clock`). Its compiles, the trace of the no-fusion program and
    :data:`~disco_jax.pipeline.profile.MIN_ROUNDS` rounds of timings are the least it does;
    more rounds, the trace of the one-bucket program and the timings taken again when they
    contradict each other each only while the share covers them. With ``B`` under
    :data:`SHORT_S` it does the least (:attr:`Budget.short`). Ops the profile did not see
-   are timed standalone only while half the budget is left (else the analytic model
-   prices them).
+   are timed standalone only after a full profile and while half the budget is left
+   (else the analytic model prices them).
 2. **Search**: :data:`SEARCH_SHARE` of what is left, never more than the search's own
    limit.
 3. **Candidates** are compiled in order of priority -- XLA's default (always), the
    search's best plan, hand bucketing from the smallest bucket size up, XLA's op fusion,
-   the other plans, staged programs -- each only while what is left covers its compile
+   the other plans, staged programs (in a multi-process job right after XLA's default)
+   -- each only while what is left covers its compile
    (as long as the longest compile so far) and the final choice of the programs kept so
    far (:meth:`Budget.affords`).
 4. **Final choice**: what is left, with every sample shortened to fit (at least one call
@@ -38,8 +43,8 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["PROFILE_COMPILES", "PROFILE_FIXED_S", "PROFILE_SHARE", "SEARCH_SHARE", "SHORT_S",
-           "Budget"]
+__all__ = ["FULL", "LEAN", "LEAN_COMPILES", "PLAN_COMPILES", "PROFILE_COMPILES",
+           "PROFILE_FIXED_S", "PROFILE_SHARE", "SEARCH_SHARE", "SHORT_S", "Budget"]
 
 #: The in-context profile's share of the budget: what it may take beyond the least it does.
 PROFILE_SHARE = 1 / 3
@@ -47,12 +52,23 @@ PROFILE_SHARE = 1 / 3
 SEARCH_SHARE = 0.2
 #: Budgets under this many seconds profile with fewer rounds (3 instead of 5).
 SHORT_S = 20.0
-#: What the in-context profile costs: :data:`PROFILE_FIXED_S` (the profiler's start and
-#: stop, the timed calls) and this many compiles of XLA's default (it compiles three
-#: programs of the step and traces one). On the zoo's tiny steps and examples/train.py
-#: in one process the profile took 6.9-29.7 s where XLA's default compiled in 0.8-4.5 s
-#: (benchmarks/results/first_call.json), about 3 s + 6 compiles.
-PROFILE_COMPILES = 6.0
+#: What the full in-context profile costs: :data:`PROFILE_FIXED_S` (the profiler's start
+#: and stop, the timed calls) and this many compiles of XLA's default (it compiles three
+#: programs of the step, with nothing fused, which XLA:CPU compiles 2.5-3.5 times slower
+#: than its default, and traces one). The zoo transformer at ``small`` in a 2-process
+#: gloo job: 52.6 s where XLA's default compiled in 5.0 s (no fusion 12.3 s, one bucket
+#: 17.7 s, its fusion 12.9 s).
+PROFILE_COMPILES = 10.0
+#: What the lean profile costs beyond :data:`PROFILE_FIXED_S`, in compiles of XLA's
+#: default: one compile with nothing fused, its trace and three timed rounds (the zoo
+#: transformer at ``small`` in a 2-process gloo job: 14.5 s where XLA's default compiled
+#: in 4.2 s, 3 s + 2.7 compiles).
+LEAN_COMPILES = 3.0
+#: What one exact plan costs to compile, in compiles of XLA's default (the lean profile
+#: is worth its time only when a plan can be compiled after it).
+PLAN_COMPILES = 3.0
+#: :meth:`Budget.profile_level`'s answers.
+FULL, LEAN = "full", "lean"
 #: The profile's cost that does not grow with the compile time, seconds.
 PROFILE_FIXED_S = 3.0
 
@@ -116,15 +132,27 @@ class Budget:
         """A program took ``seconds`` to compile (the longest is the next one's guess)."""
         self._compile_s = max(self._compile_s, seconds)
 
-    def profile_s(self) -> float:
-        """What the profile is expected to take: :data:`PROFILE_FIXED_S` and
-        :data:`PROFILE_COMPILES` compiles, each as long as the longest so far."""
-        return PROFILE_FIXED_S + PROFILE_COMPILES * self._compile_s
+    def compile_s(self) -> float:
+        """The longest compile so far, seconds (the next one's guess)."""
+        return self._compile_s
 
-    def affords_profile(self) -> bool:
-        """Whether the profile fits in what is left (:meth:`profile_s`; the compile so far
-        is XLA's default's, compiled first)."""
-        return self.total_s is None or self.left_s() >= self.profile_s()
+    def profile_s(self, level: str = FULL) -> float:
+        """What the profile of ``level`` (:data:`FULL`, :data:`LEAN`) is expected to take:
+        :data:`PROFILE_FIXED_S` and :data:`PROFILE_COMPILES` (:data:`LEAN_COMPILES`)
+        compiles, each as long as the longest so far."""
+        compiles = PROFILE_COMPILES if level == FULL else LEAN_COMPILES
+        return PROFILE_FIXED_S + compiles * self._compile_s
+
+    def profile_level(self) -> str | None:
+        """Which profile the budget affords (the compile so far is XLA's default's,
+        compiled first): :data:`FULL` without a budget or when :meth:`profile_s` fits in
+        :data:`PROFILE_SHARE` of it; :data:`LEAN` when the lean profile and a plan's
+        compile fit in what is left; None: neither (run XLA's default)."""
+        if self.total_s is None or PROFILE_SHARE * self.total_s >= self.profile_s(FULL):
+            return FULL
+        if self.left_s() >= self.profile_s(LEAN) + PLAN_COMPILES * self._compile_s:
+            return LEAN
+        return None
 
     def profile_clock(self) -> Callable[[], float] | None:
         """Starts the profile's share: returns what is left of it, seconds, when called
@@ -148,14 +176,15 @@ class Budget:
         per round and warm-up."""
         return programs * (rounds + warmup) * self._iteration_s
 
-    def affords(self, rounds: int, *, programs: int = 1, compiles: int = 1,
-                extra_calls: int = 0) -> bool:
+    def affords(self, rounds: int, *, programs: int = 1, compiles: float = 1,
+                extra_calls: int = 0, extra_s: float = 0.0) -> bool:
         """Whether ``programs`` more fit: their ``compiles`` (each as long as the longest
-        so far), ``extra_calls`` calls of the step (a fit's own measuring) and a final
-        choice of ``rounds`` among the programs kept so far and them."""
+        so far), ``extra_calls`` calls of the step and ``extra_s`` seconds (a fit's own
+        measuring) and a final choice of ``rounds`` among the programs kept so far and
+        them."""
         if self.total_s is None:
             return True
-        need = (compiles * self._compile_s + extra_calls * self._iteration_s
+        need = (compiles * self._compile_s + extra_calls * self._iteration_s + extra_s
                 + self.choice_s(self._kept + programs, rounds))
         return self.left_s() >= need
 

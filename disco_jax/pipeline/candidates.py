@@ -16,6 +16,8 @@ from disco_jax.pipeline.program import Program
 from disco_jax.pipeline.sync import SOLO, Sync
 
 __all__ = [
+    "STAGED_COMPILES",
+    "STAGED_MEASURE_S",
     "Candidates",
     "baseline_program",
     "build_candidates",
@@ -121,9 +123,11 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         budget: the first call's :class:`~disco_jax.pipeline.budget.Budget` (None: no
             limit). XLA's default is compiled first and always; the others in order of
             priority -- the search's best plan, hand bucketing from the smallest bucket
-            size up, XLA's other baselines, the other plans, the staged programs -- each
-            only while the budget affords it (:meth:`~disco_jax.pipeline.budget.Budget.affords`;
-            in a job process 0 decides for all).
+            size up, XLA's other baselines, the other plans, the staged programs (in a
+            multi-process job: first, with as many of the staged cost model's picks as
+            the budget affords) -- each only while the budget affords it
+            (:meth:`~disco_jax.pipeline.budget.Budget.affords`; in a job process 0
+            decides for all).
         choice_rounds: the final choice's rounds (what the budget keeps time for).
         compiled_already: baselines compiled before, by name (not compiled again).
 
@@ -131,8 +135,11 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         The :class:`Candidates`. On backends whose combiner takes a threshold (XLA:GPU),
         XLA's default at the swept thresholds too (``xla_combine_*``).
     """
+    import jax
+
     from disco_jax.enactment import Enactment
     from disco_jax.enactment.staged import CHUNK_BYTES
+    from disco_jax.pipeline.budget import PLAN_COMPILES, Budget
     from hlo_tools import apply_plan, to_text
     from hlo_tools import baselines as bl
     from hlo_tools.jax_bridge import (
@@ -151,9 +158,10 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     bucketed: dict[str, tuple[int | None, int]] = {}
     thresholds = bl.BUCKET_THRESHOLDS if bucket_thresholds is None else tuple(bucket_thresholds)
     how = plan_compile_options(route)
+    # an exact plan (nothing fused by XLA, each kernel emitted) compiles slower than XLA's
+    # default; a plan of buckets as fast
+    plan_compiles = PLAN_COMPILES if how["exact"] else 1.0
     plans: dict[str, Plan] = {f"plan_{i}": Plan.from_json(pj) for i, pj in enumerate(plans_json)}
-
-    from disco_jax.pipeline.budget import Budget
 
     say = say or (lambda text: None)
     budget = budget or Budget(None)
@@ -192,17 +200,31 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
 
     def plan(name: str) -> None:
         """Compiles a plan; one XLA rejects (in any process of a job) is left out of the
-        choice, with its text kept in the temp directory and a line that says why."""
+        choice, with its text kept in the temp directory and a line that says why.
+
+        A plan XLA rejects is compiled once more, when the budget leaves time for it,
+        before it is left out: in 2-process jobs XLA:CPU (jaxlib 0.12) has rejected a
+        plan in process 1 with a verifier error ("Fused computation shape f32[8,32,1] is
+        not equal to the fusion shape f32[8,32]") and, in some runs, compiled the same
+        text when asked again."""
         plan_text = to_text(apply_plan(program.module, plans[name], program.graph, backend=backend))
+        options = CompileOptions(exact=how["exact"], library=how.get("library", False),
+                                 extra=how.get("compiler_options"))
         error = None
-        try:
-            compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),
-                                                  CompileOptions(
-                exact=how["exact"], library=how.get("library", False),
-                extra=how.get("compiler_options"))))
-        except HloCompileError as err:
-            error = str(err).splitlines()[0][:200]
-            kept = Path(tempfile.gettempdir()) / f"disco_rejected_{name}_{os.getpid()}.hlo"
+        for attempt in range(2):
+            if attempt and budget.limited and \
+                    budget.left_s() < plan_compiles * budget.compile_s():
+                break  # no time to compile it again
+            try:
+                compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),
+                                                      options))
+                error = None
+                break
+            except HloCompileError as err:
+                error = str(err).splitlines()[0][:200]
+        if error is not None:
+            where = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
+            kept = Path(tempfile.gettempdir()) / f"disco_rejected_{name}{where}_{os.getpid()}.hlo"
             kept.write_text(plan_text)
             error += f"; text in {kept}"
         errors = sync.gather(f"compiled_{name}", error)
@@ -212,12 +234,46 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             return
         enactments[name] = Enactment.single(name, plan_text, **how)
 
+    staged_runs: dict[str, Any] = {}
+    staged_info: dict[str, Any] = {}
+
+    def staged_need(top: int) -> dict[str, Any]:
+        """What the staged programs with ``top`` picks cost: each compiles in about
+        :data:`STAGED_COMPILES` compiles of XLA's default; the picks need the
+        reference measured first (:data:`STAGED_MEASURE_S`)."""
+        return {"programs": top + 1, "compiles": STAGED_COMPILES * (top + 1),
+                "extra_calls": 10, "extra_s": STAGED_MEASURE_S if top else 0.0}
+
+    def staged_programs() -> None:
+        """The staged programs, with as many of the staged cost model's picks as the
+        budget affords (at most ``staged_top``; none: the reference alone)."""
+        top = staged_top
+        if budget.limited:
+            top = next((k for k in range(staged_top, 0, -1)
+                        if budget.affords(choice_rounds, **staged_need(k))), 0)
+            top = sync.share(f"budget_staged_top_{asked[0]}", top)
+        if affords("staged programs", **staged_need(top)):
+            got, info = staged_candidates(
+                program, staged, plans=plans, costs=costs, sync=sync, say=say, top=top,
+                chunk_bytes=chunk_bytes,
+                afford=(lambda: budget.affords(choice_rounds, compiles=STAGED_COMPILES))
+                if budget.limited else None)
+            staged_runs.update(got)
+            staged_info.update(info)
+            for _ in got:
+                budget.keep()
+
+    # in a job with a budget the staged programs come first: where the all-reduces cross
+    # processes they are what overlaps communication with computation
+    staged_first = bool(staged) and budget.limited and sync.processes > 1
     others = [(b, bl.baseline_options(b, platform)) for b in baselines if b != "xla_default"]
     others += bl.combine_threshold_candidates(platform, program.gradient_bytes)
     if "xla_default" in baselines:
         baseline("xla_default", bl.baseline_options("xla_default", platform))
+    if staged_first:
+        staged_programs()
     names = list(plans)
-    if names and affords(names[0]):
+    if names and affords(names[0], compiles=plan_compiles):
         plan(names[0])
     t0 = time.perf_counter()
     sweep = bl.bucketed_candidates(step, args, thresholds, module=program.module,
@@ -239,15 +295,11 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         if affords(name):
             baseline(name, options)
     for name in names[1:]:
-        if affords(name):
+        if affords(name, compiles=plan_compiles):
             plan(name)
     plans = {name: p for name, p in plans.items() if name in runs}
-    staged_runs, staged_info = {}, {}
-    if staged and affords("staged programs", programs=staged_top + 1,
-                          compiles=staged_top + 1, extra_calls=10):
-        staged_runs, staged_info = staged_candidates(
-            program, staged, plans=plans, costs=costs, sync=sync, say=say, top=staged_top,
-            chunk_bytes=chunk_bytes)
+    if staged and not staged_first:
+        staged_programs()
     chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
     for name, run in staged_runs.items():
         enactments[name] = Enactment.of_stages(name, run.plan, exact=False, chunk_bytes=chunk)
@@ -255,11 +307,21 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     return Candidates(enactments, runs, plans, bucketed, staged_info)
 
 
+#: What a staged program costs to compile, in compiles of XLA's default (its stages and
+#: communication programs compile apart: 10.4 s where XLA's default took 5 s, transformer
+#: at ``small`` in a 2-process job).
+STAGED_COMPILES = 2.0
+#: Seconds the staged reference is measured for before the cost model picks (10 samples
+#: of at least 0.3 s).
+STAGED_MEASURE_S = 3.0
+
+
 def staged_candidates(program: Program, entries: Sequence[Any], *,
                       plans: Mapping[str, Any] | None = None,
                       costs: Any = None, sync: Sync = SOLO,
                       say: Callable[[str], None] | None = None, top: int = 3,
-                      chunk_bytes: int | None | str = "default"
+                      chunk_bytes: int | None | str = "default",
+                      afford: Callable[[], bool] | None = None
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Staged enactments (:mod:`disco_jax.enactment.staged`, XLA's fusion inside each
     stage) to add to a final choice.
@@ -278,10 +340,14 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
         sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (default: one process); every
             process calls this alike.
         say: progress lines.
-        top: predicted bucketings kept by ``"auto"``.
+        top: predicted bucketings kept by ``"auto"`` (0: the reference alone, neither
+            measured nor fitted).
         chunk_bytes: each bucket is reduced in collectives of at most this many bytes
             (None: one per bucket; ``"default"``:
             :data:`~disco_jax.enactment.staged.CHUNK_BYTES`).
+        afford: asked before each pick of ``"auto"`` is built (process 0's answer counts);
+            False: it and the rest are left out, and so is the unshared bound's pick
+            (None: every pick).
 
     Returns:
         ``(runs, info)``: the compiled staged steps by name, and (process 0) the
@@ -299,6 +365,9 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     say = say or (lambda text: None)
     step, args, module, graph = program.step, program.args, program.module, program.graph
     chunk = CHUNK_BYTES if chunk_bytes == "default" else chunk_bytes
+    # the staged programs run collectives: every process must still be here (a process
+    # that left the pipeline falls back to jax.jit, whose collectives would meet ours)
+    sync.barrier("staged_candidates")
     out: dict[str, Any] = {}
     info: dict[str, Any] = {"predicted_s": {}}
     for count in entries:
@@ -337,6 +406,8 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     info["self_test"] = check._asdict()
     if not check.overlaps:  # the final choice measures them anyway
         say(f"staged self-test: {check.reason}")
+    if top < 1:
+        return out, info
     parts = out[ref].parts(*args, barrier=sync.barrier)
     # the whole step, interleaved with nothing: enough rounds that one slow phase of
     # the machine does not become the fitted overlap
@@ -354,7 +425,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
         # CPU: the first stage (the forward pass and more) hides nothing
         unshared = {n: p.unshared_s for n, p in both.items()}
         bound = min(unshared, key=unshared.__getitem__)
-        if bound != ref and bound not in pick:
+        if bound != ref and bound not in pick and afford is None:
             pick.append(bound)
         info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
                 "fo_bound_s": {n: p.fo_bound_s for n, p in both.items()},
@@ -371,6 +442,9 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
             f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
     pick = sync.share("staged_pick", pick)
     for name in pick:
+        if afford is not None and not sync.share(f"staged_afford_{name}", afford()):
+            say(f"time budget: staged {name} and the picks after it left out")
+            break
         out[name] = staged_step(step, args, buckets=cands[name], chunk_bytes=chunk,
                                  module=module)
     return out, info

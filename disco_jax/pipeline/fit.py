@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import hlo_tools
 from disco_estimator.costs.cost_model import CostModel, cover
-from disco_estimator.costs.lower import simulated_s
+from disco_estimator.costs.lower import affine_simulation, simulated_s
 from disco_estimator.hardware import HardwareConfig
 from disco_estimator.interface import FallbackFusedEstimator
 from disco_estimator.ops import OpProfile, bench_ops
@@ -21,12 +21,14 @@ from hlo_tools.ir import HloInstruction, HloModule
 
 __all__ = [
     "COPY_RATE_BOUNDS",
+    "C_BOUNDS",
     "COMPUTE_SCALE_BOUNDS",
     "FUSED_SCALE_BOUNDS",
     "Calibration",
     "CompiledFit",
     "bucket_copies",
     "bucket_copy_rate",
+    "flat_rate",
     "calibrate_in_context",
     "compiled_in_context_costs",
     "default_hardware",
@@ -121,18 +123,24 @@ class Calibration(NamedTuple):
             not measured).
         copy_s_per_byte: the bucket copies' seconds per byte
             (:func:`bucket_copy_rate`; None: not measured, the hardware file's).
+        c_s_per_byte: the all-reduce's seconds per byte the model uses (the flat
+            probe's in a lean profile of a job, else the hardware file's).
+
+    A lean profile (no one-bucket program) has ``None`` in the second place of
+    ``wall_s`` and ``predicted_s``.
     """
 
     d_s: float
     compute_scale: float
-    wall_s: tuple[float, float]
-    predicted_s: tuple[float, float]
+    wall_s: tuple[float, float | None]
+    predicted_s: tuple[float, float | None]
     fused_scale: float = 1.0
     fused_wall_s: float | None = None
     fused_predicted_s: float | None = None
     d_tuple_extra_s: float = 0.0
     tuple_latency_s: float | None = None
     copy_s_per_byte: float | None = None
+    c_s_per_byte: float | None = None
 
 
 #: Range of the fitted fused-op scale.
@@ -140,6 +148,19 @@ FUSED_SCALE_BOUNDS = (0.2, 5.0)
 
 #: Range of the measured seconds per byte of a bucket's copies (0.5-500 GB/s).
 COPY_RATE_BOUNDS = (2e-12, 2e-9)
+
+
+#: Range of the all-reduce's seconds per byte a lean profile takes from the flat probe,
+#: as factors on the hardware file's.
+C_BOUNDS = (0.1, 100.0)
+
+
+def flat_rate(flat_s: float, d_s: float, nbytes: int, c_file: float) -> float:
+    """Seconds per byte of an all-reduce, from one flat all-reduce of ``nbytes`` alone in
+    a program that took ``flat_s`` with a latency of ``d_s``: ``(flat_s - d_s) / nbytes``,
+    clamped to :data:`C_BOUNDS` times the hardware file's ``c_file``."""
+    rate = max(flat_s - d_s, 0.0) / max(nbytes, 1)
+    return float(min(max(rate, C_BOUNDS[0] * c_file), C_BOUNDS[1] * c_file))
 
 
 def bucket_copies(module: HloModule) -> list[HloInstruction]:
@@ -221,6 +242,14 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        autoencoder's 2.5 MB flat buffer at 2.5 times its traced 0.2 ms, which the fit of
        the compute scale then took out of every kernel.
 
+    A lean profile (:attr:`~disco_jax.pipeline.profile.InContext.lean`: no one-bucket
+    program) has one program to fit the compute scale to and none to tell ``D`` apart
+    from it: ``D`` is then the tuple probe's latency per buffer, and ``C`` the flat
+    probe's seconds per byte beyond it (in a job; the hardware file's in one process, or
+    when the probe gives nothing sensible, :data:`C_BOUNDS`), the compute scale is fitted
+    to the no-fusion program alone, and the fused-op scale to XLA's default (its
+    combined all-reduce priced with the probe's latency per buffer).
+
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`~disco_estimator.costs.cost_model.cover`, before any fit, so
     that every fit sees the same op times).
@@ -235,27 +264,61 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     has_fused = measured.fused is not None and measured.fused_wall_s is not None
     if has_fused and bench:
         cover(costs, measured.fused)
-    copy = bucket_copy_rate(costs, measured.one_bucket)
-    modules = (module, measured.one_bucket)
-    want = np.array([measured.wall_s, measured.one_bucket_wall_s])
+    per_buffer = None
+    if (measured.tuple_buffers or 0) >= 2 and measured.tuple_wall_s is not None \
+            and measured.flat_wall_s is not None:
+        per_buffer = tuple_buffer_latency(measured.tuple_wall_s, measured.flat_wall_s,
+                                          measured.tuple_buffers)
+    copy = bucket_copy_rate(costs, measured.one_bucket) if not measured.lean else None
     s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
+    c = costs.hardware.allreduce.c_s_per_byte
     # another estimator (the GNN) carries over: its member times are the same op times
     estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
     def model(scale: float, d: float, fused: float = costs.constants.fused_scale,
               extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
-        ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra)
+        ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra,
+                                 c_s_per_byte=c)
         consts = dataclasses.replace(costs.constants, compute_scale=scale, fused_scale=fused,
                                      copy_s_per_byte=copy or costs.constants.copy_s_per_byte,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
                          op_times=costs.op_times, constants=consts, fused=estimator)
 
-    def times(scale: float, d: float) -> np.ndarray:
-        cm = model(scale, d)
-        return np.array([simulated_s(m, cm) for m in modules])
+    def fit_fused(scale: float, d: float, extra: float) -> tuple[float, float | None]:
+        """The fused-op scale that prices XLA's fused program at its measured time."""
+        fused = costs.constants.fused_scale
+        if not has_fused:
+            return fused, None
+        at = affine_simulation(measured.fused, lambda f: model(scale, d, f, extra),
+                               (fused,), (0.5 * fused,))
+        return _fit_affine(at, measured.fused_wall_s, fused, lambda f: 0.5 * f,
+                           *FUSED_SCALE_BOUNDS)
+
+    if measured.lean:
+        d = d0 if per_buffer is None else per_buffer
+        if per_buffer is not None and measured.flat_bytes:
+            c = flat_rate(measured.flat_wall_s, d, measured.flat_bytes, c)
+        at = affine_simulation(module, lambda k: model(k, d), (s0,), (0.5 * s0,))
+        scale, got_nf = _fit_affine(at, measured.wall_s, s0, lambda k: 0.5 * k,
+                                    0.25 * s0, 8.0 * s0)
+        extra = costs.hardware.allreduce.d_tuple_extra_s if per_buffer is None else 0.0
+        fused, fused_got = fit_fused(scale, d, extra)
+        return model(scale, d, fused, extra), Calibration(
+            d, scale, (measured.wall_s, None), (got_nf, None), fused, measured.fused_wall_s,
+            fused_got, extra, per_buffer, None, c)
+
+    modules = (module, measured.one_bucket)
+    want = np.array([measured.wall_s, measured.one_bucket_wall_s])
 
     x = np.array([s0, max(d0, 1e-5)])
+    # both programs' node durations are affine in (scale, D) jointly
+    sims = [affine_simulation(m, model, tuple(x), (0.5 * x[0], 0.5 * x[1]))
+            for m in modules]
+
+    def times(scale: float, d: float) -> np.ndarray:
+        return np.array([sim(scale, d) for sim in sims])
+
     lo, hi = np.array([0.25 * s0, 0.0]), np.array([8.0 * s0, 1.0])
     for _ in range(2):
         base = times(*x)
@@ -267,21 +330,14 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
         except np.linalg.LinAlgError:
             break
     got = times(*x)
-    fused, fused_got = costs.constants.fused_scale, None
-    if has_fused:
-        fused, fused_got = _fit_affine(
-            lambda f: simulated_s(measured.fused, model(*x, f)), measured.fused_wall_s, fused,
-            lambda f: 0.5 * f, *FUSED_SCALE_BOUNDS)
-    extra, per_buffer = costs.hardware.allreduce.d_tuple_extra_s, None
-    if (measured.tuple_buffers or 0) >= 2 and measured.tuple_wall_s is not None \
-            and measured.flat_wall_s is not None:
-        per_buffer = tuple_buffer_latency(measured.tuple_wall_s, measured.flat_wall_s,
-                                          measured.tuple_buffers)
+    fused, fused_got = fit_fused(*x, costs.hardware.allreduce.d_tuple_extra_s)
+    extra = costs.hardware.allreduce.d_tuple_extra_s
+    if per_buffer is not None:
         extra = per_buffer - float(x[1])
     cm = model(*x, fused, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,
-                           measured.fused_wall_s, fused_got, extra, per_buffer, copy)
+                           measured.fused_wall_s, fused_got, extra, per_buffer, copy, c)
 
 
 #: The compute scale fitted to a compiled module run as written stays in this range.

@@ -218,7 +218,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   progress: Callable[[str], None] | None = None,
                   extra_baselines: Sequence[str] = (), remeasure_fit: bool = False,
                   staged_top: int = 3, chunk_bytes: int | None | str = "default",
-                  keep_labels: bool = True, keep_details: bool = False) -> Optimized:
+                  keep_labels: bool = True, keep_details: bool = False,
+                  profile: str | None = None) -> Optimized:
     """Profiles, searches, compiles the candidates and chooses by measurement.
 
     Args:
@@ -275,6 +276,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             (False: never; ``disco bench`` leaves the dataset alone).
         keep_details: return :attr:`Optimized.details` (it holds every compiled program
             until dropped).
+        profile: the in-context profile, ``"full"`` or ``"lean"``
+            (:func:`~disco_jax.pipeline.budget.Budget.profile_level`; None: as the budget
+            affords, full without one).
 
     Returns:
         The :class:`Optimized` winner.
@@ -288,11 +292,11 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     import jax
 
     from disco_estimator.costs.fused_choice import choose_fused_estimator
-    from disco_jax.pipeline.budget import Budget
+    from disco_jax.pipeline.budget import FULL, LEAN, PLAN_COMPILES, Budget
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, decide, measure
     from disco_jax.pipeline.fit import default_hardware, in_context_costs
-    from disco_jax.pipeline.profile import profile_in_context
+    from disco_jax.pipeline.profile import MIN_ROUNDS, profile_in_context
     from disco_jax.pipeline.program import lower_program
     from disco_jax.pipeline.search import plans_for_choice
     from hlo_tools import baselines as bl
@@ -303,6 +307,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
     if set(extra_baselines) & {"xla_default", "op_fusion"}:
         raise ValueError("xla_default and op_fusion are candidates, not extra_baselines")
+    if profile not in (None, FULL, LEAN):
+        raise ValueError(f"profile must be {FULL!r} or {LEAN!r}, got {profile!r}")
     seconds: dict[str, float] = {}
     budget = Budget(time_budget_s)
     t0 = t_phase = time.perf_counter()
@@ -325,26 +331,33 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
         f"({plan_route.reason}); hardware {hardware}; {first}")
     compiled_already: dict[str, Any] = {}
-    if budget.limited:  # XLA's default first: its compile prices the profile
+    level = profile or FULL
+    if budget.limited or level == LEAN:  # XLA's default first: its compile prices the profile
         t_default = time.perf_counter()
         compiled_already["xla_default"] = baseline_program(
             program, bl.baseline_options("xla_default", program.platform))
         budget.note_compile(time.perf_counter() - t_default)
         lap("compile")
-        affords = budget.affords_profile()
-        affords = sync.share("budget_profile", affords)
-        if not affords:
+        if profile is None:
+            level = sync.share("budget_profile", budget.profile_level())
+        if level is None:
             why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
-                   f"takes (about {budget.profile_s():.0f} s, from its "
-                   f"{seconds['compile']:.1f} s compile): running XLA's default")
+                   f"and compiling a plan take (about "
+                   f"{budget.profile_s(LEAN) + PLAN_COMPILES * seconds['compile']:.0f} s, "
+                   f"from its {seconds['compile']:.1f} s compile): running XLA's default")
             say(f"time budget: {why}")
             return _xla_default_only(program, plan_route, hardware, compiled_already, why,
                                      seconds, t0, fused)
-        say("profiling in context")
-    rounds = budget.profile_rounds(profile_rounds)
+        say("profiling in context" + (" (lean: XLA's default as the fused program)"
+                                      if level == LEAN else ""))
+    lean = level == LEAN
+    # a lean profile takes the fewest rounds and traced iterations
+    rounds = min(profile_rounds, MIN_ROUNDS) if lean else budget.profile_rounds(profile_rounds)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
                                   iterations=rounds, rounds=rounds, quick=budget.short,
-                                  left_s=budget.profile_clock())
+                                  left_s=budget.profile_clock(),
+                                  xla_default=compiled_already["xla_default"] if lean
+                                  else None)
     budget.note_iteration(measured.wall_s)
     lap("profile")
     if budget.limited:
@@ -354,7 +367,8 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     costs = calibration = None
     if jax.process_index() == 0:
         costs, calibration = in_context_costs(program.module, hardware, measured,
-                                              progress=False, bench=budget.times_ops(),
+                                              progress=False,
+                                              bench=budget.times_ops() and not lean,
                                               fused=fused.estimator)
         lap("fit")
     search_s = budget.search_s(search_s)

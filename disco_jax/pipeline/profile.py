@@ -1,6 +1,8 @@
 """The in-context profile: the step compiled with nothing fused, profiled and timed where
 it runs, beside the same program with one gradient bucket (nothing fused, and XLA's fusion
-of it) and, in a multi-process job, the tuple probe. Every process of a job calls it
+of it) and, in a multi-process job, the tuple probe. A *lean* profile, for a budget that
+cannot pay for three compiles, times the no-fusion program beside XLA's default, compiled
+already, instead of the two one-bucket programs. Every process of a job calls it
 alike (the programs have collectives). :func:`profile_module_in_context` does the same for
 a module given alone (an HLO file), on this process's devices, and
 :func:`profile_compiled_in_context` runs XLA's compiled module as written."""
@@ -39,11 +41,12 @@ class InContext(NamedTuple):
         profile: the traced profile of the no-fusion program (per-op times).
         wall_s: untraced seconds per iteration of the no-fusion program.
         one_bucket: the no-fusion program with every gradient in one flat all-reduce
-            bucket (the same computation, one collective), as a module.
-        one_bucket_wall_s: its untraced seconds per iteration.
+            bucket (the same computation, one collective), as a module (None: a lean
+            profile).
+        one_bucket_wall_s: its untraced seconds per iteration (None: a lean profile).
         fused: XLA's compilation of ``one_bucket`` with its op fusion on (the
-            ``bucketed`` baseline with one bucket), as the module XLA runs (None: not
-            measured).
+            ``bucketed`` baseline with one bucket) or, in a lean profile, XLA's default
+            compilation of the step, as the module XLA runs (None: not measured).
         fused_wall_s: its untraced seconds per iteration (None: not measured).
         tuple_buffers: how many buffers the tuple probe's all-reduce has: the program's
             gradients, each its own buffer of one all-reduce, as XLA's combiner writes
@@ -57,13 +60,16 @@ class InContext(NamedTuple):
             too slow in the held-out benchmark).
         flat_wall_s: seconds of one flat all-reduce of the same bytes alone in a program
             (None: not measured).
-        runs: the measured programs by name (``no_fusion``, ``one_bucket``, ``fused``
-            and, when measured, ``tuple`` and ``flat``), each called as ``run(*args)``
+        runs: the measured programs by name (``no_fusion``, ``one_bucket`` (not in a
+            lean profile), ``fused`` and, when measured, ``tuple`` and ``flat``), each
+            called as ``run(*args)``
             with the step's arguments, to be measured again later (:func:`pooled`).
         samples_s: the samples behind the medians above, by the same names.
         one_bucket_profile: the traced profile of the one-bucket program (per-op times
             of its bucket's copies: the concatenate into the flat buffer and the
             slices out of it; None: not measured).
+        flat_bytes: the bytes of the tuple probe's flat all-reduce: every gradient's
+            (None: not measured).
 
     The times are medians of interleaved samples (in a job, per sample the minimum over
     processes).
@@ -71,8 +77,8 @@ class InContext(NamedTuple):
 
     profile: trace.ProgramProfile
     wall_s: float
-    one_bucket: HloModule
-    one_bucket_wall_s: float
+    one_bucket: HloModule | None
+    one_bucket_wall_s: float | None
     fused: HloModule | None = None
     fused_wall_s: float | None = None
     tuple_buffers: int | None = None
@@ -81,13 +87,20 @@ class InContext(NamedTuple):
     runs: Mapping[str, Callable[..., Any]] | None = None
     samples_s: Mapping[str, Sequence[float]] | None = None
     one_bucket_profile: trace.ProgramProfile | None = None
+    flat_bytes: int | None = None
+
+    @property
+    def lean(self) -> bool:
+        """A lean profile: no one-bucket programs, XLA's default as the fused one."""
+        return self.one_bucket is None
 
 
 def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: HloModule, *,
                        iterations: int = 5, warmup: int = 2, rounds: int = 5,
                        library: bool = True, sync: Sync = SOLO,
                        quick: bool = False,
-                       left_s: Callable[[], float] | None = None) -> InContext:
+                       left_s: Callable[[], float] | None = None,
+                       xla_default: Callable[..., Any] | None = None) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
     and times it beside the same program with one gradient bucket, compiled once with
     nothing fused and once with XLA's op fusion, and in a multi-process job beside the
@@ -113,26 +126,37 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             of timings, each part is done only while it fits: rounds up to ``rounds``,
             the one-bucket trace, timings taken again (process 0's clock decides for
             the job).
+        xla_default: XLA's default compilation of the step (``run(*args)``, e.g. the
+            ``xla_default`` baseline), compiled already: given, the profile is *lean*:
+            one compile instead of three; it times the no-fusion program beside this
+            program as the fused one, and no one-bucket program (the fit then takes
+            the all-reduce's latency from the tuple probe or the hardware file,
+            :func:`~disco_jax.pipeline.fit.calibrate_in_context`).
     """
     graph = hlo_tools.device_graph(module)
-    one = _one_bucket(module, graph)
     several = len(graph.gradient_allreduces) >= 2  # something to combine, buckets differ
     exact = hlo_tools.CompileOptions(exact=True, library=library)
-    runs = {name: hlo_tools.compile_module(hlo_tools.to_text(m), hlo_tools.InPlaceOf(step, args),
-                                           exact)
-            for name, m in (("no_fusion", module), ("one_bucket", one))}
-    runs["fused"] = hlo_tools.compile_module(
-        hlo_tools.to_text(one), hlo_tools.InPlaceOf(step, args),
-        hlo_tools.CompileOptions(exact=False, extra=_fused_options()))
+    place = hlo_tools.InPlaceOf(step, args)
+    runs = {"no_fusion": hlo_tools.compile_module(hlo_tools.to_text(module), place, exact)}
+    one = None
+    if xla_default is None:
+        one = _one_bucket(module, graph)
+        runs["one_bucket"] = hlo_tools.compile_module(hlo_tools.to_text(one), place, exact)
+        runs["fused"] = hlo_tools.compile_module(
+            hlo_tools.to_text(one), place,
+            hlo_tools.CompileOptions(exact=False, extra=_fused_options()))
+    else:
+        runs["fused"] = xla_default
     buffers = [int(graph.out_bytes[i]) for i in graph.gradient_allreduces]
     if sync.processes > 1 and several:
         probe = tuple_allreduce_programs(buffers)
         runs["tuple"] = lambda *_: probe.run_tuple()
         runs["flat"] = lambda *_: probe.run_flat()
-    return _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
-                         rounds=rounds, sync=sync, buckets_differ=several,
-                         tuple_buffers=len(buffers) if "tuple" in runs else None,
-                         quick=quick, left_s=left_s)
+    measured = _profile_runs(runs, args, one, iterations=iterations, warmup=warmup,
+                             rounds=rounds, sync=sync, buckets_differ=several,
+                             tuple_buffers=len(buffers) if "tuple" in runs else None,
+                             quick=quick, left_s=left_s)
+    return measured._replace(flat_bytes=sum(buffers) if "flat" in runs else None)
 
 
 def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
@@ -325,14 +349,15 @@ def _fits(left_s: Callable[[], float] | None, need_s: float, sync: Sync,
 
 
 def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
-                  one: HloModule, *, iterations: int, warmup: int, rounds: int,
+                  one: HloModule | None, *, iterations: int, warmup: int, rounds: int,
                   sync: Sync, buckets_differ: bool,
                   tuple_buffers: int | None = None, quick: bool = False,
                   left_s: Callable[[], float] | None = None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
-    program of ``one``), ``runs["fused"]`` (XLA's compilation of it) and, when given,
-    the tuple probe ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers),
-    all called on ``args``. With ``buckets_differ`` (the program has two gradient
+    program of ``one``; neither in a lean profile, ``one`` None), ``runs["fused"]``
+    (XLA's compilation of it, or XLA's default) and, when given, the tuple probe
+    ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers), all called on
+    ``args``. With ``buckets_differ`` (the program has two gradient
     all-reduces or more, so the bucket has copies), ``runs["one_bucket"]`` is profiled
     too, and timings that are :func:`inconsistent_walls` get up to
     :data:`REMEASURE_INCONSISTENT` more rounds of ``rounds`` samples, pooled (every
@@ -343,6 +368,7 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
     combined) or :data:`_MIN_SAMPLE_S`."""
     from hlo_tools import baselines as bl
 
+    buckets_differ = buckets_differ and one is not None
     profile = trace.profile_program(runs["no_fusion"], *args, iterations=iterations,
                                     warmup=warmup)
     call_s = statistics.median(profile.wall_times_s) if profile.wall_times_s else 0.0
@@ -364,7 +390,7 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
         walls = {name: [*walls[name], *more[name]] for name in walls}
     probed = "tuple" in runs and tuple_buffers is not None
     return InContext(profile, statistics.median(walls["no_fusion"]), one,
-                     statistics.median(walls["one_bucket"]),
+                     statistics.median(walls["one_bucket"]) if one is not None else None,
                      bl.module_from_compiled(runs["fused"]),
                      statistics.median(walls["fused"]),
                      tuple_buffers if probed else None,
