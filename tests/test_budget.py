@@ -75,6 +75,7 @@ def test_standalone_op_timing_only_with_half_the_budget_left():
 def test_short_budgets_profile_fewer_rounds():
     assert Budget(SHORT_S - 1).profile_rounds(5) == 3 and Budget(SHORT_S - 1).short
     assert Budget(SHORT_S).profile_rounds(5) == 5 and not Budget(SHORT_S).short
+    assert Budget(None).profile_rounds(5, LEAN) == 3 and not Budget(None).times_ops(LEAN)
     assert not Budget(None).short
 
 

@@ -111,14 +111,16 @@ class Budget:
         (:func:`~disco_jax.pipeline.profile.profile_in_context`'s ``quick``)."""
         return self.total_s is not None and self.total_s < SHORT_S
 
-    def profile_rounds(self, default: int) -> int:
-        """Profiled rounds: ``default``, or 3 for a budget under :data:`SHORT_S`."""
-        return min(default, 3) if self.short else default
+    def profile_rounds(self, default: int, level: str = FULL) -> int:
+        """Profiled rounds: ``default``, or 3 for a budget under :data:`SHORT_S` or a
+        :data:`LEAN` profile."""
+        return min(default, 3) if self.short or level == LEAN else default
 
-    def times_ops(self) -> bool:
-        """Whether the fit may time the ops its profile lacks standalone: without a
-        budget, or with half of it left."""
-        return self.total_s is None or self.left_s() >= 0.5 * self.total_s
+    def times_ops(self, level: str = FULL) -> bool:
+        """Whether the fit may time the ops its profile lacks standalone: after a
+        :data:`FULL` profile, without a budget or with half of it left."""
+        return level == FULL and (self.total_s is None
+                                  or self.left_s() >= 0.5 * self.total_s)
 
     def search_s(self, limit_s: float | None) -> float | None:
         """The search's time: :data:`SEARCH_SHARE` of what is left, at most ``limit_s``

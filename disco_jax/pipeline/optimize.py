@@ -296,7 +296,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, decide, measure
     from disco_jax.pipeline.fit import default_hardware, in_context_costs
-    from disco_jax.pipeline.profile import MIN_ROUNDS, profile_in_context
+    from disco_jax.pipeline.profile import profile_in_context
     from disco_jax.pipeline.program import lower_program
     from disco_jax.pipeline.search import plans_for_choice
     from hlo_tools import baselines as bl
@@ -351,8 +351,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         say("profiling in context" + (" (lean: XLA's default as the fused program)"
                                       if level == LEAN else ""))
     lean = level == LEAN
-    # a lean profile takes the fewest rounds and traced iterations
-    rounds = min(profile_rounds, MIN_ROUNDS) if lean else budget.profile_rounds(profile_rounds)
+    rounds = budget.profile_rounds(profile_rounds, level)
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
                                   iterations=rounds, rounds=rounds, quick=budget.short,
                                   left_s=budget.profile_clock(),
@@ -367,8 +366,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     costs = calibration = None
     if jax.process_index() == 0:
         costs, calibration = in_context_costs(program.module, hardware, measured,
-                                              progress=False,
-                                              bench=budget.times_ops() and not lean,
+                                              progress=False, bench=budget.times_ops(level),
                                               fused=fused.estimator)
         lap("fit")
     search_s = budget.search_s(search_s)
