@@ -8,6 +8,9 @@ Modes:
 * ``fallback``: a staged enactment built through :func:`disco_jax.enactment.build` in a
   process pinned to one CPU without ``NPROC``, with ``DISCO_STAGED=0`` from the test:
   the build falls back to one program; 5 steps.
+* ``budget``: ``optimize_step`` of vgg (tiny) with staged programs under a budget that
+  cannot pay for the full profile: the staged programs and baselines are built first;
+  the winner's 5 steps beside ``jax.jit``'s.
 * ``fail``: process 1's second stage fails (an injected exception); both processes must
   raise :class:`disco_jax.enactment.staged.StagedStepError` within the bounded wait.
 """
@@ -115,6 +118,26 @@ def _fail(args, sync) -> dict:
     return row
 
 
+def _budget(args, sync) -> dict:
+    import jax
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.optimize import optimize_step
+
+    step, step_args = zoo.get("vgg")(2, "tiny")
+    lines: list[str] = []
+    opt = optimize_step(step, step_args, time_budget_s=float(args.budget), sync=sync,
+                        staged=("auto",), progress=lines.append, keep_labels=False)
+    try:
+        row = _compare(_run_steps(opt.run, step_args), _run_steps(jax.jit(step), step_args))
+    finally:
+        if hasattr(opt.run, "close"):
+            opt.run.close()
+    rep = opt.report
+    return {**row, "lines": lines, "choice": rep.choice, "measured": sorted(rep.measured_s),
+            "search": rep.search, "seconds": rep.seconds, "calibration": rep.calibration}
+
+
 def _wait_for_peer(peer_out: Path, timeout_s: float = 60.0) -> None:
     """Wait until process 1 has written its row, then a little longer for it to exit:
     process 1 aborts when the coordinator in process 0 goes away first."""
@@ -126,12 +149,13 @@ def _wait_for_peer(peer_out: Path, timeout_s: float = 60.0) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", required=True, choices=("zoo", "fallback", "fail"))
+    ap.add_argument("--mode", required=True, choices=("zoo", "fallback", "fail", "budget"))
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--process-id", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--pin", action="store_true")
     ap.add_argument("--models", default="", help="zoo mode: comma-separated (default: all)")
+    ap.add_argument("--budget", default="15", help="budget mode: seconds")
     args = ap.parse_args()
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))
@@ -147,6 +171,8 @@ def main() -> None:
         row = _zoo(args)
     elif args.mode == "fallback":
         row = _fallback(args)
+    elif args.mode == "budget":
+        row = _budget(args, job_sync("staged_budget"))
     else:
         row = _fail(args, job_sync("staged_fail"))
     Path(args.out).write_text(json.dumps(row))

@@ -137,6 +137,25 @@ def test_the_profile_is_chosen_at_its_price_in_compiles():
     assert Budget(None).profile_level() == FULL
 
 
+def test_the_lean_profile_after_programs_built_first_is_priced_with_them():
+    """After the staged programs and baselines: 3 s, 3 + 3 compiles, 15 calls of the step
+    and a final choice among the programs kept so far and the plan."""
+    from disco_jax.pipeline.budget import LEAN_CALLS
+
+    assert LEAN_CALLS == 15
+    clock = Clock()
+    b = Budget(60.0, clock=clock)
+    b.note_compile(2.0)
+    b.note_iteration(0.1)
+    for _ in range(3):
+        b.keep()
+    # 3 + 6 x 2 + 15 x 0.1 + 4 programs x (3 + 2) x 0.1 = 18.5 s
+    clock.now += 60.0 - 18.5
+    assert b.lean_after(3)
+    clock.now += 0.01
+    assert not b.lean_after(3)
+
+
 def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
     """A real first call with a budget the profile cannot fit in: XLA's default, compiled
     once, chosen without a search; it computes what jax.jit computes."""

@@ -5,7 +5,9 @@
   all-reduces in the same order;
 * the fallback of a staged enactment to one program (``DISCO_STAGED=0``), with a warning
   naming the reason, computes the same steps (under ``-m slow``);
-* a stage that fails in one process raises a clear error in both, not a hang.
+* a stage that fails in one process raises a clear error in both, not a hang;
+* a first call under a budget that cannot pay for the full profile builds the staged
+  programs first and computes what ``jax.jit`` computes.
 """
 
 from __future__ import annotations
@@ -88,3 +90,25 @@ def test_failing_stage_is_a_clear_error_in_both_processes(tmp_path):
     assert "stage 1 failed" in rows[1]["error"] and "injected" in rows[1]["error"], rows[1]
     assert "process 0" in rows[0]["error"] and "all-reduce of bucket" in rows[0]["error"]
     assert rows[0]["seconds"] < 60
+
+
+def test_a_short_budget_builds_the_staged_programs_before_the_profile(tmp_path):
+    """15 s for vgg (tiny) in a 2-process job: the full profile (3 s and ten compiles of
+    XLA's default) does not fit in a third of it, so XLA's default is timed once and
+    the staged programs come next; the lean profile and the search follow only if they
+    still fit. The winner's steps are jax.jit's in both processes."""
+    rows = _job(tmp_path, "budget", timeout_s=300.0)
+    for p, r in enumerate(rows):
+        assert any("staged programs and baselines first" in line for line in r["lines"]) \
+            or p == 1, r["lines"]
+        assert any(name.startswith("staged_") for name in r["measured"]), r["measured"]
+        assert r["staged"] == pytest.approx(r["jit"], rel=1e-5), p
+        assert r["max_scaled_diff"] <= 1.0, (p, r["max_scaled_diff"])
+        assert r["seconds"]["total"] < 1.2 * 15.0, r["seconds"]
+    assert rows[0]["choice"] == rows[1]["choice"]
+    assert rows[0]["staged"] == rows[1]["staged"]
+    search = rows[0]["search"]
+    if "skipped" in (search or {}):  # no time left for the profile: no calibration
+        assert rows[0]["calibration"] is None
+    else:
+        assert rows[0]["calibration"] is not None

@@ -12,6 +12,13 @@ out of one budget of ``B`` seconds. The phases share it by one rule:
    :data:`LEAN_COMPILES` ``x c`` when that and a plan's compile (:data:`PLAN_COMPILES`
    ``x c``) fit in what is left; else there is no time to choose by measurement, and the
    first call runs XLA's default.
+
+   In a multi-process job with staged programs asked for, a budget that cannot pay for
+   the full profile goes first to the programs that overlap communication with
+   computation: one timed call of XLA's default prices the final choice, the candidates
+   of step 3 but the plans are built (staged programs first, their picks by the
+   analytic cost model), and the lean profile, the search and one plan follow only while
+   they still fit (:meth:`Budget.lean_after`).
 1. **Profile and fit**: the profile's own share is :data:`PROFILE_SHARE` of ``B``
    (:meth:`Budget.profile_clock`). Its compiles, the trace of the no-fusion program and
    :data:`~disco_jax.pipeline.profile.MIN_ROUNDS` rounds of timings are the least it does;
@@ -43,7 +50,7 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["FULL", "LEAN", "LEAN_COMPILES", "PLAN_COMPILES", "PROFILE_COMPILES",
+__all__ = ["FULL", "LEAN", "LEAN_CALLS", "LEAN_COMPILES", "PLAN_COMPILES", "PROFILE_COMPILES",
            "PROFILE_FIXED_S", "PROFILE_SHARE", "SEARCH_SHARE", "SHORT_S", "Budget"]
 
 #: The in-context profile's share of the budget: what it may take beyond the least it does.
@@ -64,6 +71,9 @@ PROFILE_COMPILES = 10.0
 #: transformer at ``small`` in a 2-process gloo job: 14.5 s where XLA's default compiled
 #: in 4.2 s, 3 s + 2.7 compiles).
 LEAN_COMPILES = 3.0
+#: Calls of the step the lean profile makes: its traced no-fusion iterations with their
+#: warm-up and the timed rounds of two programs.
+LEAN_CALLS = 15
 #: What one exact plan costs to compile, in compiles of XLA's default (the lean profile
 #: is worth its time only when a plan can be compiled after it).
 PLAN_COMPILES = 3.0
@@ -155,6 +165,14 @@ class Budget:
         if self.left_s() >= self.profile_s(LEAN) + PLAN_COMPILES * self._compile_s:
             return LEAN
         return None
+
+    def lean_after(self, rounds: int) -> bool:
+        """Whether the lean profile and one plan still fit after programs built first:
+        :meth:`profile_s` of :data:`LEAN`, :data:`LEAN_CALLS` calls of the step, a plan's
+        compile (:data:`PLAN_COMPILES`) and a final choice of ``rounds`` among the
+        programs kept so far and the plan."""
+        return self.affords(rounds, compiles=LEAN_COMPILES + PLAN_COMPILES,
+                            extra_calls=LEAN_CALLS, extra_s=PROFILE_FIXED_S)
 
     def profile_clock(self) -> Callable[[], float] | None:
         """Starts the profile's share: returns what is left of it, seconds, when called

@@ -46,6 +46,10 @@ class Candidates(NamedTuple):
     bucketed: dict[str, tuple[int | None, int]]
     staged_info: dict[str, Any]
 
+    def merged(self, more: Candidates) -> Candidates:
+        """These candidates and ``more`` (built after them), as one final choice."""
+        return Candidates(*(({**mine, **theirs}) for mine, theirs in zip(self, more)))
+
     def close_except(self, keep: str) -> None:
         """Closes every staged run but ``keep`` (their communication threads)."""
         for name, run in self.runs.items():
@@ -133,7 +137,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
 
     Returns:
         The :class:`Candidates`. On backends whose combiner takes a threshold (XLA:GPU),
-        XLA's default at the swept thresholds too (``xla_combine_*``).
+        with ``xla_default`` among ``baselines``, XLA's default at the swept thresholds
+        too (``xla_combine_*``).
     """
     import jax
 
@@ -256,7 +261,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             got, info = staged_candidates(
                 program, staged, plans=plans, costs=costs, sync=sync, say=say, top=top,
                 chunk_bytes=chunk_bytes,
-                afford=(lambda: budget.affords(choice_rounds, compiles=STAGED_COMPILES))
+                afford=(lambda build_s: budget.affords(choice_rounds, compiles=0,
+                                                       extra_s=build_s))
                 if budget.limited else None)
             staged_runs.update(got)
             staged_info.update(info)
@@ -267,7 +273,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     # processes they are what overlaps communication with computation
     staged_first = bool(staged) and budget.limited and sync.processes > 1
     others = [(b, bl.baseline_options(b, platform)) for b in baselines if b != "xla_default"]
-    others += bl.combine_threshold_candidates(platform, program.gradient_bytes)
+    if "xla_default" in baselines:  # its combiner's thresholds swept
+        others += bl.combine_threshold_candidates(platform, program.gradient_bytes)
     if "xla_default" in baselines:
         baseline("xla_default", bl.baseline_options("xla_default", platform))
     if staged_first:
@@ -321,7 +328,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
                       costs: Any = None, sync: Sync = SOLO,
                       say: Callable[[str], None] | None = None, top: int = 3,
                       chunk_bytes: int | None | str = "default",
-                      afford: Callable[[], bool] | None = None
+                      afford: Callable[[float], bool] | None = None
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Staged enactments (:mod:`disco_jax.enactment.staged`, XLA's fusion inside each
     stage) to add to a final choice.
@@ -345,7 +352,8 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
         chunk_bytes: each bucket is reduced in collectives of at most this many bytes
             (None: one per bucket; ``"default"``:
             :data:`~disco_jax.enactment.staged.CHUNK_BYTES`).
-        afford: asked before each pick of ``"auto"`` is built (process 0's answer counts);
+        afford: asked before each pick of ``"auto"`` is built, with the seconds the
+            reference took to build (process 0's answer counts);
             False: it and the rest are left out, and so is the unshared bound's pick
             (None: every pick).
 
@@ -396,9 +404,11 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
     order = sync.share("staged_order", order)
     cands = layouts(graph, order)
     ref = "staged_k4_r1" if "staged_k4_r1" in cands else next(iter(cands))
+    t_build = time.perf_counter()
     try:
         out[ref] = staged_step(step, args, buckets=cands[ref], chunk_bytes=chunk,
                                module=module)
+        build_s = time.perf_counter() - t_build
     except ValueError as err:
         say(f"staged: not staged ({err})")
         return out, info
@@ -442,7 +452,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
             f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
     pick = sync.share("staged_pick", pick)
     for name in pick:
-        if afford is not None and not sync.share(f"staged_afford_{name}", afford()):
+        if afford is not None and not sync.share(f"staged_afford_{name}", afford(build_s)):
             say(f"time budget: staged {name} and the picks after it left out")
             break
         out[name] = staged_step(step, args, buckets=cands[name], chunk_bytes=chunk,

@@ -206,6 +206,78 @@ def _xla_default_only(program: Any, route: Any, hardware: str,
     return Optimized(cands.enactments["xla_default"], cands.runs["xla_default"], report)
 
 
+def _overlap_first(program: Any, route: Any, hardware: str, baselines: Sequence[str],
+                   staged: Sequence[Any], compiled_already: Mapping[str, Any],
+                   cand_args: Mapping[str, Any]) -> Candidates:
+    """The candidates but the search's plans, built before the profile: in a job under a
+    budget that cannot pay for the full profile they are what the budget buys first
+    (staged programs overlap the all-reduces that cross processes). One timed call of
+    XLA's default prices the final choice; process 0 orders the staged programs' stages
+    and picks their bucketings with the analytic cost model of ``hardware`` (no op is
+    timed)."""
+    import jax
+
+    from disco_estimator.costs.cost_model import CostModel
+    from disco_jax.pipeline.candidates import build_candidates
+    from disco_jax.pipeline.choose import measure
+
+    budget, sync = cand_args["budget"], cand_args["sync"]
+    once = measure({"xla_default": compiled_already["xla_default"]}, program.args,
+                   rounds=1, warmup=1, min_sample_s=0.0, sync=sync, tag="budget_call")
+    budget.note_iteration(once["xla_default"][0])
+    analytic = (CostModel.for_module(program.module, hardware, bench=False, progress=False)
+                if jax.process_index() == 0 else None)
+    return build_candidates(program, (), route, baselines=baselines, staged=staged,
+                            costs=analytic, compiled_already=compiled_already, **cand_args)
+
+
+def _profile_and_search(program: Any, level: str, budget: Any, sync: Sync,
+                        say: Callable[[str], None], lap: Callable[[str], None],
+                        seconds: Mapping[str, float], hardware: str, fused: FusedChoice,
+                        route: Any, compiled_already: Mapping[str, Any], *,
+                        profile_rounds: int, seed: int, top_k: int,
+                        search_s: float | None, memory_budget_bytes: int | None
+                        ) -> tuple[Any, Any, Any, SearchedPlans]:
+    """The in-context profile of ``level``, the fit (process 0) and the search's plans
+    for the final choice: ``(profile, costs, calibration, searched)``."""
+    import jax
+
+    from disco_jax.pipeline.budget import LEAN
+    from disco_jax.pipeline.fit import in_context_costs
+    from disco_jax.pipeline.profile import profile_in_context
+    from disco_jax.pipeline.search import plans_for_choice
+    from hlo_tools.jax_bridge import EXACT
+
+    say("profiling in context" + (" (lean: XLA's default as the fused program)"
+                                  if level == LEAN else ""))
+    rounds = budget.profile_rounds(profile_rounds, level)
+    measured = profile_in_context(program.step, program.args, program.module, sync=sync,
+                                  iterations=rounds, rounds=rounds, quick=budget.short,
+                                  left_s=budget.profile_clock(),
+                                  xla_default=compiled_already["xla_default"]
+                                  if level == LEAN else None)
+    budget.note_iteration(measured.wall_s)
+    lap("profile")
+    if budget.limited:
+        say(f"profiled in {seconds['profile']:.1f} s ({seconds['profile'] / budget.total_s:.0%}"
+            f" of the {budget.total_s:g} s budget); fitting the cost model")
+    costs = calibration = None
+    if jax.process_index() == 0:
+        costs, calibration = in_context_costs(program.module, hardware, measured,
+                                              progress=False, bench=budget.times_ops(level),
+                                              fused=fused.estimator)
+        lap("fit")
+    search_s = budget.search_s(search_s)
+    search_s = sync.share("budget_search_s", search_s)  # process 0's clock decides
+    searched = plans_for_choice(program.graph, costs, sync=sync, seed=seed,
+                                time_budget_s=search_s, top_k=top_k,
+                                memory_budget_bytes=memory_budget_bytes,
+                                buckets_only=route.name != EXACT, say=say)
+    if costs is not None:
+        lap("search")
+    return measured, costs, calibration, searched
+
+
 def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                   time_budget_s: float | None = None, hardware: str | None = None,
                   sync: Sync = SOLO, top_k: int = 3,
@@ -295,10 +367,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     from disco_jax.pipeline.budget import FULL, LEAN, PLAN_COMPILES, Budget
     from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
     from disco_jax.pipeline.choose import choice_tiers, decide, measure
-    from disco_jax.pipeline.fit import default_hardware, in_context_costs
-    from disco_jax.pipeline.profile import profile_in_context
+    from disco_jax.pipeline.fit import default_hardware
     from disco_jax.pipeline.program import lower_program
-    from disco_jax.pipeline.search import plans_for_choice
+    from disco_jax.pipeline.search import SearchedPlans
     from hlo_tools import baselines as bl
     from hlo_tools.jax_bridge import EXACT
 
@@ -326,12 +397,18 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     plan_route = enactment_route(route, program.platform)
     hardware = hardware or default_hardware(jax.process_count(), program.platform)
     graph = program.graph
-    first = "compiling XLA's default" if budget.limited else "profiling in context"
+    start = "compiling XLA's default" if budget.limited else "profiling in context"
     say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
         f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
-        f"({plan_route.reason}); hardware {hardware}; {first}")
+        f"({plan_route.reason}); hardware {hardware}; {start}")
     compiled_already: dict[str, Any] = {}
     level = profile or FULL
+    first: Candidates | None = None  # the programs built before the profile
+    skipped = None  # why nothing was profiled nor searched
+    cand_args = {"bucket_thresholds": bucket_thresholds, "sync": sync, "say": say,
+                 "staged_top": staged_top, "chunk_bytes": chunk_bytes, "budget": budget,
+                 "choice_rounds": choice_rounds}
+    baselines = ("xla_default", "op_fusion", *extra_baselines)
     if budget.limited or level == LEAN:  # XLA's default first: its compile prices the profile
         t_default = time.perf_counter()
         compiled_already["xla_default"] = baseline_program(
@@ -340,7 +417,18 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         lap("compile")
         if profile is None:
             level = sync.share("budget_profile", budget.profile_level())
-        if level is None:
+        if profile is None and level != FULL and staged and sync.processes > 1:
+            say("time budget: staged programs and baselines first, then the profile and "
+                "the search if they still fit")
+            first = _overlap_first(program, plan_route, hardware, baselines, staged,
+                                   compiled_already, cand_args)
+            lap("compile")
+            level = sync.share("budget_profile_after",
+                               LEAN if budget.lean_after(choice_rounds) else None)
+            if level is None:
+                skipped = (f"the {budget.total_s:g} s budget left no time to profile the "
+                           "step and compile a plan after the staged programs and baselines")
+        elif level is None:
             why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
                    f"and compiling a plan take (about "
                    f"{budget.profile_s(LEAN) + PLAN_COMPILES * seconds['compile']:.0f} s, "
@@ -348,48 +436,33 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             say(f"time budget: {why}")
             return _xla_default_only(program, plan_route, hardware, compiled_already, why,
                                      seconds, t0, fused)
-        say("profiling in context" + (" (lean: XLA's default as the fused program)"
-                                      if level == LEAN else ""))
-    lean = level == LEAN
-    rounds = budget.profile_rounds(profile_rounds, level)
-    measured = profile_in_context(program.step, program.args, program.module, sync=sync,
-                                  iterations=rounds, rounds=rounds, quick=budget.short,
-                                  left_s=budget.profile_clock(),
-                                  xla_default=compiled_already["xla_default"] if lean
-                                  else None)
-    budget.note_iteration(measured.wall_s)
-    lap("profile")
-    if budget.limited:
-        say(f"profiled in {seconds['profile']:.1f} s ({seconds['profile'] / budget.total_s:.0%}"
-            f" of the {budget.total_s:g} s budget); fitting the cost model")
+    measured = costs = calibration = None
+    searched = SearchedPlans([], None, None)
+    if level is not None:
+        measured, costs, calibration, searched = _profile_and_search(
+            program, level, budget, sync, say, lap, seconds, hardware, fused, plan_route,
+            compiled_already, profile_rounds=profile_rounds, seed=seed, top_k=top_k,
+            search_s=search_s, memory_budget_bytes=memory_budget_bytes)
+    else:
+        say(f"time budget: {skipped}")
 
-    costs = calibration = None
-    if jax.process_index() == 0:
-        costs, calibration = in_context_costs(program.module, hardware, measured,
-                                              progress=False, bench=budget.times_ops(level),
-                                              fused=fused.estimator)
-        lap("fit")
-    search_s = budget.search_s(search_s)
-    search_s = sync.share("budget_search_s", search_s)  # process 0's clock decides
-    searched = plans_for_choice(graph, costs, sync=sync, seed=seed,
-                                time_budget_s=search_s, top_k=top_k,
-                                memory_budget_bytes=memory_budget_bytes,
-                                buckets_only=plan_route.name != EXACT, say=say)
-    if costs is not None:
-        lap("search")
-
-    say("compiling the candidates")
-    cands = build_candidates(program, searched.plans_json, plan_route,
-                             baselines=("xla_default", "op_fusion", *extra_baselines),
-                             bucket_thresholds=bucket_thresholds, staged=staged, costs=costs,
-                             sync=sync, say=say, staged_top=staged_top,
-                             chunk_bytes=chunk_bytes, budget=budget,
-                             choice_rounds=choice_rounds, compiled_already=compiled_already)
+    if first is None:
+        say("compiling the candidates")
+        cands = build_candidates(program, searched.plans_json, plan_route,
+                                 baselines=baselines, staged=staged, costs=costs,
+                                 compiled_already=compiled_already, **cand_args)
+    elif searched.plans_json:
+        say("compiling the search's plans")
+        cands = first.merged(build_candidates(
+            program, searched.plans_json, plan_route, baselines=(),
+            **{**cand_args, "bucket_thresholds": ()}))
+    else:
+        cands = first
     lap("compile")
 
     runs = {n: r for n, r in cands.runs.items() if n not in extra_baselines}
     beside = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()} \
-        if remeasure_fit else {}
+        if remeasure_fit and measured is not None else {}
     sample_s = budget.sample_s(len(runs) + len(beside), choice_rounds, min_sample_s)
     sample_s = sync.share("budget_sample_s", sample_s)
     n = len(runs)
@@ -399,21 +472,21 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                       tag="optimize_choice", min_sample_s=sample_s, seed=seed)
     choice = decide({name: samples[name] for name in runs}, choice_tiers(runs))
     lap("choice")
-    if keep_labels:
+    if keep_labels and measured is not None:
         _keep_labels(program, cands, costs, measured.wall_s, budget, sync, say)
         lap("labels")
     cands.close_except(choice.name)
 
-    predicted: Mapping[str, float | None] = {name: None for name in runs}
-    if costs is not None:
-        # the baselines' predictions (standalone op times) only from time left over
-        spare = not budget.limited or budget.left_s() >= 0.25 * budget.total_s
-        predicted = _predictions(cands, runs, searched, costs, predict_baselines and spare)
-        lap("predict")
+    # the baselines' predictions (standalone op times) only from time left over
+    spare = not budget.limited or budget.left_s() >= 0.25 * budget.total_s
+    predicted = _predictions(cands, runs, searched, costs,
+                             predict_baselines and spare and costs is not None)
+    lap("predict")
     report = OptimizeReport(
         choice=choice.name, predicted_s=dict(predicted), measured_s=dict(choice.medians_s),
         wins=dict(choice.wins), against=dict(choice.against),
-        search=searched.report(seed, top_k, choice_rounds), hardware=hardware,
+        search=({"skipped": skipped} if skipped
+                else searched.report(seed, top_k, choice_rounds)), hardware=hardware,
         route=plan_route.to_json(),
         calibration=calibration._asdict() if calibration is not None else None,
         seconds={**seconds, "total": time.perf_counter() - t0},
