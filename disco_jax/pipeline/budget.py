@@ -15,7 +15,7 @@ out of one budget of ``B`` seconds. The phases share it by one rule:
 
    In a multi-process job with staged programs asked for, a budget that cannot pay for
    the full profile goes first to the programs that overlap communication with
-   computation: one timed call of XLA's default prices the final choice, the candidates
+   computation: XLA's default, timed (two calls), prices the final choice, the candidates
    of step 3 but the plans are built (staged programs first, their picks by the
    analytic cost model), and the lean profile, the search and one plan follow only while
    they still fit (:meth:`Budget.lean_after`).

@@ -173,10 +173,11 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     stopped: list[str] = []  # what the budget left out first
     asked = [0]  # how often it was asked: every process asks in the same order
 
-    def affords(what: str, **need: Any) -> bool:
+    def affords(what: str, *, last: bool = True, **need: Any) -> bool:
         """Whether the budget affords ``what`` (process 0's answer, in a job, under a key
         of its own: the sweep asks once per bucket size); once it does not, nothing more
-        is compiled."""
+        is compiled -- unless ``what`` is not the ``last`` it tries (the staged programs
+        cost several compiles; one program of hand bucketing may still fit)."""
         if stopped:
             return False
         if not budget.limited:
@@ -184,9 +185,11 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         ok = budget.affords(choice_rounds, **need)
         asked[0] += 1
         ok = sync.share(f"budget_{asked[0]}_{what}", ok)
-        if not ok:
+        if not ok and last:
             stopped.append(what)
             say(f"time budget: {what} and what would follow left out")
+        elif not ok:
+            say(f"time budget: {what} left out")
         return ok
 
     def compiled(name: str, make: Callable[[], Any]) -> None:
@@ -257,7 +260,7 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
             top = next((k for k in range(staged_top, 0, -1)
                         if budget.affords(choice_rounds, **staged_need(k))), 0)
             top = sync.share(f"budget_staged_top_{asked[0]}", top)
-        if affords("staged programs", **staged_need(top)):
+        if affords("staged programs", last=not staged_first, **staged_need(top)):
             got, info = staged_candidates(
                 program, staged, plans=plans, costs=costs, sync=sync, say=say, top=top,
                 chunk_bytes=chunk_bytes,
