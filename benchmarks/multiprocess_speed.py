@@ -21,6 +21,10 @@ after every model)::
 
     sudo python benchmarks/multiprocess_speed.py --size medium
 
+``--layout host_local`` builds the arguments as a user's job does (``jax.device_put`` of
+jax arrays to a replicated ``NamedSharding``, the batch by
+``host_local_array_to_global_array``) instead of as the zoo places them.
+
 ``--compare BENCH.json`` (nothing measured) sets these rows beside ``disco bench``'s rows of
 the same size and setup (``disco bench --setups gloo2-1gbit --size medium --staged auto``):
 per model DisCo's measured step in both, and its speed-up over XLA's default (``jax.jit``)
@@ -44,6 +48,34 @@ RESULTS = ROOT / "benchmarks" / "results" / "multiprocess_speed.json"
 MODELS = ("vgg", "resnet", "transformer", "rnnlm", "bert", "reformer")
 
 
+def _host_local(step_args):
+    """The arguments rebuilt as a user's job builds them: the variables and optimizer
+    state by ``jax.device_put`` of jax arrays to a replicated ``NamedSharding`` of the
+    global mesh, the batch from this process's rows with
+    ``multihost_utils.host_local_array_to_global_array``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from disco_jax.zoo.common import AXIS
+
+    params, opt_state, batch = step_args
+    mesh = jax.tree.leaves(params)[0].sharding.mesh
+
+    def local(x):
+        return np.asarray(x.addressable_shards[0].data)
+
+    replicated = NamedSharding(mesh, P())
+    params, opt_state = (jax.device_put(jax.tree.map(lambda x: jnp.asarray(local(x)), t),
+                                        replicated) for t in (params, opt_state))
+    batch = jax.tree.map(lambda x: multihost_utils.host_local_array_to_global_array(
+        local(x), mesh, P(AXIS)), batch)
+    return params, opt_state, batch
+
+
 def _worker(args: argparse.Namespace) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[args.process_id % len(cpus)]})
@@ -63,7 +95,9 @@ def _worker(args: argparse.Namespace) -> None:
 
     os.environ["DISCO_STORE"] = str(Path(args.tmp) / f"store{args.process_id}")
     step, step_args = zoo.get(args.model)(2, args.size)
-    row: dict = {"model": args.model, "size": args.size}
+    if args.layout == "host_local":
+        step_args = _host_local(step_args)
+    row: dict = {"model": args.model, "size": args.size, "layout": args.layout}
 
     def first_call(flag: str):
         os.environ["ENABLE_SEARCH"] = flag
@@ -119,6 +153,7 @@ def _launch(args: argparse.Namespace) -> None:
         lambda i, coordinator: [sys.executable, __file__, "worker", "--model", args.model,
                                 "--size", args.size, "--time-budget", str(args.time_budget),
                                 "--rounds", str(args.rounds), "--tmp", args.tmp,
+                                "--layout", args.layout,
                                 "--out", args.out, "--coordinator", coordinator,
                                 "--process-id", str(i)],
         2, timeout_s=args.timeout, env=child_env(1, {"NPROC": str(POOL_THREADS)}),
@@ -188,6 +223,10 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1500.0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--tmp", default="")
+    ap.add_argument("--layout", default="zoo", choices=("zoo", "host_local"),
+                    help="how the arguments are built: as the zoo places them, or as a "
+                         "user's job does (device_put of jax arrays, the batch by "
+                         "host_local_array_to_global_array)")
     ap.add_argument("--coordinator", default="")
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--parent-netns", default="")
@@ -217,12 +256,13 @@ def main() -> None:
             run_bounded(["unshare", "-n", sys.executable, __file__, "launch", "--model", model,
                          "--size", args.size, "--time-budget", str(args.time_budget),
                          "--rounds", str(args.rounds), "--timeout", str(args.timeout),
-                         "--tmp", tmp, "--out", str(out),
+                         "--tmp", tmp, "--out", str(out), "--layout", args.layout,
                          "--parent-netns", os.readlink("/proc/self/ns/net")],
                         child_env(1), args.timeout + 60)
             rows.append(json.loads(out.read_text()))
         write_result(args.out, {"rows": rows, "meta": {
             "size": args.size, "time_budget_s": args.time_budget, "rounds": args.rounds,
+            "layout": args.layout,
             "setup": f"2 gloo processes, each pinned to a CPU, NPROC={POOL_THREADS}, tc tbf "
                      "1gbit burst 128kb"}})
         print(_table(rows), flush=True)
