@@ -213,6 +213,7 @@ def _worker(args: argparse.Namespace) -> None:
     jax.distributed.shutdown()
 
 
+@pytest.mark.slow  # CI: tests/test_staged_gloo.py runs vgg with 2 buckets in 2 processes
 def test_staged_gloo_two_processes(tmp_path):
     from disco_estimator.gloo import child_env, run_local_job
 
