@@ -276,9 +276,8 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     # processes they are what overlaps communication with computation
     staged_first = bool(staged) and budget.limited and sync.processes > 1
     others = [(b, bl.baseline_options(b, platform)) for b in baselines if b != "xla_default"]
-    if "xla_default" in baselines:  # its combiner's thresholds swept
+    if "xla_default" in baselines:  # and its combiner's thresholds swept, later
         others += bl.combine_threshold_candidates(platform, program.gradient_bytes)
-    if "xla_default" in baselines:
         baseline("xla_default", bl.baseline_options("xla_default", platform))
     if staged_first:
         staged_programs()
