@@ -99,7 +99,7 @@ def _fail(args, sync) -> dict:
     from disco_jax.enactment.staged import StagedStepError, staged_step
 
     step, step_args = zoo.get("vgg")(2, "tiny")
-    staged = staged_step(step, step_args, 2, comm_timeout_s=15.0)
+    staged = staged_step(step, step_args, 2, comm_timeout_s=6.0)
     _run_steps(staged, step_args, 1)  # a healthy step first
 
     def broken(inputs):

@@ -398,3 +398,6 @@ def test_the_share_is_the_measured_gain_over_the_bounds_and_never_negative():
         "\n")[3]
     row["measured_s"]["disco"] = 2.1
     assert " 0%" in render_table([row])
+    # a measured gain past the predicted bound (2.5x against 1.5x) is all of it, not 300%
+    row["measured_s"]["disco"] = 0.8
+    assert "100%" in render_table([row]) and "300%" not in render_table([row])

@@ -44,7 +44,14 @@ def _optimize_and_check(name: str, tmp_path, capsys, extra=()) -> dict:
 
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_optimized_output_compiles_exactly_and_matches_jit(name, tmp_path, capsys):
-    _optimize_and_check(name, tmp_path, capsys, extra=("--no-bench",))
+    """... and ``--enactment`` writes the same program as the one value the store keeps."""
+    from disco_jax.enactment import SINGLE, Enactment
+
+    ej = tmp_path / "enactment.json"
+    _optimize_and_check(name, tmp_path, capsys, extra=("--no-bench", "--enactment", str(ej)))
+    enactment = Enactment.from_json(json.loads(ej.read_text()))
+    assert enactment.kind == SINGLE
+    assert enactment.text == (tmp_path / f"{name}.opt.hlo").read_text()
 
 
 @pytest.mark.slow
@@ -107,8 +114,8 @@ def test_bad_output_and_options(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hlo"]
 
 
-@pytest.mark.parametrize("staged", [None, pytest.param("2", marks=pytest.mark.slow),
-                                    pytest.param("plan", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the single program's file: test_optimized_output_compiles_exactly...
+@pytest.mark.parametrize("staged", [None, "2", "plan"])
 def test_enactment_file_builds_and_matches_jit(staged, tmp_path, capsys):
     """--enactment writes the one value the store keeps; it builds and computes the step."""
     from disco_jax.enactment import SINGLE, STAGED, Enactment, build

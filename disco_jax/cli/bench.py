@@ -267,9 +267,11 @@ def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
 
     The share is DisCo's gain over the best baseline (measured; predicted in a
     predict-only row) as a part of FO's predicted gain over the predicted best baseline:
-    ``(DisCo/best - 1) / (FO/best - 1)``, 0 when DisCo gains nothing, None when the
-    bound shows no gain. Both gains are relative to their own best baseline, so a
-    prediction that is off in absolute terms does not turn the share negative."""
+    ``(DisCo/best - 1) / (FO/best - 1)`` within ``[0, 1]``: 0 when DisCo gains nothing,
+    1 when it gains at least what the bound shows (a measured gain can pass a predicted
+    bound), None when the bound shows no gain. Both gains are relative to their own
+    best baseline, so a prediction that is off in absolute terms does not turn the share
+    negative."""
     pred = row["predicted_s"]
     # on GPU also XLA's combiner at the best swept threshold (predict-only rows)
     best_pred = min(pred[k] for k in (*BASELINE_KEYS, "xla_combine_best")
@@ -285,7 +287,7 @@ def _gains(row: Mapping[str, Any]) -> dict[str, float | None]:
     gain = (out["disco_speedup"] if meas else
             best_pred / pred["disco"] if pred.get("disco") else None)
     if gain is not None and out["fo_speedup"] is not None and out["fo_speedup"] > 1.0:
-        out["share"] = max(gain - 1.0, 0.0) / (out["fo_speedup"] - 1.0)
+        out["share"] = min(max(gain - 1.0, 0.0) / (out["fo_speedup"] - 1.0), 1.0)
     return out
 
 
@@ -297,7 +299,8 @@ ms per iteration. meas: medians of interleaved rounds; pred: the cost model's pr
   bucketed: XLA's op fusion + hand bucketing (flat gradient buckets; the best size)
   disco: DisCo's choice; fo: that choice's full-overlap bound (all communication hidden)
   DisCo/best: measured speed-up over the fastest baseline; FO/best: the bound's
-    predicted speed-up; share: the part of that gain DisCo's prediction reaches;
+    predicted speed-up; share: the part of that gain DisCo reaches (measured, at most
+    100%: a measured gain past the predicted bound counts as all of it);
     search s: seconds of the search"""
 
 
