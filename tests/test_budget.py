@@ -137,6 +137,20 @@ def test_the_profile_is_chosen_at_its_price_in_compiles():
     assert Budget(None).profile_level() == FULL
 
 
+def test_the_lean_profile_runs_first_only_within_its_share_with_its_calls():
+    """3 s + 3 compiles + 15 calls of the step within a third of the budget: the lean
+    profile first; else the baselines come first. Transformer at ``large`` in one
+    process: 3 + 3 x 6 s + 15 x 1.6 s = 45 s > 120 / 3 (its lean profile took 75 s)."""
+    clock = Clock()
+    b = Budget(120.0, clock=clock)
+    b.note_compile(6.0)
+    b.note_iteration(1.6)
+    assert b.profile_level() == LEAN and not b.lean_first()
+    b.note_iteration(1.0)  # 3 + 18 + 15 = 36 s <= 40 s
+    assert b.lean_first()
+    assert Budget(None).lean_first()
+
+
 def test_the_lean_profile_after_programs_built_first_is_priced_with_them():
     """After the staged programs and baselines: 3 s, 3 + 3 compiles, 15 calls of the step
     and a final choice among the programs kept so far and the plan."""
@@ -176,6 +190,35 @@ def test_a_budget_below_the_profile_runs_xla_default_and_says_why():
     got, want = opt.run(*args), jax.jit(step)(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_lean_profile_past_its_share_comes_after_the_baselines(monkeypatch):
+    """One process, a budget whose third the lean profile would overrun (forced here:
+    ``Budget.lean_first`` says no): XLA's default, op fusion and hand bucketing are
+    built first, the lean profile and the search only if they still fit; the choice
+    computes what jax.jit computes."""
+    import jax
+    import numpy as np
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.optimize import optimize_step
+
+    monkeypatch.setattr(Budget, "lean_first", lambda self: False)
+    monkeypatch.setattr(Budget, "profile_level", lambda self: LEAN)
+    step, args = zoo.get("vgg")(jax.device_count(), "tiny")
+    lines: list[str] = []
+    opt = optimize_step(step, args, time_budget_s=20.0, progress=lines.append,
+                        bucket_thresholds=(1 << 20,), choice_rounds=1, top_k=1)
+    assert any("time budget: baselines first" in line for line in lines), lines
+    assert {"xla_default", "op_fusion", "bucketed_1MiB"} <= set(opt.report.measured_s)
+    profiled = [i for i, line in enumerate(lines) if line.startswith("profiling")]
+    built = next(i for i, line in enumerate(lines) if "baselines first" in line)
+    assert all(i > built for i in profiled)
+    if not profiled:
+        assert "after the baselines" in opt.report.search["skipped"]
+    got, want = opt.run(*args), jax.jit(step)(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_a_budget_must_be_positive():

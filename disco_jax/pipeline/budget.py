@@ -13,12 +13,14 @@ out of one budget of ``B`` seconds. The phases share it by one rule:
    ``x c``) fit in what is left; else there is no time to choose by measurement, and the
    first call runs XLA's default.
 
-   In a multi-process job with staged programs asked for, a budget that cannot pay for
-   the full profile goes first to the programs that overlap communication with
-   computation: XLA's default, timed (two calls), prices the final choice, the candidates
-   of step 3 but the plans are built (staged programs first, their picks by the
-   analytic cost model), and the lean profile, the search and one plan follow only while
-   they still fit (:meth:`Budget.lean_after`).
+   The lean profile runs first only when it fits in the profile's share with its calls
+   priced too (XLA's default, timed by two calls; :meth:`Budget.lean_first`). Otherwise,
+   and in a multi-process job with staged programs asked for whenever the full profile
+   does not fit, the candidates of step 3 but the plans are built first (in a job the
+   staged programs first: they overlap the all-reduces that cross processes; their picks
+   by the analytic cost model), and the lean profile, the search and one plan follow only
+   while they still fit (:meth:`Budget.lean_after`). So the profile takes about its share
+   of the budget at most, whatever the step's compile and call cost.
 1. **Profile and fit**: the profile's own share is :data:`PROFILE_SHARE` of ``B``
    (:meth:`Budget.profile_clock`). Its compiles, the trace of the no-fusion program and
    :data:`~disco_jax.pipeline.profile.MIN_ROUNDS` rounds of timings are the least it does;
@@ -165,6 +167,13 @@ class Budget:
         if self.left_s() >= self.profile_s(LEAN) + PLAN_COMPILES * self._compile_s:
             return LEAN
         return None
+
+    def lean_first(self) -> bool:
+        """Whether the lean profile, its :data:`LEAN_CALLS` calls of the step included
+        (:meth:`note_iteration` first), fits in :data:`PROFILE_SHARE` of the budget."""
+        return self.total_s is None or (
+            PROFILE_SHARE * self.total_s
+            >= self.profile_s(LEAN) + LEAN_CALLS * self._iteration_s)
 
     def lean_after(self, rounds: int) -> bool:
         """Whether the lean profile and one plan still fit after programs built first:

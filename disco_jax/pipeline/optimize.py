@@ -206,25 +206,30 @@ def _xla_default_only(program: Any, route: Any, hardware: str,
     return Optimized(cands.enactments["xla_default"], cands.runs["xla_default"], report)
 
 
-def _overlap_first(program: Any, route: Any, hardware: str, baselines: Sequence[str],
-                   staged: Sequence[Any], compiled_already: Mapping[str, Any],
-                   cand_args: Mapping[str, Any]) -> Candidates:
-    """The candidates but the search's plans, built before the profile: in a job under a
-    budget that cannot pay for the full profile they are what the budget buys first
-    (staged programs overlap the all-reduces that cross processes). XLA's default, timed
-    (the faster of two calls), prices the final choice; process 0 orders the staged
-    programs' stages and picks their bucketings with the analytic cost model of
-    ``hardware`` (no op is timed)."""
+def _time_default(program: Any, compiled_already: Mapping[str, Any], budget: Any,
+                  sync: Sync) -> None:
+    """Times XLA's default (the faster of two calls): what a call of the step costs, for
+    the budget's prices."""
+    from disco_jax.pipeline.choose import measure
+
+    calls = measure({"xla_default": compiled_already["xla_default"]}, program.args,
+                    rounds=2, warmup=1, min_sample_s=0.0, sync=sync, tag="budget_call")
+    budget.note_iteration(min(calls["xla_default"]))
+
+
+def _candidates_first(program: Any, route: Any, hardware: str, baselines: Sequence[str],
+                      staged: Sequence[Any], compiled_already: Mapping[str, Any],
+                      cand_args: Mapping[str, Any]) -> Candidates:
+    """The candidates but the search's plans, built before the profile: what a budget
+    buys first when the lean profile does not fit in its share, and in a job whenever
+    the full profile does not (staged programs overlap the all-reduces that cross
+    processes). Process 0 orders the staged programs' stages and picks their bucketings
+    with the analytic cost model of ``hardware`` (no op is timed)."""
     import jax
 
     from disco_estimator.costs.cost_model import CostModel
     from disco_jax.pipeline.candidates import build_candidates
-    from disco_jax.pipeline.choose import measure
 
-    budget, sync = cand_args["budget"], cand_args["sync"]
-    calls = measure({"xla_default": compiled_already["xla_default"]}, program.args,
-                    rounds=2, warmup=1, min_sample_s=0.0, sync=sync, tag="budget_call")
-    budget.note_iteration(min(calls["xla_default"]))
     analytic = (CostModel.for_module(program.module, hardware, bench=False, progress=False)
                 if jax.process_index() == 0 else None)
     return build_candidates(program, (), route, baselines=baselines, staged=staged,
@@ -417,17 +422,21 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         lap("compile")
         if profile is None:
             level = sync.share("budget_profile", budget.profile_level())
-        if profile is None and level != FULL and staged and sync.processes > 1:
-            say("time budget: staged programs and baselines first, then the profile and "
-                "the search if they still fit")
-            first = _overlap_first(program, plan_route, hardware, baselines, staged,
-                                   compiled_already, cand_args)
-            lap("compile")
-            level = sync.share("budget_profile_after",
-                               LEAN if budget.lean_after(choice_rounds) else None)
-            if level is None:
-                skipped = (f"the {budget.total_s:g} s budget left no time to profile the "
-                           "step and compile a plan after the staged programs and baselines")
+        job_staged = bool(staged) and sync.processes > 1
+        if profile is None and (level == LEAN or level is None and job_staged):
+            _time_default(program, compiled_already, budget, sync)
+            built = "staged programs and baselines" if job_staged else "baselines"
+            if job_staged or not sync.share("budget_lean_first", budget.lean_first()):
+                say(f"time budget: {built} first, then the profile and the search if they "
+                    "still fit")
+                first = _candidates_first(program, plan_route, hardware, baselines, staged,
+                                          compiled_already, cand_args)
+                lap("compile")
+                level = sync.share("budget_profile_after",
+                                   LEAN if budget.lean_after(choice_rounds) else None)
+                if level is None:
+                    skipped = (f"the {budget.total_s:g} s budget left no time to profile "
+                               f"the step and compile a plan after the {built}")
         elif level is None:
             why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
                    f"and compiling a plan take (about "
