@@ -248,6 +248,27 @@ def test_candidates_stop_where_the_budget_ends():
     assert {"xla_default", "op_fusion"} <= set(full.runs) and full.bucketed
 
 
+def test_each_program_of_hand_bucketing_is_priced_with_those_before_it():
+    """Calls of 10 s, 3 rounds: XLA's default and one bucketing take 100 s of final
+    choice, a second bucketing 150 s; 130 s affords the first alone."""
+    import jax
+
+    from disco_jax import zoo
+    from disco_jax.pipeline.candidates import build_candidates, enactment_route
+    from disco_jax.pipeline.program import lower_program
+
+    program = lower_program(*zoo.get("vgg")(jax.device_count(), "tiny"))
+    budget = Budget(130.0, clock=Clock())
+    budget.note_iteration(10.0)
+    lines: list[str] = []
+    cands = build_candidates(program, [], enactment_route(None, program.platform),
+                             bucket_thresholds=(1 << 12, None), budget=budget,
+                             say=lines.append, choice_rounds=3)
+    assert len(cands.bucketed) == 1, cands.bucketed
+    assert "op_fusion" not in cands.runs
+    assert any("hand bucketing and what would follow left out" in line for line in lines)
+
+
 class _Process0:
     """Process 0 of a job, alone: its shares and gathers go through a key-value store
     that refuses a key set twice, as jax.distributed's coordination service does."""

@@ -284,9 +284,18 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
     names = list(plans)
     if names and affords(names[0], compiles=plan_compiles):
         plan(names[0])
+
+    def bucketing_affords() -> bool:
+        """Whether one more program of hand bucketing fits; it joins the final choice at
+        once, so that the next one is priced with it."""
+        ok = affords("hand bucketing")
+        if ok:
+            budget.keep()
+        return ok
+
     t0 = time.perf_counter()
     sweep = bl.bucketed_candidates(step, args, thresholds, module=program.module,
-                                   afford=lambda: affords("hand bucketing"))
+                                   afford=bucketing_affords)
     seen: set = set()
     for cand in sweep:
         if cand.buckets in seen:
@@ -297,7 +306,6 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                                              compiler_options=dict(cand.run.compiler_options))
         runs[label] = cand.run
         bucketed[label] = (cand.threshold_bytes, len(cand.buckets))
-        budget.keep()
     if seen:
         budget.note_compile((time.perf_counter() - t0) / len(seen))
     for name, options in others:
