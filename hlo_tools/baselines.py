@@ -3,9 +3,10 @@
 Each baseline is jax's normal compilation with some XLA passes disabled (the lists are
 ``[cpu.baselines]`` / ``[gpu.baselines]`` of ``hlo_tools/jax_bridge/xla_passes.toml``):
 
-* ``no_fusion``: fusion and AllReduce-combiner passes off; the same options as
-  ``jax_bridge.CompileOptions(exact=True)`` (XLA:CPU still wraps single ops in
-  ``wrapped_*`` fusions);
+* ``no_fusion``: fusion and AllReduce-combiner passes off; the same options as a plan's,
+  ``jax_bridge.plan_library_options`` (XLA:CPU still wraps single ops in ``wrapped_*``
+  fusions, and its kernel library takes single dots and convolutions, as in XLA's
+  default and in every plan);
 * ``op_fusion``: combiner passes off, XLA's op fusion on;
 * ``allreduce_fusion``: fusion passes off, XLA's AllReduce combining on;
 * ``xla_default``: nothing off;
