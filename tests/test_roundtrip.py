@@ -50,12 +50,18 @@ NAMES = [*zoo.MODELS, zoo.AUTO_SHARDED]
 #: In the default run: convolutions, attention, a scan and jit-partitioned sharding; the
 #: other models under ``-m slow``.
 FAST_NAMES = ("vgg", "transformer", "rnnlm", zoo.AUTO_SHARDED)
-NAME_PARAMS = [pytest.param(n, marks=[] if n in FAST_NAMES else [pytest.mark.slow])
-               for n in NAMES]
 #: The execution round trips in the default run: transformer's attention is in the
 #: default run's text round trips; its compiles for execution (15-25 s) under ``slow``.
-EXEC_PARAMS = [pytest.param(n, marks=[] if n in FAST_NAMES and n != "transformer"
-                            else [pytest.mark.slow]) for n in NAMES]
+FAST_EXEC_NAMES = tuple(n for n in FAST_NAMES if n != "transformer")
+
+
+def _params(fast: tuple[str, ...]) -> list:
+    """Every model as a parameter, those not in ``fast`` under ``slow``."""
+    return [pytest.param(n, marks=[] if n in fast else [pytest.mark.slow]) for n in NAMES]
+
+
+NAME_PARAMS = _params(FAST_NAMES)
+EXEC_PARAMS = _params(FAST_EXEC_NAMES)
 
 # Outputs are float32 after one optimizer step. exact=True disables XLA's fusion passes, so
 # ops run unfused in a different association order: a few float32 ulps (~1e-7 relative)
