@@ -1,8 +1,8 @@
 """What a user of the product sees in a multi-process job: ``disco_jax.jit`` end to end.
 
 Per zoo model, one job of 2 gloo processes, each pinned to its own CPU
-(``NPROC`` = ``disco_jax.enactment.staged.POOL_THREADS``),
-over an emulated 1 Gbit/s link (``unshare -n`` + ``tc``, as ``disco bench``'s
+(``NPROC`` = ``disco_jax.enactment.staged.POOL_THREADS``; ``--no-pin``: unpinned, as
+``disco launch`` starts them), over an emulated 1 Gbit/s link (``unshare -n`` + ``tc``, as ``disco bench``'s
 ``gloo2-1gbit``; needs root). In the job every process:
 
 1. wraps the train step in ``disco_jax.jit`` with ``ENABLE_SEARCH=1`` and calls it once
@@ -77,8 +77,9 @@ def _host_local(step_args):
 
 
 def _worker(args: argparse.Namespace) -> None:
-    cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpus[args.process_id % len(cpus)]})
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[args.process_id % len(cpus)]})
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -143,6 +144,10 @@ def _worker(args: argparse.Namespace) -> None:
     jax.distributed.shutdown()
 
 
+def _pin_flag(args: argparse.Namespace) -> list[str]:
+    return [] if args.pin else ["--no-pin"]
+
+
 def _launch(args: argparse.Namespace) -> None:
     """Inside ``unshare -n``: limits the loopback, starts the two workers."""
     from disco_estimator.gloo import child_env, run_local_job, set_loopback_rate
@@ -153,11 +158,11 @@ def _launch(args: argparse.Namespace) -> None:
         lambda i, coordinator: [sys.executable, __file__, "worker", "--model", args.model,
                                 "--size", args.size, "--time-budget", str(args.time_budget),
                                 "--rounds", str(args.rounds), "--tmp", args.tmp,
-                                "--layout", args.layout,
+                                "--layout", args.layout, *_pin_flag(args),
                                 "--out", args.out, "--coordinator", coordinator,
                                 "--process-id", str(i)],
-        2, timeout_s=args.timeout, env=child_env(1, {"NPROC": str(POOL_THREADS)}),
-        grace_s=30.0)
+        2, timeout_s=args.timeout,
+        env=child_env(1, {"NPROC": str(POOL_THREADS)} if args.pin else None), grace_s=30.0)
     if any(rcs):
         raise SystemExit(f"workers exited with {rcs}")
 
@@ -227,6 +232,9 @@ def main() -> None:
                     help="how the arguments are built: as the zoo places them, or as a "
                          "user's job does (device_put of jax arrays, the batch by "
                          "host_local_array_to_global_array)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="leave the processes unpinned, as `disco launch` starts them (both "
+                         "share the machine's cores, XLA:CPU's pool its own size)")
     ap.add_argument("--coordinator", default="")
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--parent-netns", default="")
@@ -257,14 +265,15 @@ def main() -> None:
                          "--size", args.size, "--time-budget", str(args.time_budget),
                          "--rounds", str(args.rounds), "--timeout", str(args.timeout),
                          "--tmp", tmp, "--out", str(out), "--layout", args.layout,
-                         "--parent-netns", os.readlink("/proc/self/ns/net")],
+                         *_pin_flag(args), "--parent-netns", os.readlink("/proc/self/ns/net")],
                         child_env(1), args.timeout + 60)
             rows.append(json.loads(out.read_text()))
         write_result(args.out, {"rows": rows, "meta": {
             "size": args.size, "time_budget_s": args.time_budget, "rounds": args.rounds,
             "layout": args.layout,
-            "setup": f"2 gloo processes, each pinned to a CPU, NPROC={POOL_THREADS}, tc tbf "
-                     "1gbit burst 128kb"}})
+            "setup": (f"2 gloo processes, each pinned to a CPU, NPROC={POOL_THREADS}"
+                      if args.pin else "2 gloo processes, unpinned")
+            + ", tc tbf 1gbit burst 128kb"}})
         print(_table(rows), flush=True)
 
 

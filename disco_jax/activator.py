@@ -291,7 +291,7 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
 
     from disco_jax import store as st
     from disco_jax.enactment import Enactment
-    from hlo_tools.jax_bridge import Coordinator
+    from hlo_tools.jax_bridge import Coordinator, compiles_shared
 
     solo = jax.process_count() == 1
     if not solo:
@@ -342,12 +342,21 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
             enactment = local if solo else Enactment.from_json(payload["enactment"])
         except ValueError as err:
             why = f"{whose} cannot be read here ({err})"
+    # process 0 compiles the plan's programs and the others load them: in a job whose
+    # processes share the cores their compiles would contend; a process that does not
+    # build posts why, so that no other waits for its compiles
+    shared = None if solo else Coordinator(
+        f"disco_build_{own_fingerprint[:16]}_{count}", int(_timeout_s() * 1000),
+        watch_failures=True)
     if why is None:
         try:
-            run = build(enactment) if build is not None else enactment
+            with compiles_shared(shared):
+                run = build(enactment) if build is not None else enactment
         except Exception as err:  # noqa: BLE001 - XLA rejected it: vote no
             first = (str(err).strip().splitlines() or [""])[0][:300]
             why = f"{whose} does not compile here ({type(err).__name__}: {first})"
+    if why is not None and shared is not None:
+        shared.fail(why)
     ok, agreed_reason = unanimous(why is None, why or "", step="vote on running the plan")
     if ok:
         return Agreement(enactment, run, p_record, "", p_warn, len(data))

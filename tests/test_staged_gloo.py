@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -96,7 +97,8 @@ def test_a_short_budget_builds_the_staged_programs_before_the_profile(tmp_path):
     """15 s for vgg (tiny) in a 2-process job: the full profile (3 s and ten compiles of
     XLA's default) does not fit in a third of it, so XLA's default is timed once and
     the staged programs come next; the lean profile and the search follow only if they
-    still fit. The winner's steps are jax.jit's in both processes."""
+    still fit. The winner's steps are jax.jit's in both processes, and each program was
+    compiled in one process and loaded by the other."""
     rows = _job(tmp_path, "budget", timeout_s=300.0)
     for p, r in enumerate(rows):
         assert any("staged programs and baselines first" in line for line in r["lines"]) \
@@ -107,6 +109,12 @@ def test_a_short_budget_builds_the_staged_programs_before_the_profile(tmp_path):
         assert r["seconds"]["total"] < 1.2 * 15.0, r["seconds"]
     assert rows[0]["choice"] == rows[1]["choice"]
     assert rows[0]["staged"] == rows[1]["staged"]
+    # every program compiled once in the job: what one process compiled the other
+    # loaded (process 0 the candidates, each a share of the staged programs' stages)
+    counts = [[int(n) for n in re.findall(r"(\d+) (?:here|loaded)", line)]
+              for r in rows for line in r["lines"] if line.startswith("compiles in the job")]
+    assert len(counts) == 2 and counts[0][0] >= 5 and counts[1][1] >= 5, counts
+    assert counts[0][:2] == counts[1][1::-1] and counts[0][2] == counts[1][2] == 0, counts
     search = rows[0]["search"]
     if "skipped" in (search or {}):  # no time left for the profile: no calibration
         assert rows[0]["calibration"] is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import hashlib
 import threading
 from collections.abc import Callable, Sequence
@@ -304,7 +305,7 @@ def _comm_program(mesh: Mesh, bucket: CommBucket, dtype: np.dtype,
                                check_vma=False))
     spec = jax.ShapeDtypeStruct((mesh.size * bucket.length,), dtype,
                                 sharding=NamedSharding(mesh, P(_AXIS)))
-    return fn.lower(spec).compile()
+    return jax_bridge.compile_module(None, jax_bridge.InPlaceOf(fn, (spec,))).compiled
 
 
 class StagedStepError(RuntimeError):
@@ -353,14 +354,19 @@ class StagedStep:
         #: ``(bucket, elements)`` of every all-reduce launched, in launch order (the last
         #: 10,000): the same sequence in every process of a job.
         self.comm_log: collections.deque[tuple[int, int]] = collections.deque(maxlen=10_000)
-        self.programs = [jax_bridge.compile_module(
-            s.text, jax_bridge.PerDevice(self.devices),
-            jax_bridge.CompileOptions(exact=exact)) for s in plan.stages]
         comm_mesh = Mesh(np.array(list(mesh.devices.flat)), (_AXIS,))
         self.comm_mesh = comm_mesh
-        self.comm_programs = [_comm_program(comm_mesh, b, NUMPY_DTYPES[b.element_type],
-                                            chunk_bytes)
-                              for b in plan.comms]
+        # one batch: in a job its compiles are spread over the processes
+        # (hlo_tools.jax_bridge.spread)
+        stage_calls = [functools.partial(
+            jax_bridge.compile_module, s.text, jax_bridge.PerDevice(self.devices),
+            jax_bridge.CompileOptions(exact=exact)) for s in plan.stages]
+        comm_calls = [functools.partial(_comm_program, comm_mesh, b,
+                                        NUMPY_DTYPES[b.element_type], chunk_bytes)
+                      for b in plan.comms]
+        built = jax_bridge.spread(stage_calls + comm_calls)
+        self.programs = built[:len(stage_calls)]
+        self.comm_programs = built[len(stage_calls):]
         self.out_shardings = [NamedSharding(mesh, P()) for _ in plan.cut.result_shapes]
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="disco-comm")

@@ -385,127 +385,133 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         raise ValueError("xla_default and op_fusion are candidates, not extra_baselines")
     if profile not in (None, FULL, LEAN):
         raise ValueError(f"profile must be {FULL!r} or {LEAN!r}, got {profile!r}")
-    seconds: dict[str, float] = {}
-    budget = Budget(time_budget_s)
-    t0 = t_phase = time.perf_counter()
+    # in a job, process 0 compiles each program and the others load it: compiles of
+    # processes that share the cores contend (docs/findings.md, "A minute in a job")
+    with sync.compiles_shared() as shared:
+        seconds: dict[str, float] = {}
+        budget = Budget(time_budget_s)
+        t0 = t_phase = time.perf_counter()
 
-    def lap(name: str) -> None:
-        nonlocal t_phase
-        now = time.perf_counter()
-        seconds[name] = seconds.get(name, 0.0) + now - t_phase
-        t_phase = now
+        def lap(name: str) -> None:
+            nonlocal t_phase
+            now = time.perf_counter()
+            seconds[name] = seconds.get(name, 0.0) + now - t_phase
+            t_phase = now
 
-    program = lower_program(step, args)
-    fused = (fused_estimator if fused_estimator is not None
-             else choose_fused_estimator(platform=program.platform))
-    lap("lower")
-    plan_route = enactment_route(route, program.platform)
-    hardware = hardware or default_hardware(jax.process_count(), program.platform)
-    graph = program.graph
-    start = "compiling XLA's default" if budget.limited else "profiling in context"
-    say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
-        f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
-        f"({plan_route.reason}); hardware {hardware}; {start}")
-    compiled_already: dict[str, Any] = {}
-    level = profile or FULL
-    first: Candidates | None = None  # the programs built before the profile
-    skipped = None  # why nothing was profiled nor searched
-    cand_args = {"bucket_thresholds": bucket_thresholds, "sync": sync, "say": say,
-                 "staged_top": staged_top, "chunk_bytes": chunk_bytes, "budget": budget,
-                 "choice_rounds": choice_rounds}
-    baselines = ("xla_default", "op_fusion", *extra_baselines)
-    if budget.limited or level == LEAN:  # XLA's default first: its compile prices the profile
-        t_default = time.perf_counter()
-        compiled_already["xla_default"] = baseline_program(
-            program, bl.baseline_options("xla_default", program.platform))
-        budget.note_compile(time.perf_counter() - t_default)
+        program = lower_program(step, args)
+        fused = (fused_estimator if fused_estimator is not None
+                 else choose_fused_estimator(platform=program.platform))
+        lap("lower")
+        plan_route = enactment_route(route, program.platform)
+        hardware = hardware or default_hardware(jax.process_count(), program.platform)
+        graph = program.graph
+        start = "compiling XLA's default" if budget.limited else "profiling in context"
+        say(f"{graph.num_nodes} nodes, {len(graph.gradient_allreduces)} gradient all-reduces; "
+            f"plans {'joint' if plan_route.name == EXACT else 'of AllReduce buckets'} "
+            f"({plan_route.reason}); hardware {hardware}; {start}")
+        compiled_already: dict[str, Any] = {}
+        level = profile or FULL
+        first: Candidates | None = None  # the programs built before the profile
+        skipped = None  # why nothing was profiled nor searched
+        cand_args = {"bucket_thresholds": bucket_thresholds, "sync": sync, "say": say,
+                     "staged_top": staged_top, "chunk_bytes": chunk_bytes, "budget": budget,
+                     "choice_rounds": choice_rounds}
+        baselines = ("xla_default", "op_fusion", *extra_baselines)
+        if budget.limited or level == LEAN:  # XLA's default first: its compile prices the profile
+            t_default = time.perf_counter()
+            compiled_already["xla_default"] = baseline_program(
+                program, bl.baseline_options("xla_default", program.platform))
+            budget.note_compile(time.perf_counter() - t_default)
+            lap("compile")
+            if profile is None:
+                level = sync.share("budget_profile", budget.profile_level())
+            job_staged = bool(staged) and sync.processes > 1
+            if profile is None and (level == LEAN or level is None and job_staged):
+                _time_default(program, compiled_already, budget, sync)
+                built = "staged programs and baselines" if job_staged else "baselines"
+                if job_staged or not sync.share("budget_lean_first", budget.lean_first()):
+                    say(f"time budget: {built} first, then the profile and the search if they "
+                        "still fit")
+                    first = _candidates_first(program, plan_route, hardware, baselines, staged,
+                                              compiled_already, cand_args)
+                    lap("compile")
+                    level = sync.share("budget_profile_after",
+                                       LEAN if budget.lean_after(choice_rounds) else None)
+                    if level is None:
+                        skipped = (f"the {budget.total_s:g} s budget left no time to profile "
+                                   f"the step and compile a plan after the {built}")
+            elif level is None:
+                why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
+                       f"and compiling a plan take (about "
+                       f"{budget.profile_s(LEAN) + PLAN_COMPILES * seconds['compile']:.0f} s, "
+                       f"from its {seconds['compile']:.1f} s compile): running XLA's default")
+                say(f"time budget: {why}")
+                return _xla_default_only(program, plan_route, hardware, compiled_already, why,
+                                         seconds, t0, fused)
+        measured = costs = calibration = None
+        searched = SearchedPlans([], None, None)
+        if level is not None:
+            measured, costs, calibration, searched = _profile_and_search(
+                program, level, budget, sync, say, lap, seconds, hardware, fused, plan_route,
+                compiled_already, profile_rounds=profile_rounds, seed=seed, top_k=top_k,
+                search_s=search_s, memory_budget_bytes=memory_budget_bytes)
+        else:
+            say(f"time budget: {skipped}")
+
+        if first is None:
+            say("compiling the candidates")
+            cands = build_candidates(program, searched.plans_json, plan_route,
+                                     baselines=baselines, staged=staged, costs=costs,
+                                     compiled_already=compiled_already, **cand_args)
+        elif searched.plans_json:
+            say("compiling the search's plans")
+            cands = first.merged(build_candidates(
+                program, searched.plans_json, plan_route, baselines=(),
+                **{**cand_args, "bucket_thresholds": ()}))
+        else:
+            cands = first
         lap("compile")
-        if profile is None:
-            level = sync.share("budget_profile", budget.profile_level())
-        job_staged = bool(staged) and sync.processes > 1
-        if profile is None and (level == LEAN or level is None and job_staged):
-            _time_default(program, compiled_already, budget, sync)
-            built = "staged programs and baselines" if job_staged else "baselines"
-            if job_staged or not sync.share("budget_lean_first", budget.lean_first()):
-                say(f"time budget: {built} first, then the profile and the search if they "
-                    "still fit")
-                first = _candidates_first(program, plan_route, hardware, baselines, staged,
-                                          compiled_already, cand_args)
-                lap("compile")
-                level = sync.share("budget_profile_after",
-                                   LEAN if budget.lean_after(choice_rounds) else None)
-                if level is None:
-                    skipped = (f"the {budget.total_s:g} s budget left no time to profile "
-                               f"the step and compile a plan after the {built}")
-        elif level is None:
-            why = (f"the {budget.total_s:g} s budget leaves less than profiling this step "
-                   f"and compiling a plan take (about "
-                   f"{budget.profile_s(LEAN) + PLAN_COMPILES * seconds['compile']:.0f} s, "
-                   f"from its {seconds['compile']:.1f} s compile): running XLA's default")
-            say(f"time budget: {why}")
-            return _xla_default_only(program, plan_route, hardware, compiled_already, why,
-                                     seconds, t0, fused)
-    measured = costs = calibration = None
-    searched = SearchedPlans([], None, None)
-    if level is not None:
-        measured, costs, calibration, searched = _profile_and_search(
-            program, level, budget, sync, say, lap, seconds, hardware, fused, plan_route,
-            compiled_already, profile_rounds=profile_rounds, seed=seed, top_k=top_k,
-            search_s=search_s, memory_budget_bytes=memory_budget_bytes)
-    else:
-        say(f"time budget: {skipped}")
 
-    if first is None:
-        say("compiling the candidates")
-        cands = build_candidates(program, searched.plans_json, plan_route,
-                                 baselines=baselines, staged=staged, costs=costs,
-                                 compiled_already=compiled_already, **cand_args)
-    elif searched.plans_json:
-        say("compiling the search's plans")
-        cands = first.merged(build_candidates(
-            program, searched.plans_json, plan_route, baselines=(),
-            **{**cand_args, "bucket_thresholds": ()}))
-    else:
-        cands = first
-    lap("compile")
+        runs = {n: r for n, r in cands.runs.items() if n not in extra_baselines}
+        beside = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()} \
+            if remeasure_fit and measured is not None else {}
+        sample_s = budget.sample_s(len(runs) + len(beside), choice_rounds, min_sample_s)
+        sample_s = sync.share("budget_sample_s", sample_s)
+        n = len(runs)
+        say(f"final choice among {n} program{'s' if n != 1 else ''}"
+            + (f" (and the fit's {len(beside)})" if beside else ""))
+        samples = measure({**runs, **beside}, program.args, rounds=choice_rounds, sync=sync,
+                          tag="optimize_choice", min_sample_s=sample_s, seed=seed)
+        choice = decide({name: samples[name] for name in runs}, choice_tiers(runs))
+        lap("choice")
+        if keep_labels and measured is not None:
+            _keep_labels(program, cands, costs, measured.wall_s, budget, sync, say)
+            lap("labels")
+        cands.close_except(choice.name)
 
-    runs = {n: r for n, r in cands.runs.items() if n not in extra_baselines}
-    beside = {f"{FIT_PREFIX}{n}": r for n, r in (measured.runs or {}).items()} \
-        if remeasure_fit and measured is not None else {}
-    sample_s = budget.sample_s(len(runs) + len(beside), choice_rounds, min_sample_s)
-    sample_s = sync.share("budget_sample_s", sample_s)
-    n = len(runs)
-    say(f"final choice among {n} program{'s' if n != 1 else ''}"
-        + (f" (and the fit's {len(beside)})" if beside else ""))
-    samples = measure({**runs, **beside}, program.args, rounds=choice_rounds, sync=sync,
-                      tag="optimize_choice", min_sample_s=sample_s, seed=seed)
-    choice = decide({name: samples[name] for name in runs}, choice_tiers(runs))
-    lap("choice")
-    if keep_labels and measured is not None:
-        _keep_labels(program, cands, costs, measured.wall_s, budget, sync, say)
-        lap("labels")
-    cands.close_except(choice.name)
-
-    # the baselines' predictions (standalone op times) only from time left over
-    spare = not budget.limited or budget.left_s() >= 0.25 * budget.total_s
-    predicted = _predictions(cands, runs, searched, costs,
-                             predict_baselines and spare and costs is not None)
-    lap("predict")
-    report = OptimizeReport(
-        choice=choice.name, predicted_s=dict(predicted), measured_s=dict(choice.medians_s),
-        wins=dict(choice.wins), against=dict(choice.against),
-        search=({"skipped": skipped} if skipped
-                else searched.report(seed, top_k, choice_rounds)), hardware=hardware,
-        route=plan_route.to_json(),
-        calibration=calibration._asdict() if calibration is not None else None,
-        seconds={**seconds, "total": time.perf_counter() - t0},
-        fused_estimator=fused.to_json())
-    won = (f", faster than {choice.against[choice.name]} in {choice.wins[choice.name]} of "
-           f"{choice_rounds} rounds" if choice.name in choice.wins else "")
-    say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
-    details = OptimizeDetails(program, measured, costs, calibration, searched, cands, choice,
-                              samples) if keep_details else None
-    return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report, details)
+        # the baselines' predictions (standalone op times) only from time left over
+        spare = not budget.limited or budget.left_s() >= 0.25 * budget.total_s
+        predicted = _predictions(cands, runs, searched, costs,
+                                 predict_baselines and spare and costs is not None)
+        lap("predict")
+        report = OptimizeReport(
+            choice=choice.name, predicted_s=dict(predicted), measured_s=dict(choice.medians_s),
+            wins=dict(choice.wins), against=dict(choice.against),
+            search=({"skipped": skipped} if skipped
+                    else searched.report(seed, top_k, choice_rounds)), hardware=hardware,
+            route=plan_route.to_json(),
+            calibration=calibration._asdict() if calibration is not None else None,
+            seconds={**seconds, "total": time.perf_counter() - t0},
+            fused_estimator=fused.to_json())
+        won = (f", faster than {choice.against[choice.name]} in {choice.wins[choice.name]} of "
+               f"{choice_rounds} rounds" if choice.name in choice.wins else "")
+        if shared is not None:
+            say(f"compiles in the job: {shared.compiled} here and shared, {shared.loaded} "
+                f"loaded from another process, {shared.local} here alone")
+        say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
+        details = OptimizeDetails(program, measured, costs, calibration, searched, cands, choice,
+                                  samples) if keep_details else None
+        return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report, details)
 
 
 class Predicted(NamedTuple):

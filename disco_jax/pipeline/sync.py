@@ -9,6 +9,7 @@ left the pipeline."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 __all__ = ["SOLO", "Sync", "job_sync"]
@@ -21,7 +22,9 @@ class Sync(Protocol):
     ``share(key, value)`` returns process 0's JSON value everywhere; ``gather(key,
     value)`` returns every process's value; ``fail(reason)`` tells the others that this
     process left the pipeline (their waits raise
-    :class:`~hlo_tools.jax_bridge.sync.JobFailed`).
+    :class:`~hlo_tools.jax_bridge.sync.JobFailed`); within ``compiles_shared()`` process
+    0 compiles each program and the others load its executable
+    (:func:`hlo_tools.jax_bridge.compiles_shared`).
     """
 
     processes: int
@@ -33,6 +36,8 @@ class Sync(Protocol):
     def gather(self, key: str, value: Any) -> list[Any]: ...
 
     def fail(self, reason: str) -> None: ...
+
+    def compiles_shared(self) -> contextlib.AbstractContextManager[Any]: ...
 
 
 class _Solo:
@@ -51,6 +56,9 @@ class _Solo:
 
     def fail(self, reason: str) -> None:
         pass
+
+    def compiles_shared(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
 
 #: The :class:`Sync` of a one-process job.
@@ -78,6 +86,11 @@ class _JobSync:
 
     def fail(self, reason: str) -> None:
         self._coord.fail(reason)
+
+    def compiles_shared(self) -> contextlib.AbstractContextManager[Any]:
+        from hlo_tools.jax_bridge import compiles_shared
+
+        return compiles_shared(self._coord)
 
 
 def job_sync(prefix: str = "disco", timeout_ms: int = 900_000) -> Sync:

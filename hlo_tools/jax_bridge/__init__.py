@@ -17,7 +17,9 @@ modules by job:
 * :mod:`~hlo_tools.jax_bridge.transplant` -- an executable compiled outside jax's client,
   run by jax as the step's ``Compiled``;
 * :mod:`~hlo_tools.jax_bridge.devices` -- this process's devices for a module, its memory;
-* :mod:`~hlo_tools.jax_bridge.sync` -- barriers and exchanges of a multi-process job.
+* :mod:`~hlo_tools.jax_bridge.sync` -- barriers and exchanges of a multi-process job;
+* :mod:`~hlo_tools.jax_bridge.shared` -- one compile per job: process 0 compiles (a
+  batch: spread over the processes), the other processes load the executable.
 
 Typical use::
 
@@ -67,6 +69,7 @@ from hlo_tools.jax_bridge.route import (
     known_route,
     probe_route,
 )
+from hlo_tools.jax_bridge.shared import SharedCompiles, compiles_shared, spread
 from hlo_tools.jax_bridge.sync import Coordinator
 from hlo_tools.jax_bridge.text import (
     count_all_reduces,
@@ -92,11 +95,13 @@ __all__ = [
     "PerDevice",
     "PerDeviceHlo",
     "Route",
+    "SharedCompiles",
     "Standalone",
     "StandaloneHlo",
     "backend_info",
     "check_versions",
     "compile_module",
+    "compiles_shared",
     "count_all_reduces",
     "device_memory_bytes",
     "exact_compiler_options",
@@ -110,6 +115,7 @@ __all__ = [
     "plan_library_options",
     "platform_family",
     "probe_route",
+    "spread",
     "verify_hlo",
     "xla_canonical_text",
     "xla_options",

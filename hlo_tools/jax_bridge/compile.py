@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from hlo_tools.ir import HloModule
-from hlo_tools.jax_bridge import internals
+from hlo_tools.jax_bridge import internals, shared
 from hlo_tools.jax_bridge.devices import local_devices_for
 from hlo_tools.jax_bridge.errors import HloCompileError
 from hlo_tools.jax_bridge.extract import jitted
@@ -160,20 +160,38 @@ def _install(lowered: jax.stages.Lowered, hlo_text: str) -> jax.stages.Lowered:
 
 def _xla_compile(program: jax.stages.Lowered | str, options: dict[str, Any],
                  hlo_text: str | None, devices: Sequence[Any] = (),
-                 device_ids: Sequence[int] | None = None) -> Any:
+                 device_ids: Sequence[int] | None = None, *, share: bool = True) -> Any:
     """Compiles with XLA: a ``Lowered`` (its ``compile``), or MLIR text on ``devices``'
     client as one replica per device (``device_ids``: the assignment; default the first
     ids). ``options`` get the version's options for the text's form of shardings
     (:func:`~hlo_tools.jax_bridge.internals.frontend_sharding_options`); XLA's errors
-    become ``HloCompileError``."""
+    become ``HloCompileError``. Within :func:`~hlo_tools.jax_bridge.shared.compiles_shared`
+    process 0 compiles and the other processes of the job load its executable (unless
+    not ``share``: a single-op module timed in one process alone)."""
     given = {**options, **internals.frontend_sharding_options(hlo_text or "")}
-    try:
-        if isinstance(program, str):
-            return internals.compile_on_client(program, devices, replicas=len(devices),
-                                               device_ids=device_ids, options=given)
-        return program.compile(compiler_options=given or None)
-    except Exception as err:
-        raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
+
+    def compile_it() -> Any:
+        try:
+            if isinstance(program, str):
+                return internals.compile_on_client(program, devices, replicas=len(devices),
+                                                   device_ids=device_ids, options=given)
+            return program.compile(compiler_options=given or None)
+        except Exception as err:
+            raise HloCompileError(f"XLA failed to compile the HLO: {err}") from err
+
+    if not share:
+        return compile_it()
+    options_text = repr(sorted((k, str(v)) for k, v in given.items()))
+    if isinstance(program, str):  # a per-device module: loaded on this process's devices
+        return shared.once(
+            f"{len(devices)} replicas {options_text}\n{program}", compile_it,
+            internals.serialize_loaded,
+            lambda data: internals.load_on_client(data, devices, replicas=len(devices),
+                                                  device_ids=device_ids))
+    return shared.once(
+        f"{program.in_tree} {program.out_tree} {options_text}\n"
+        f"{hlo_text if hlo_text is not None else program.as_text()}", compile_it,
+        internals.serialize_compiled, lambda data: internals.load_compiled(data, program))
 
 
 def _in_place_of(hlo_text: str | None, target: InPlaceOf, options: CompileOptions
@@ -221,13 +239,13 @@ def _leaf_shapes(shape: Any) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
 
 
 def _load(hlo_text: str, devices: Sequence[Any], options: CompileOptions,
-          device_ids: Sequence[int] | None) -> tuple[Any, Any, dict[str, Any]]:
+          device_ids: Sequence[int] | None, *, share: bool) -> tuple[Any, Any, dict[str, Any]]:
     """Compiles a module without a jax function, one replica per device: ``(loaded
-    executable, program shape, XLA options)``."""
+    executable, program shape, XLA options)``; ``share``: as :func:`_xla_compile`."""
     comp = computation(hlo_text)
     mlir_text = to_mlir(comp)
     given = xla_options(devices[0].platform, options)
-    return (_xla_compile(mlir_text, given, hlo_text, devices, device_ids),
+    return (_xla_compile(mlir_text, given, hlo_text, devices, device_ids, share=share),
             comp.program_shape(), given)
 
 
@@ -315,7 +333,8 @@ def _standalone(hlo_text: str, target: Standalone, options: CompileOptions
     if target.replicas < 1 or len(devices) < target.replicas:
         raise HloCompileError(f"{target.replicas} replicas requested, {platform} has "
                               f"{len(local)} local devices")
-    executable, program_shape, given = _load(hlo_text, devices, options, device_ids=None)
+    executable, program_shape, given = _load(hlo_text, devices, options, device_ids=None,
+                                             share=False)
     result = program_shape.result_shape()
     return StandaloneHlo(
         executable=executable,
@@ -395,7 +414,7 @@ def _per_device(hlo_text: str, target: PerDevice, options: CompileOptions) -> Pe
     if not devices:
         raise HloCompileError("PerDevice needs at least one device")
     executable, program_shape, given = _load(hlo_text, devices, options,
-                                             device_ids=[d.id for d in devices])
+                                             device_ids=[d.id for d in devices], share=True)
     return PerDeviceHlo(
         executable=executable,
         devices=devices,

@@ -416,3 +416,48 @@ def lowered_compile_options_proto(lowered: Any, xla_options: dict[str, Any]) -> 
 def parse_compile_options(proto: bytes) -> Any:
     """The ``xla_client.CompileOptions`` of a serialized ``CompileOptionsProto``."""
     return xc.CompileOptions.ParseFromString(proto)
+
+
+# ------------------------------------------------------- executables shared in a job
+
+
+def serialize_compiled(compiled: Any) -> bytes:
+    """A ``jax.stages.Compiled`` of ``jax.jit`` as bytes that another process of the job
+    loads (:func:`load_compiled`), through ``jax.experimental.serialize_executable``.
+
+    Raises:
+        ValueError, NotImplementedError: jax cannot serialize it (e.g. a program with
+            hoisted constants).
+    """
+    from jax.experimental import serialize_executable
+
+    return serialize_executable.serialize(compiled)[0]
+
+
+def load_compiled(data: bytes, lowered: Any) -> Any:
+    """The ``jax.stages.Compiled`` of :func:`serialize_compiled`'s ``data``, loaded on
+    the devices of ``lowered`` (the same program lowered in this process, whose pytrees
+    it takes)."""
+    from jax.experimental import serialize_executable
+
+    return serialize_executable.deserialize_and_load(
+        data, lowered.in_tree, lowered.out_tree, backend=lowered_platform(lowered))
+
+
+def serialize_loaded(executable: Any) -> bytes:
+    """A loaded executable of :func:`compile_on_client` as bytes
+    (:func:`load_on_client` loads them)."""
+    return executable.client.serialize_executable(executable)
+
+
+def load_on_client(data: bytes, devices: Sequence[Any], *, replicas: int,
+                   device_ids: Sequence[int] | None) -> Any:
+    """:func:`serialize_loaded`'s executable loaded on ``devices`` as
+    :func:`compile_on_client` would have compiled it there (the same assignment)."""
+    compile_options = xc.CompileOptions()
+    compile_options.num_replicas = replicas
+    compile_options.num_partitions = 1
+    ids = np.arange(replicas) if device_ids is None else np.array(list(device_ids))
+    compile_options.device_assignment = xc.DeviceAssignment.create(ids.reshape(replicas, 1))
+    client = backend(devices[0].platform)
+    return client.deserialize_executable(data, xc.DeviceList(tuple(devices)), compile_options)

@@ -69,6 +69,18 @@ class Coordinator:
             self.client.key_value_set(f"{self.prefix}/{key}", json.dumps(value))
         return json.loads(self._get(f"{self.prefix}/{key}"))
 
+    def share_bytes(self, key: str, value: bytes | None, pid: int, owner: int = 0) -> bytes:
+        """Process ``owner``'s ``value`` (bytes, e.g. a serialized executable) on every
+        process; the others pass None. A value posted again under the same key replaces
+        the first (for keys that name their content, e.g. a program's digest)."""
+        if pid == owner:
+            if value is None:
+                raise ValueError(f"process {owner} shares a value, not None")
+            self.client.key_value_set_bytes(f"{self.prefix}/{key}", value,
+                                            allow_overwrite=True)
+            return value
+        return self._get(f"{self.prefix}/{key}", binary=True)
+
     def all_values(self, key: str, value: Any, pid: int, n: int) -> list[Any]:
         """Every process's ``value`` (index = process id)."""
         self.client.key_value_set(f"{self.prefix}/{key}/{pid}", json.dumps(value))
@@ -98,16 +110,18 @@ class Coordinator:
     def _failure_key(self) -> str:
         return f"{self.prefix}/failed"
 
-    def _get(self, key: str) -> str:
-        """``key``'s value once set; with ``watch_failures`` raises :class:`JobFailed`
-        as soon as another process has posted a failure."""
+    def _get(self, key: str, *, binary: bool = False) -> Any:
+        """``key``'s value once set (``binary``: as bytes); with ``watch_failures``
+        raises :class:`JobFailed` as soon as another process has posted a failure."""
+        get = (self.client.blocking_key_value_get_bytes if binary
+               else self.client.blocking_key_value_get)
         if not self.watch_failures:
-            return self.client.blocking_key_value_get(key, self.timeout_ms)
+            return get(key, self.timeout_ms)
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             try:
-                return self.client.blocking_key_value_get(key, max(1, min(POLL_MS, left_ms)))
+                return get(key, max(1, min(POLL_MS, left_ms)))
             except Exception as err:  # jax's runtime error: a slice out, or the job broken
                 if left_ms <= POLL_MS or "DEADLINE_EXCEEDED" not in str(err):
                     raise
