@@ -2,8 +2,8 @@
 
 Per zoo model, one job of 2 gloo processes, each pinned to its own CPU
 (``NPROC`` = ``disco_jax.enactment.staged.POOL_THREADS``; ``--no-pin``: unpinned, as
-``disco launch`` starts them), over an emulated 1 Gbit/s link (``unshare -n`` + ``tc``, as ``disco bench``'s
-``gloo2-1gbit``; needs root). In the job every process:
+``disco launch`` starts them), over an emulated 1 Gbit/s link (``unshare -n`` + ``tc``,
+as ``disco bench``'s ``gloo2-1gbit``; needs root). In the job every process:
 
 1. wraps the train step in ``disco_jax.jit`` with ``ENABLE_SEARCH=1`` and calls it once
    (profile, search, final choice by measurement, process 0 stores, the activator

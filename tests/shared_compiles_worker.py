@@ -96,8 +96,9 @@ def main() -> None:
         again = jb.compile_module(None, jb.InPlaceOf(step, step_args))
     out["seconds"] = time.perf_counter() - t0
     # a batch spread over the processes: process 0 compiles the programs 0 and 2,
-    # process 1 the program 1; a batch whose program 1 XLA rejects fails alike in both
-    ops = ("tanh", "exponential", "negate")
+    # process 1 the programs 1 and 3 (the same as 0); a batch whose program 1 XLA
+    # rejects fails alike in both
+    ops = ("tanh", "exponential", "negate", "tanh")
     with jb.compiles_shared(jb.Coordinator("sp", 120_000, watch_failures=True)) as spreading:
         batch = jb.spread([functools.partial(jb.compile_module, _STAGE.replace("tanh", op),
                                              jb.PerDevice(mine)) for op in ops])

@@ -54,7 +54,7 @@ class SharedCompiles:
         compiled: programs this process compiled and posted (process 0, and each
             process its share of a :func:`spread` batch).
         loaded: programs this process loaded from another process's bytes.
-        local: programs this process compiled itself because process 0's could not be
+        local: programs this process compiled itself because the owner's could not be
             shared (jax could not serialize it, or the bytes did not load here).
     """
 
@@ -64,14 +64,19 @@ class SharedCompiles:
         self.seen: collections.Counter[str] = collections.Counter()
         self.compiled = self.loaded = self.local = 0
         self.owner = 0  # the process that compiles what is compiled next
+        # where in the block: "" outside a batch, else the batch and the call (the same
+        # program twice in one batch is compiled in two orders by two processes)
+        self.scope = ""
+        self.batches = 0
 
     def once(self, identity: str, compile_it: Callable[[], T], dump: Callable[[T], bytes],
              load: Callable[[bytes], T]) -> T:
         """``compile_it()`` in the owner (:attr:`owner`), posted as ``dump`` writes it;
         elsewhere the owner's program as ``load`` reads it (or its error, raised here)."""
         digest = hashlib.sha256(identity.encode()).hexdigest()[:32]
-        self.seen[digest] += 1
-        key = f"exe/{digest}/{self.seen[digest]}"
+        where = f"{self.scope}/{digest}"
+        self.seen[where] += 1
+        key = f"exe{where}/{self.seen[where]}"
         if self.pid != self.owner:
             data = self.coordinator.share_bytes(key, None, self.pid, self.owner)
             tag, body = data[:1], data[1:]
@@ -164,18 +169,19 @@ def spread(calls: Sequence[Callable[[], T]]) -> list[T]:
     if shared is None:
         return [call() for call in calls]
     n = shared.coordinator.n
+    shared.batches += 1
     mine = [i for i in range(len(calls)) if i % n == shared.pid]
     order = mine + [i for i in range(len(calls)) if i % n != shared.pid]
     results: dict[int, Any] = {}
     failed: dict[int, Exception] = {}
     for i in order:
-        shared.owner = i % n
+        shared.owner, shared.scope = i % n, f"/batch{shared.batches}/{i}"
         try:
             results[i] = calls[i]()
         except Exception as err:  # noqa: BLE001 - raised below, after the others posted
             failed[i] = err
         finally:
-            shared.owner = 0
+            shared.owner, shared.scope = 0, ""
     if failed:
         raise failed[min(failed)]
     return [results[i] for i in range(len(calls))]
