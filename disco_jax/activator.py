@@ -259,7 +259,7 @@ def read_payload_record(data: Any) -> tuple[Any, str]:
 def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
                        reason: str = "", warn: bool = True,
                        build: Callable[[Any], Any] | None = None, setup: Any = None,
-                       check_record: bool = True) -> Agreement:
+                       check_record: bool = True, share_compiles: bool = False) -> Agreement:
     """Process 0's enactment, broadcast, checked and built everywhere, or an agreed
     fallback. Every process of the job must call it for the same program, in the same
     order. In a one-process job nothing is broadcast or voted on: the steps pass this
@@ -279,6 +279,9 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
         setup: this process's :class:`disco_jax.store.Setup` (default: the current one).
         check_record: check the record's setup (off when process 0 just searched and the
             record is its own).
+        share_compiles: ``build`` compiles in every process (none holds the program
+            already): process 0 compiles each program and the others load it
+            (:func:`hlo_tools.jax_bridge.compiles_shared`). The same in every process.
 
     Returns:
         The :class:`Agreement`: the same ``enactment``/``reason`` on every process.
@@ -345,7 +348,7 @@ def agree_on_enactment(local: Any, record: Any, own_fingerprint: str, *,
     # process 0 compiles the plan's programs and the others load them: in a job whose
     # processes share the cores their compiles would contend; a process that does not
     # build posts why, so that no other waits for its compiles
-    shared = None if solo else Coordinator(
+    shared = None if solo or not share_compiles else Coordinator(
         f"disco_build_{own_fingerprint[:16]}_{count}", int(_timeout_s() * 1000),
         watch_failures=True)
     if why is None:

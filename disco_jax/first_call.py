@@ -401,7 +401,8 @@ def _enact(step: Step, proposal: _Proposal, source_fp: str, args: tuple,
         return step.build(enactment, args, kwargs, dyn)
 
     agreed = agree_on_enactment(proposal.enactment, proposal.record, source_fp,
-                                reason=proposal.reason, warn=proposal.warn, build=build)
+                                reason=proposal.reason, warn=proposal.warn, build=build,
+                                share_compiles=proposal.mode == STORED)
     if prebuilt is not None and agreed.run is not prebuilt[1]:
         _close(prebuilt[1])
     if agreed.run is None:

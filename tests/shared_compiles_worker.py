@@ -3,10 +3,11 @@
 
 Within the block it compiles, in every process: XLA's default of a ``shard_map`` step
 (jax's own lowering), the step's text exactly, a per-device module, a text XLA rejects,
-and XLA's default again; then, in a second block, two batches of per-device modules
-spread over the processes (``spread``), the second with a module XLA rejects. It runs the
-programs and writes whether they compute what ``jax.jit`` (or numpy) computes, a digest
-of the step's results, the errors, and the blocks' counts.
+XLA's default again, and a module that differs between the processes. Then, in a second
+block, two batches of per-device modules spread over the processes (``spread``), the
+second with a module XLA rejects. It runs the programs and writes whether they compute
+what ``jax.jit`` (or numpy) computes, a digest of the step's results, the errors, and the
+blocks' counts.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def main() -> None:
         except jb.HloCompileError as err:
             out["error"] = str(err)
         again = jb.compile_module(None, jb.InPlaceOf(step, step_args))
+        # a module written differently in process 1 at the same place: compiled there
+        own_op = "negate" if jax.process_index() else "tanh"
+        own = jb.compile_module(_STAGE.replace("tanh", own_op), jb.PerDevice(mine))
     out["seconds"] = time.perf_counter() - t0
     # a batch spread over the processes: process 0 compiles the programs 0 and 2,
     # process 1 the programs 1 and 3 (the same as 0); a batch whose program 1 XLA
@@ -118,6 +122,8 @@ def main() -> None:
     out["stage_ok"] = bool(np.allclose(got, np.tanh(np.asarray(x) @ np.asarray(x)), rtol=1e-5))
     want_ops = {"tanh": np.tanh, "exponential": np.exp, "negate": np.negative}
     xx = np.asarray(x) @ np.asarray(x)
+    out["own_ok"] = bool(np.allclose(np.asarray(own([[x]])[0][0]), want_ops[own_op](xx),
+                                     rtol=1e-5))
     out["spread_ok"] = [bool(np.allclose(np.asarray(run([[x]])[0][0]), want_ops[op](xx),
                                          rtol=1e-5)) for op, run in zip(ops, batch)]
     out["counts"] = {"compiled": shared.compiled, "loaded": shared.loaded,

@@ -32,8 +32,10 @@ def test_process_0_compiles_and_process_1_loads(tmp_path):
     # compiles of process 0, each loaded by process 1
     assert rows[0]["bytes"] == rows[1]["bytes"]
     assert rows[0]["error"] == rows[1]["error"]
-    assert rows[0]["counts"] == {"compiled": 4, "loaded": 0, "local": 0}
-    assert rows[1]["counts"] == {"compiled": 0, "loaded": 4, "local": 0}
+    # ... and the module that differs in process 1 is compiled there, not loaded
+    assert rows[0]["counts"] == {"compiled": 5, "loaded": 0, "local": 0}
+    assert rows[1]["counts"] == {"compiled": 0, "loaded": 4, "local": 1}
+    assert rows[0]["own_ok"] and rows[1]["own_ok"]
     # a spread batch: each process compiled its share and loaded the other's; the
     # batch with a rejected module raised the same error in both
     for row in rows:

@@ -18,14 +18,17 @@ with cores of their own (other hosts, or pinned to a CPU each) then build the ba
 times as fast; on shared cores the compiles still contend, but each program is compiled
 once, not ``n`` times.
 
-The contract of the block: every process compiles the same programs, in any order. A
-process waits for the compile of each program another process owns (known by a digest
-of the program and its options, and by how many times the same program was compiled
-before in the block), until the coordinator's timeout or a failure posted in the job
+The contract of the block: every process compiles the same programs in the same order
+(a batch: the same calls). The programs are matched by their place in that order, and a
+posted program carries a digest of its text and options: a process whose own program at
+that place differs (its text was written differently there) compiles its own, so a
+wrong executable is never loaded. A process waits for the owner's post until the
+coordinator's timeout or a failure posted in the job
 (:class:`~hlo_tools.jax_bridge.sync.JobFailed`). Process 0 may compile programs the
-others do not. A program jax cannot serialize (e.g. one with hoisted constants), or
-bytes a process cannot load, is compiled in that process as without the block. The
-coordination service keeps the bytes until the job ends.
+others do not, after theirs; never the other way round. A program jax cannot serialize
+(e.g. one with hoisted constants), or bytes a process cannot load, is compiled in that
+process as without the block. The coordination service keeps the bytes until the job
+ends.
 """
 
 from __future__ import annotations
@@ -54,35 +57,36 @@ class SharedCompiles:
         compiled: programs this process compiled and posted (process 0, and each
             process its share of a :func:`spread` batch).
         loaded: programs this process loaded from another process's bytes.
-        local: programs this process compiled itself because the owner's could not be
-            shared (jax could not serialize it, or the bytes did not load here).
+        local: programs this process compiled itself: the owner's could not be shared
+            (jax could not serialize it, or the bytes did not load here), or its program
+            at that place differed from this process's.
     """
 
     def __init__(self, coordinator: Any) -> None:
         self.coordinator = coordinator
         self.pid = coordinator.pid
-        self.seen: collections.Counter[str] = collections.Counter()
         self.compiled = self.loaded = self.local = 0
         self.owner = 0  # the process that compiles what is compiled next
-        # where in the block: "" outside a batch, else the batch and the call (the same
-        # program twice in one batch is compiled in two orders by two processes)
+        # the place in the block: "" outside a batch, else the batch and the call; and
+        # the compiles made so far at each place
         self.scope = ""
         self.batches = 0
+        self.seen: collections.Counter[str] = collections.Counter()
 
     def once(self, identity: str, compile_it: Callable[[], T], dump: Callable[[T], bytes],
              load: Callable[[bytes], T]) -> T:
         """``compile_it()`` in the owner (:attr:`owner`), posted as ``dump`` writes it;
-        elsewhere the owner's program as ``load`` reads it (or its error, raised here)."""
-        digest = hashlib.sha256(identity.encode()).hexdigest()[:32]
-        where = f"{self.scope}/{digest}"
-        self.seen[where] += 1
-        key = f"exe{where}/{self.seen[where]}"
+        elsewhere the owner's program as ``load`` reads it (or its error, raised here),
+        when its digest is this process's own."""
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:32].encode()
+        self.seen[self.scope] += 1
+        key = f"exe{self.scope}/{self.seen[self.scope]}"
         if self.pid != self.owner:
             data = self.coordinator.share_bytes(key, None, self.pid, self.owner)
-            tag, body = data[:1], data[1:]
-            if tag == _ERROR:
+            tag, theirs, body = data[:1], data[1:33], data[33:]
+            if theirs == digest and tag == _ERROR:
                 raise HloCompileError(body.decode())
-            if tag == _EXECUTABLE:
+            if theirs == digest and tag == _EXECUTABLE:
                 try:
                     out = load(body)
                     self.loaded += 1
@@ -97,12 +101,13 @@ class SharedCompiles:
             reason = str(err) if isinstance(err, HloCompileError) else (
                 f"process {self.pid} could not compile the program: "
                 f"{type(err).__name__}: {err}")
-            self.coordinator.share_bytes(key, _ERROR + reason.encode(), self.pid, self.pid)
+            self.coordinator.share_bytes(key, _ERROR + digest + reason.encode(), self.pid,
+                                         self.pid)
             raise
         try:
-            data = _EXECUTABLE + dump(out)
+            data = _EXECUTABLE + digest + dump(out)
         except Exception:  # noqa: BLE001 - jax cannot serialize it: each compiles its own
-            data = _LOCAL
+            data = _LOCAL + digest
         self.coordinator.share_bytes(key, data, self.pid, self.pid)
         self.compiled += 1
         return out
