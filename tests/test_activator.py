@@ -134,6 +134,7 @@ def test_staged_enactment_runs_in_both(tmp_path):
         assert row["close"], row["max_abs_diff"]
 
 
+@pytest.mark.slow  # in one process: tests/test_store_safety.py's tampered plan
 def test_verification_refuses_a_tampered_plan_in_both(tmp_path):
     """Process 0's stored plan computes something else (its learning rate doubled):
     both processes verify it on the first call, both refuse it with the same warning and

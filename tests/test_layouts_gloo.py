@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("layouts_gloo_worker.py")
 CONSTRUCTIONS = ("device_put", "device_put_jax", "host_local", "single_device_arrays",
                  "callback")
-#: A budget the small step's whole first call fits in (about 15 s on 2 shared CPUs).
-BUDGET_S = "40"
+#: A budget the small step's whole first call fits in (the quick profile, a brief search).
+BUDGET_S = "20"
 
 
 def _job(tmp_path: Path, devices: int, constructions: tuple[str, ...], *,
