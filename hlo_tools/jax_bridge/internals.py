@@ -244,16 +244,23 @@ def is_c_api_client(platform: str) -> bool:
     return "PJRT C API" in version
 
 
-def compile_on_client(mlir_text: str, devices: Sequence[Any], *, replicas: int,
-                      device_ids: Sequence[int] | None, options: dict[str, Any]) -> Any:
-    """Compiles MLIR text on the devices' client as ``replicas`` replicas of one
-    partition (``device_ids``: the assignment; default the first ``replicas`` ids),
-    with ``options`` as XLA debug options. Returns the loaded executable."""
+def _replica_options(replicas: int, device_ids: Sequence[int] | None) -> Any:
+    """Compile options of ``replicas`` replicas of one partition on ``device_ids``
+    (default: the first ``replicas`` ids)."""
     compile_options = xc.CompileOptions()
     compile_options.num_replicas = replicas
     compile_options.num_partitions = 1
     ids = np.arange(replicas) if device_ids is None else np.array(list(device_ids))
     compile_options.device_assignment = xc.DeviceAssignment.create(ids.reshape(replicas, 1))
+    return compile_options
+
+
+def compile_on_client(mlir_text: str, devices: Sequence[Any], *, replicas: int,
+                      device_ids: Sequence[int] | None, options: dict[str, Any]) -> Any:
+    """Compiles MLIR text on the devices' client as ``replicas`` replicas of one
+    partition (``device_ids``: the assignment; default the first ``replicas`` ids),
+    with ``options`` as XLA debug options. Returns the loaded executable."""
+    compile_options = _replica_options(replicas, device_ids)
     compile_options.env_option_overrides = list(options.items())
     client = backend(devices[0].platform)
     return client.compile_and_load(mlir_text, xc.DeviceList(tuple(devices)), compile_options)
@@ -454,10 +461,6 @@ def load_on_client(data: bytes, devices: Sequence[Any], *, replicas: int,
                    device_ids: Sequence[int] | None) -> Any:
     """:func:`serialize_loaded`'s executable loaded on ``devices`` as
     :func:`compile_on_client` would have compiled it there (the same assignment)."""
-    compile_options = xc.CompileOptions()
-    compile_options.num_replicas = replicas
-    compile_options.num_partitions = 1
-    ids = np.arange(replicas) if device_ids is None else np.array(list(device_ids))
-    compile_options.device_assignment = xc.DeviceAssignment.create(ids.reshape(replicas, 1))
     client = backend(devices[0].platform)
-    return client.deserialize_executable(data, xc.DeviceList(tuple(devices)), compile_options)
+    return client.deserialize_executable(data, xc.DeviceList(tuple(devices)),
+                                         _replica_options(replicas, device_ids))
