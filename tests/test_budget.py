@@ -104,6 +104,17 @@ def test_a_program_is_afforded_with_its_compile_and_its_share_of_the_choice():
     assert not b.affords(3, programs=2, compiles=4, extra_calls=10, extra_s=3.0)
 
 
+def test_a_staged_program_costs_its_compiles_spread_over_the_job():
+    from disco_jax.pipeline.candidates import STAGED_COMPILES, staged_compiles
+
+    # one process compiles every stage and all-reduce program itself
+    assert staged_compiles(1) == STAGED_COMPILES == 2.0
+    # two share them (each compiles half and loads the other half)
+    assert staged_compiles(2) == 1.0
+    # more processes than that never make it cheaper than one compile of XLA's default
+    assert staged_compiles(8) == 1.0
+
+
 def test_samples_shrink_to_fit_the_rounds():
     clock = Clock()
     b = Budget(10.0, clock=clock)
