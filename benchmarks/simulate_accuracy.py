@@ -24,6 +24,7 @@ iteration ``simulate`` measured itself. Prints a table and writes
 
     python benchmarks/simulate_accuracy.py
     python benchmarks/simulate_accuracy.py --steps mixer --rounds 3
+    python benchmarks/simulate_accuracy.py --variant before=../other-checkout
 """
 
 from __future__ import annotations
@@ -53,11 +54,15 @@ DEVICES = 4
 TARGET = 0.10
 
 
-def _simulate(path: Path, *extra: str) -> dict:
-    """``disco simulate --json`` on ``path`` in a fresh process; its report and wall time."""
+def _simulate(path: Path, *extra: str, root: Path = ROOT) -> dict:
+    """``disco simulate --json`` on ``path`` in a fresh process running the checkout at
+    ``root``; its report and wall time."""
     t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     done = subprocess.run([sys.executable, "-m", "disco_jax", "simulate", "--json", *extra,
-                           str(path)], capture_output=True, text=True, cwd=ROOT, timeout=900)
+                           str(path)], capture_output=True, text=True, cwd=root, env=env,
+                          timeout=900)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"disco simulate {path.name} {' '.join(extra)} exited "
@@ -71,10 +76,15 @@ def _error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured
 
 
-def measure_step(name: str, size: str, rounds: int, repeats: int, tmp: Path) -> dict:
+def measure_step(name: str, size: str, rounds: int, repeats: int, tmp: Path,
+                 variants: dict[str, Path] | None = None) -> dict:
     """One step's row: the modules, then ``repeats`` times the three ``simulate`` runs
     between two measurements; each repeat's error is against that repeat's measurements,
-    the row's is the median over repeats."""
+    the row's is the median over repeats.
+
+    ``variants`` (label: checkout) run the same three ``simulate`` runs from other
+    checkouts between the same two measurements, in turns with this one (the order
+    alternates per repeat); their columns are named ``label:column``."""
     import jax
 
     import hlo_tools
@@ -97,22 +107,28 @@ def measure_step(name: str, size: str, rounds: int, repeats: int, tmp: Path) -> 
             "compiled_again": lambda *_: again.run(inputs)}
     placed = [jax.device_put(a, s) for a, s in zip(args, compiled.input_shardings[0],
                                                      strict=True)]
-    truth_of = {"compiled": "compiled", "compiled_standalone": "compiled", "pre": "pre"}
+    truth_of = dict(BASE_TRUTH)
     reps, samples = [], {k: [] for k in runs}
     for rep in range(repeats):
         before = measure(runs, placed, rounds=rounds, tag=f"{name}_{rep}_before")
-        reports = {"compiled": _simulate(post),
-                   "compiled_standalone": _simulate(post, "--no-in-context"),
-                   "pre": _simulate(pre)}
+        roots = [("", ROOT), *((f"{k}:", v) for k, v in (variants or {}).items())]
+        reports = {}
+        for prefix, root in roots if rep % 2 == 0 else roots[::-1]:
+            reports[f"{prefix}compiled"] = _simulate(post, root=root)
+            reports[f"{prefix}compiled_standalone"] = _simulate(post, "--no-in-context",
+                                                                root=root)
+            reports[f"{prefix}pre"] = _simulate(pre, root=root)
+            truth_of.update({f"{prefix}{k}": v for k, v in BASE_TRUTH.items()})
         after = measure(runs, placed, rounds=rounds, tag=f"{name}_{rep}_after")
         measured = {k: statistics.median([*before[k], *after[k]]) for k in runs}
         for k in runs:
             samples[k] += [*before[k], *after[k]]
         predicted = {k: r["iteration_s"] for k, r in reports.items()}
-        ic = reports["compiled"]["in_context"]
-        if ic.get("profiled"):
-            predicted["compiled_traced"] = ic["traced_s"]
-            truth_of["compiled_traced"] = "compiled"
+        for prefix, _ in roots:
+            ic = reports[f"{prefix}compiled"]["in_context"]
+            if ic.get("profiled"):
+                predicted[f"{prefix}compiled_traced"] = ic["traced_s"]
+                truth_of[f"{prefix}compiled_traced"] = "compiled"
         reps.append({
             "measured_s": measured, "predicted_s": predicted,
             "errors": {k: _error(p, measured[truth_of[k]]) for k, p in predicted.items()},
@@ -133,14 +149,18 @@ def measure_step(name: str, size: str, rounds: int, repeats: int, tmp: Path) -> 
             "repeats": reps}
 
 
+#: which measurement each predicted column is compared with
+BASE_TRUTH = {"compiled": "compiled", "compiled_standalone": "compiled", "pre": "pre"}
+
 COLUMNS = (("compiled", "compiled"), ("compiled_traced", "at traced times"),
            ("compiled_standalone", "not run (standalone)"), ("pre", "pre-optimization"))
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Mean and largest error per column over the rows that have it."""
+def summarize(rows: list[dict], variants: tuple[str, ...] = ()) -> dict:
+    """Mean and largest error per column over the rows that have it (``variants``: the
+    labels of other checkouts' columns, ``label:column``)."""
     out = {}
-    for key, _ in COLUMNS:
+    for key in [k for k, _ in COLUMNS] + [f"{v}:{k}" for v in variants for k, _ in COLUMNS]:
         errs = [r["errors"][key] for r in rows if key in r.get("errors", {})]
         if errs:
             out[key] = {"mean": statistics.mean(errs), "max": max(errs), "steps": len(errs)}
@@ -171,6 +191,11 @@ def print_table(rows: list[dict], summary: dict) -> None:
     line = ", ".join(f"{label} {summary[k]['mean']:.1%} (max {summary[k]['max']:.1%})"
                      for k, label in COLUMNS if k in summary)
     print(f"mean error: {line}; target <= {TARGET:.0%} for compiled and pre-optimization")
+    for variant in sorted({k.split(":")[0] for k in summary if ":" in k}):
+        line = ", ".join(f"{label} {summary[f'{variant}:{k}']['mean']:.1%} "
+                         f"(max {summary[f'{variant}:{k}']['max']:.1%})"
+                         for k, label in COLUMNS if f"{variant}:{k}" in summary)
+        print(f"mean error of {variant}, between the same measurements: {line}")
     floors = {k: statistics.mean(r["floor"][k] for r in rows if "floor" in r)
               for k in ("compiled", "pre")} if any("floor" in r for r in rows) else {}
     if floors:
@@ -193,18 +218,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3,
                     help="simulate runs per file, each between two measurements "
                          "(default: %(default)s)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=DIR",
+                    help="also run disco simulate from the checkout DIR, in turns with this "
+                         "one between the same measurements (an A/B of two cost models); "
+                         "repeatable")
     ap.add_argument("--out", default=str(OUT), help="result JSON (default: %(default)s)")
     args = ap.parse_args(argv)
+    variants = {}
+    for item in args.variant:
+        label, sep, where = item.partition("=")
+        if not sep or not label or ":" in label or not (Path(where) / "disco_jax").is_dir():
+            ap.error(f"--variant {item!r}: expected LABEL=DIR, DIR a checkout of the project")
+        variants[label] = Path(where).resolve()
     rows = []
     with tempfile.TemporaryDirectory(prefix="disco_simulate_accuracy_") as tmp:
         for name in args.steps.split(","):
             print(f"== {name}", file=sys.stderr, flush=True)
             try:
                 rows.append(measure_step(name, args.size, args.rounds, args.repeats,
-                                         Path(tmp)))
+                                         Path(tmp), variants))
             except (RuntimeError, subprocess.TimeoutExpired) as err:
                 rows.append({"step": name, "error": str(err)[:500]})
-    summary = summarize([r for r in rows if "error" not in r])
+    summary = summarize([r for r in rows if "error" not in r], tuple(variants))
     print_table(rows, summary)
     write_result(args.out, {"rows": rows, "summary": summary, "meta": vars(args)})
     print(f"wrote {args.out}", file=sys.stderr)
