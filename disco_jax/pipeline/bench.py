@@ -26,13 +26,13 @@ This module adds:
 
 6. **bench**: the six programs (four baselines, ``bucketed``, DisCo's choice) run
    interleaved in fresh rounds (so the choice's selection does not bias the figures);
-7. process 0 fits the cost model again on the fit's programs with their samples of
-   step 5 pooled in (:func:`disco_jax.pipeline.profile.pooled`), predicts every program with it
-   (``predicted_s``; the search's model's predictions are kept as
-   ``predicted_at_start_s``) and writes the row. With ``spec["compare_fused"]`` (GNN
-   checkpoints) it fits and predicts the final choice's candidates once more with each
-   GNN as the fused-op estimator (``choice.predicted_by_estimator_s``: the same
-   measurements under each estimator).
+7. process 0 predicts every program with the cost model that ``optimize_step`` fitted
+   again on the fit's programs with their samples of step 5 pooled in
+   (:class:`~disco_jax.pipeline.optimize.Refit`; ``predicted_s``; the search's model's
+   predictions are kept as ``predicted_at_start_s``) and writes the row. With
+   ``spec["compare_fused"]`` (GNN checkpoints) it predicts the final choice's
+   candidates once more with that fit under each GNN as the fused-op estimator
+   (``choice.predicted_by_estimator_s``: the same measurements under each estimator).
 
 ``--predict-only`` jobs (:func:`predict_row`) run in one process for any hardware file
 (e.g. ``gpu_cluster_example``): the search of
@@ -177,41 +177,6 @@ def _bench_rounds(spec: Mapping[str, Any], details: OptimizeDetails, sync: Any,
     return _Bench(finals, samples, best_bucketed, same)
 
 
-class _Refit(NamedTuple):
-    """The cost model of step 7 (:func:`_refit`).
-
-    Attributes:
-        costs: fitted again (the search's own when there was nothing to fit again).
-        profile: the in-context profile with the fit's programs' samples of the choice's
-            rounds pooled in (:func:`disco_jax.pipeline.profile.pooled`).
-        calibration: the new fit (None: not fitted again).
-    """
-
-    costs: Any
-    profile: Any
-    calibration: Any
-
-
-def _refit(details: OptimizeDetails, say: Callable[[str], None]) -> _Refit:
-    """Step 7's fit: the search's cost model fitted again on the fit's programs with
-    their samples of the choice's rounds pooled in, so that the predictions rest on
-    more samples than the search's did."""
-    from disco_jax.pipeline.fit import calibrate_in_context
-    from disco_jax.pipeline.optimize import FIT_PREFIX
-    from disco_jax.pipeline.profile import pooled
-
-    more = {n[len(FIT_PREFIX):]: s for n, s in details.samples_s.items()
-            if n.startswith(FIT_PREFIX)}
-    profile = pooled(details.profile, more)
-    if details.calibration is None or not more:
-        return _Refit(details.costs, profile, None)
-    costs, refit = calibrate_in_context(details.costs, details.program.module, profile)
-    say(f"fit again with the choice rounds' samples: all-reduce D {refit.d_s * 1e3:.3f} "
-        f"ms, compute scale {refit.compute_scale:.2f}, fused-op scale "
-        f"{refit.fused_scale:.2f}")
-    return _Refit(costs, profile, refit)
-
-
 def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], tuple[dict, dict]]:
     """Step 7's predictions: a function of a cost model giving the six programs' (and
     ``fo``) and the final choice's candidates' predicted seconds, XLA's programs parsed
@@ -343,9 +308,9 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                          "start_predicted_s": outcome.start_costs_s,
                          "top_predicted_s": [c for _, c in outcome.top]}
     at_start = details.costs
-    refit = _refit(details, say)
-    costs = refit.costs
-    if refit.calibration is not None:
+    refit = details.refit
+    costs = refit.costs if refit is not None else at_start
+    if refit is not None and refit.calibration is not None:
         row["calibration_refit"] = refit.calibration._asdict()
     say("predicting every program")
     predictions = _predictor(details, bench.best_bucketed)
@@ -353,17 +318,15 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     start_predicted, start_choice = (predicted, pred_choice) if costs is at_start \
         else predictions(at_start)
     by_estimator = None
-    if spec.get("compare_fused") and cal is not None:
+    if spec.get("compare_fused") and refit is not None and cal is not None:
         # the same measurements and candidates under other fused-op estimators
         from disco_estimator.gnn.estimator import GnnFusedEstimator
-        from disco_jax.pipeline.fit import in_context_costs
 
         by_estimator = {type(costs.fused).__name__: pred_choice}
         for path in spec["compare_fused"]:
             say(f"predicting every program again with the GNN of {path}")
-            other, _ = in_context_costs(program.module, spec["hardware"], refit.profile,
-                                        progress=False,
-                                        fused=GnnFusedEstimator.from_checkpoint(path))
+            other = refit.with_fused(program.module,
+                                     GnnFusedEstimator.from_checkpoint(path))
             by_estimator[f"gnn:{Path(path).name}"] = predictions(other)[1]
     spread = {n: summarize_samples(bench.samples[n]) for n in PROGRAMS}
     row.update({

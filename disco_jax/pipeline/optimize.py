@@ -51,6 +51,7 @@ __all__ = [
     "OptimizeReport",
     "Optimized",
     "Predicted",
+    "Refit",
     "optimize_step",
     "predict_step",
 ]
@@ -118,6 +119,8 @@ class OptimizeDetails(NamedTuple):
         samples_s: the samples of every program of the choice's rounds: the candidates'
             and, with ``remeasure_fit``, the fit's programs' (named ``fit:<name>``,
             :data:`FIT_PREFIX`).
+        refit: with ``remeasure_fit``, the cost model fitted again on those samples
+            pooled in (process 0; None elsewhere).
     """
 
     program: Program
@@ -128,6 +131,33 @@ class OptimizeDetails(NamedTuple):
     candidates: Candidates
     choice: Choice
     samples_s: dict[str, list[float]]
+    refit: Refit | None = None
+
+
+class Refit(NamedTuple):
+    """The cost model fitted again after the final choice (``remeasure_fit``): the fit's
+    programs' samples of the choice's rounds pooled into the profile, so that
+    predictions rest on more samples than the search's did.
+
+    Attributes:
+        costs: fitted again (the search's own when there was nothing to fit again).
+        profile: the in-context profile with those samples pooled in
+            (:func:`disco_jax.pipeline.profile.pooled`).
+        calibration: the new fit (None: not fitted again).
+        hardware: the hardware file the fit started from.
+    """
+
+    costs: Any
+    profile: InContext
+    calibration: Any
+    hardware: str
+
+    def with_fused(self, module: Any, fused: Any) -> Any:
+        """The same fit with another fused-op estimator ``fused``: its cost model."""
+        from disco_jax.pipeline.fit import in_context_costs
+
+        return in_context_costs(module, self.hardware, self.profile, progress=False,
+                                fused=fused)[0]
 
 
 class Optimized(NamedTuple):
@@ -344,8 +374,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             candidates nor measured here: ``disco bench`` measures them after the choice
             (in :attr:`OptimizeDetails.candidates`).
         remeasure_fit: the in-context fit's programs run again in the final choice's
-            rounds (named ``fit:<name>``, never candidates), so that a caller can fit
-            again on more samples (:attr:`OptimizeDetails.samples_s`).
+            rounds (named ``fit:<name>``, never candidates; :attr:`OptimizeDetails.samples_s`)
+            and, with ``keep_details``, the cost model is fitted again with their samples
+            pooled in (:attr:`OptimizeDetails.refit`).
         staged_top, chunk_bytes: the staged programs' settings
             (:func:`~disco_jax.pipeline.candidates.staged_candidates`).
         keep_labels: add the fused ops of the exact plans and XLA's default to the local
@@ -509,9 +540,32 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
             say(f"compiles in the job: {shared.compiled} here and shared, {shared.loaded} "
                 f"loaded from another process, {shared.local} here alone")
         say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
-        details = OptimizeDetails(program, measured, costs, calibration, searched, cands, choice,
-                                  samples) if keep_details else None
+        details = None
+        if keep_details:
+            refit = _refit(program, measured, costs, calibration, hardware, samples, say) \
+                if beside and costs is not None else None
+            details = OptimizeDetails(program, measured, costs, calibration, searched, cands,
+                                      choice, samples, refit)
         return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report, details)
+
+
+def _refit(program: Program, measured: InContext, costs: Any, calibration: Any,
+           hardware: str, samples: Mapping[str, Sequence[float]],
+           say: Callable[[str], None]) -> Refit:
+    """The cost model fitted again with the fit's programs' samples of the final choice
+    (``fit:<name>``) pooled into the profile."""
+    from disco_jax.pipeline.fit import calibrate_in_context
+    from disco_jax.pipeline.profile import pooled
+
+    more = {n[len(FIT_PREFIX):]: s for n, s in samples.items() if n.startswith(FIT_PREFIX)}
+    profile = pooled(measured, more)
+    if calibration is None or not more:
+        return Refit(costs, profile, None, hardware)
+    costs, refit = calibrate_in_context(costs, program.module, profile)
+    say(f"fit again with the choice rounds' samples: all-reduce D {refit.d_s * 1e3:.3f} "
+        f"ms, compute scale {refit.compute_scale:.2f}, fused-op scale "
+        f"{refit.fused_scale:.2f}")
+    return Refit(costs, profile, refit, hardware)
 
 
 class Predicted(NamedTuple):
