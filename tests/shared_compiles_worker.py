@@ -114,7 +114,11 @@ def main() -> None:
     want = local(jax.jit(step)(*step_args))
     got = {name: local(run(*step_args)) for name, run in (("default", default),
                                                           ("exact", exact), ("again", again))}
-    out["close"] = {name: bool(np.allclose(v, want, rtol=1e-5, atol=1e-6))
+    # within rtol 1e-5 of the result's scale: XLA's programs of the step may sum in
+    # another order than jax.jit's (on an AMD EPYC host 6.9e-6 apart on values up to 2.2,
+    # where w - 0.1 * g cancels to near 0 and a per-element rtol asks for exact bits)
+    scale = float(np.abs(want).max())
+    out["close"] = {name: bool(np.allclose(v, want, rtol=1e-5, atol=1e-5 * scale))
                     for name, v in got.items()}
     out["bytes"] = {name: hashlib.sha256(v.tobytes()).hexdigest() for name, v in got.items()}
     x = jax.device_put(np.linspace(0, 0.1, 256, dtype=np.float32).reshape(16, 16), mine[0])
