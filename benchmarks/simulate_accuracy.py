@@ -83,7 +83,7 @@ def measure_step(name: str, size: str, rounds: int, repeats: int, tmp: Path,
     the row's is the median over repeats.
 
     ``variants`` (label: checkout) run the same three ``simulate`` runs from other
-    checkouts between the same two measurements, in turns with this one (the order
+    checkouts between the same two measurements, alternating with this one (the order
     alternates per repeat); their columns are named ``label:column``."""
     import jax
 
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulate runs per file, each between two measurements "
                          "(default: %(default)s)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=DIR",
-                    help="also run disco simulate from the checkout DIR, in turns with this "
+                    help="also run disco simulate from the checkout DIR, alternating with this "
                          "one between the same measurements (an A/B of two cost models); "
                          "repeatable")
     ap.add_argument("--out", default=str(OUT), help="result JSON (default: %(default)s)")
