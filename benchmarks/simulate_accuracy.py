@@ -107,18 +107,17 @@ def measure_step(name: str, size: str, rounds: int, repeats: int, tmp: Path,
             "compiled_again": lambda *_: again.run(inputs)}
     placed = [jax.device_put(a, s) for a, s in zip(args, compiled.input_shardings[0],
                                                      strict=True)]
-    truth_of = dict(BASE_TRUTH)
+    roots = [("", ROOT), *((f"{k}:", v) for k, v in (variants or {}).items())]
+    truth_of = {f"{prefix}{k}": v for prefix, _ in roots for k, v in BASE_TRUTH.items()}
     reps, samples = [], {k: [] for k in runs}
     for rep in range(repeats):
         before = measure(runs, placed, rounds=rounds, tag=f"{name}_{rep}_before")
-        roots = [("", ROOT), *((f"{k}:", v) for k, v in (variants or {}).items())]
         reports = {}
         for prefix, root in roots if rep % 2 == 0 else roots[::-1]:
             reports[f"{prefix}compiled"] = _simulate(post, root=root)
             reports[f"{prefix}compiled_standalone"] = _simulate(post, "--no-in-context",
                                                                 root=root)
             reports[f"{prefix}pre"] = _simulate(pre, root=root)
-            truth_of.update({f"{prefix}{k}": v for k, v in BASE_TRUTH.items()})
         after = measure(runs, placed, rounds=rounds, tag=f"{name}_{rep}_after")
         measured = {k: statistics.median([*before[k], *after[k]]) for k in runs}
         for k in runs:

@@ -330,6 +330,9 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
 #: (its stages and communication programs compile apart: 10.4 s where XLA's default took
 #: 5 s, transformer at ``small``, each process of a 2-process job compiling both).
 STAGED_COMPILES = 2.0
+#: Seconds the staged reference is measured for before the cost model picks (10 samples
+#: of at least 0.3 s).
+STAGED_MEASURE_S = 3.0
 
 
 def staged_compiles(processes: int) -> float:
@@ -340,9 +343,6 @@ def staged_compiles(processes: int) -> float:
     others compiled). Transformer at ``medium`` in a pinned 2-process job: the staged
     reference built in 11.2 s, XLA's default compiled in 11 s."""
     return max(1.0, STAGED_COMPILES / max(1, processes))
-#: Seconds the staged reference is measured for before the cost model picks (10 samples
-#: of at least 0.3 s).
-STAGED_MEASURE_S = 3.0
 
 
 def staged_candidates(program: Program, entries: Sequence[Any], *,
