@@ -11,7 +11,8 @@ This module holds:
 * :class:`NodeCosts`, the per-node arrays of a graph that the fallback rule reads
   (the cost model computes them once per graph);
 * the fallback rule itself: :func:`split_times` (each node's measured time split into
-  launch, memory and compute parts; :func:`moves_data` says which ops compute nothing)
+  launch, memory and compute parts; :func:`memory_bound` says which ops compute
+  nothing worth pricing)
   and :func:`fallback_fused_time` (the time of a group from those parts), as pure
   functions over :class:`NodeCosts`;
 * :class:`FallbackFusedEstimator`, the rule as an estimator over any
@@ -39,7 +40,7 @@ __all__ = [
     "NodeCostSource",
     "NodeCosts",
     "fallback_fused_time",
-    "moves_data",
+    "memory_bound",
     "split_times",
 ]
 
@@ -98,6 +99,9 @@ class NodeCosts(NamedTuple):
         read_bytes: ``[E]`` int64, bytes the reading node reads through each edge (a
             ``slice``-like op reads only the bytes of its result; 0 for ops without a
             kernel).
+        mem_s_per_byte: the backend's seconds per byte of memory traffic, the slowest a
+            fused kernel of several ops streams its inputs and outputs (None: as slowly
+            as its members streamed alone).
     """
 
     launch_s: np.ndarray
@@ -108,6 +112,7 @@ class NodeCosts(NamedTuple):
     op_ptr: np.ndarray
     op_idx: np.ndarray
     read_bytes: np.ndarray
+    mem_s_per_byte: float | None = None
 
 
 class NodeCostSource(Protocol):
@@ -122,7 +127,7 @@ class NodeCostSource(Protocol):
 
 
 def split_times(time_s: np.ndarray, traffic: np.ndarray, kernel_launch_s: float,
-                mem_s_per_byte: float, moves: np.ndarray | None = None
+                mem_s_per_byte: float, streams: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Splits each node's time into launch, memory and compute parts.
 
@@ -132,18 +137,21 @@ def split_times(time_s: np.ndarray, traffic: np.ndarray, kernel_launch_s: float,
         m_i = min(b * traffic_i, t_i - l_i)        b = mem_s_per_byte
         c_i = t_i - l_i - m_i
 
-    except for an op that only moves data (``moves``: a broadcast, transpose, copy,
-    slice...), which computes nothing: ``m_i = t_i - l_i``, ``c_i = 0`` however slowly it
-    streams. A broadcast that materializes its result runs far below the rate ``b``
-    (the write-allocate reads the destination too); counting the excess as compute
-    would keep it in every fusion, where the broadcast costs nothing.
+    except for a memory-bound op (``streams``, :func:`memory_bound`: a broadcast,
+    transpose, copy, slice... or arithmetic of a few cycles per element), whose time
+    beyond its launch is all memory traffic: ``m_i = t_i - l_i``, ``c_i = 0`` however
+    slowly it streamed. A broadcast that materializes its result, or a multiply over
+    arrays that left the caches, runs far below the rate ``b`` alone (the
+    write-allocate reads the destination too); counting the excess as compute would
+    keep it in every fusion, where the broadcast costs nothing and the multiply's
+    operands stream through registers.
 
     Args:
         time_s: ``[N]`` float64 seconds of each node run alone.
         traffic: ``[N]`` bytes each node reads and writes.
         kernel_launch_s: fixed cost of one kernel, seconds.
         mem_s_per_byte: seconds per byte of memory traffic.
-        moves: ``[N]`` bool, the nodes that only move data (:func:`moves_data`; None:
+        streams: ``[N]`` bool, the memory-bound nodes (:func:`memory_bound`; None:
             none).
 
     Returns:
@@ -151,32 +159,51 @@ def split_times(time_s: np.ndarray, traffic: np.ndarray, kernel_launch_s: float,
     """
     launch = np.minimum(kernel_launch_s, time_s)
     mem = np.minimum(mem_s_per_byte * traffic, time_s - launch)
-    if moves is not None:
-        mem = np.where(moves, time_s - launch, mem)
+    if streams is not None:
+        mem = np.where(streams, time_s - launch, mem)
     return launch, mem, time_s - launch - mem
 
 
-def moves_data(opcodes: Sequence[str]) -> np.ndarray:
-    """``[N]`` bool: which opcodes only move data (the ``data-movement`` class of
-    :func:`disco_estimator.ops.keys.opcode_class`), for :func:`split_times`."""
-    return np.array([opcode_class(op) == "data-movement" for op in opcodes], dtype=np.bool_)
+#: Elementwise opcodes that spend many cycles per element (division, roots,
+#: transcendental functions): their time beyond the memory traffic is compute.
+_COMPUTING = frozenset("""
+atan2 cbrt cosine divide erf exponential exponential-minus-one log log-plus-one logistic
+map power remainder rsqrt sine sqrt tan tanh
+""".split())
+
+
+def memory_bound(opcodes: Sequence[str]) -> np.ndarray:
+    """``[N]`` bool: which opcodes compute nothing worth pricing, for :func:`split_times`:
+    the ``data-movement`` class of :func:`disco_estimator.ops.keys.opcode_class`, and the
+    elementwise ops of a few cycles per element (add, multiply, select, convert...;
+    not those of :data:`_COMPUTING`)."""
+    return np.array([opcode_class(op) == "data-movement"
+                     or (opcode_class(op) == "elementwise" and op not in _COMPUTING)
+                     for op in opcodes], dtype=np.bool_)
 
 
 def fallback_fused_time(nodes: NodeCosts, members: Sequence[int], copies: Sequence[int],
                         outputs: Sequence[int]) -> float:
     """The fallback rule's time of one fusion group, seconds.
 
-    A fused kernel launches once, moves only its own inputs and outputs, and does all
+    A fused kernel launches once, streams only its own inputs and outputs, and does all
     the members' compute::
 
-        t_fused = max_i l_i + (sum_i m_i) * min(1, io / sum_i traffic_i) + sum_i c_i
+        t_fused = max_i l_i + io * r + sum_i c_i
 
     over the members and copies ``i`` (parts from :func:`split_times`). ``io`` = bytes
     the fused kernel reads (each outside value once, its largest read) plus the bytes
-    of ``outputs``. Equivalently: *the sum of the member times, minus the launch
-    overheads saved, minus the memory traffic saved*, priced at the members' own average
-    cost per byte. Consequences: a single op is predicted as exactly its measured time;
-    a fused op is never faster than one launch, nor than the compute of its members.
+    of ``outputs``. ``r`` is the members' own average cost per byte,
+    ``sum_i m_i / sum_i traffic_i``, but no more than the backend's ``b``
+    (``nodes.mem_s_per_byte``) when two or more members take time: members that
+    streamed slower than ``b`` alone did so because they materialized what the fused
+    kernel keeps in registers (a broadcast of a scalar) or read arrays that had left
+    the caches, and a fused loop does neither; averaged in, their rate would price
+    a fusion by how many broadcasts XLA put into it.
+
+    Consequences: a single op is predicted as exactly its measured time; a fused op is
+    never faster than one launch, nor than the compute of its members, nor slower than
+    the sum of its members.
 
     Args:
         nodes: the graph's node arrays.
@@ -197,8 +224,13 @@ def fallback_fused_time(nodes: NodeCosts, members: Sequence[int], copies: Sequen
     order = list(inside)
     traffic = float(nodes.traffic[order].sum())
     mem = float(nodes.mem_s[order].sum())
-    scale = io / traffic if traffic > 0 else 1.0
-    return (float(nodes.launch_s[order].max(initial=0.0)) + mem * min(scale, 1.0)
+    if traffic > 0:
+        rate = mem / traffic
+        if nodes.mem_s_per_byte is not None and np.count_nonzero(
+                nodes.launch_s[order] + nodes.mem_s[order] + nodes.compute_s[order]) > 1:
+            rate = min(rate, nodes.mem_s_per_byte)
+        mem = min(mem, rate * io)
+    return (float(nodes.launch_s[order].max(initial=0.0)) + mem
             + float(nodes.compute_s[order].sum()))
 
 

@@ -27,7 +27,7 @@ from disco_estimator.interface import (
     FusedOpEstimator,
     NodeCosts,
     fallback_fused_time,
-    moves_data,
+    memory_bound,
     split_times,
 )
 from disco_estimator.ops.cache import OpTimeCache, OpTiming
@@ -95,12 +95,16 @@ def test_fallback_rule_on_hand_numbers() -> None:
     graph = device_graph(module)
     est = FallbackFusedEstimator(costs)
     a, b = _node(graph, "a"), _node(graph, "b")
-    # a: l=1, traffic 3072 B -> m=3.072, c=0.928; b: l=1, traffic 2048 B -> m=2.048, c=0.952
+    # add and multiply are memory-bound: a: l=1, m=4, c=0; b: l=1, m=3, c=0
     # io: reads p0, p1 (2048 B) + writes a and b (both read outside, 2048 B) = 4096 of 5120
-    want = L + (3.072e-6 + 2.048e-6) * 4096 / 5120 + 0.928e-6 + 0.952e-6
+    # traffic; the members' 7 us / 5120 B is above B: the kernel streams 4096 B at B
+    want = L + 4096 * B
     assert est.predict(graph, [a, b], []) == pytest.approx(want, rel=1e-12)
-    # the same number read as "sum - launches saved - traffic saved"
-    assert want == pytest.approx(9e-6 - L - (3.072e-6 + 2.048e-6) * (1 - 4096 / 5120))
+    # with members that streamed faster than B, "sum - launches saved - traffic saved"
+    fast, _ = _model(CHAIN, {"a": 3e-6, "b": 2e-6, "c": 6e-6, "d": 3e-6})
+    want = 5e-6 - L - (2e-6 + 1e-6) * (1 - 4096 / 5120)
+    assert FallbackFusedEstimator(fast).predict(graph, [a, b], []) == \
+        pytest.approx(want, rel=1e-12)
     for node, t in ((a, 5e-6), (b, 4e-6)):  # a single op is predicted as its own time
         assert est.predict(graph, [node], []) == pytest.approx(t, rel=1e-12)
 
@@ -163,28 +167,38 @@ def test_producer_left_without_readers_costs_nothing() -> None:
     assert "x" not in rewritten.names
 
 
-def test_an_op_that_only_moves_data_computes_nothing() -> None:
-    """Beyond its launch, a broadcast's (a transpose's...) time is all memory traffic, however
-    slowly it streamed; an arithmetic op's time beyond ``b * traffic`` is compute. So a
-    fusion of the two keeps the multiply's compute and saves its share of both ops'
-    memory, where the broadcast's slowness counted as compute would survive it."""
-    moves = moves_data(["broadcast", "multiply", "transpose", "tanh", "copy"])
-    assert moves.tolist() == [True, False, True, False, True]
+def test_a_memory_bound_op_computes_nothing() -> None:
+    """Beyond its launch, a broadcast's (a transpose's, a multiply's...) time is all memory
+    traffic, however slowly it streamed; a tanh's time beyond ``b * traffic`` is compute.
+    So a fusion of the two keeps the tanh's compute, and streams its io no slower than
+    ``b``, where the broadcast's slowness counted as compute, or averaged into the
+    kernel's rate, would survive it."""
+    bound = memory_bound(["broadcast", "multiply", "transpose", "tanh", "copy", "divide", "add"])
+    assert bound.tolist() == [True, True, True, False, True, False, True]
     t = np.array([9e-6, 9e-6])  # 1 us launch; 1000 B at 1e-9 s/B = 1 us of memory
-    launch, mem, compute = split_times(t, np.array([1000, 1000]), 1e-6, 1e-9, moves[:2])
+    launch, mem, compute = split_times(t, np.array([1000, 1000]), 1e-6, 1e-9,
+                                       memory_bound(["broadcast", "tanh"]))
     assert launch.tolist() == [1e-6, 1e-6]
     assert mem == pytest.approx([8e-6, 1e-6]) and compute == pytest.approx([0.0, 7e-6])
     plain = split_times(t, np.array([1000, 1000]), 1e-6, 1e-9)
     assert plain[1] == pytest.approx([1e-6, 1e-6]) and plain[2] == pytest.approx([7e-6, 7e-6])
-    # fused: broadcast 0 (of an outside scalar 2, 4 B) read by multiply 1 (with outside 3,
-    # 500 B); io = 4 + 500 + 500 (output) of 2000 B traffic
+    # fused: broadcast 0 (of an outside scalar 2, 4 B) read by tanh 1 (with outside 3,
+    # 500 B); io = 4 + 500 + 500 (output) of 2000 B traffic, 9 us of memory between them
     nodes = NodeCosts(launch, mem, compute, np.array([1000, 1000, 0, 0], dtype=np.int64),
                       np.array([500, 500, 4, 500], dtype=np.int64),
                       np.array([0, 1, 3, 3, 3], dtype=np.int64),
                       np.array([2, 0, 3], dtype=np.int32),
-                      np.array([4, 500, 500], dtype=np.int64))
-    want = 1e-6 + 9e-6 * 1004 / 2000 + 7e-6
+                      np.array([4, 500, 500], dtype=np.int64), mem_s_per_byte=1e-9)
+    # the members' average 4.5 ns/B is above b: the kernel streams its 1004 B at b
+    want = 1e-6 + 1e-9 * 1004 + 7e-6
     assert fallback_fused_time(nodes, [0, 1], [], [1]) == pytest.approx(want, rel=1e-12)
+    # without b: at the members' average cost per byte
+    assert fallback_fused_time(nodes._replace(mem_s_per_byte=None), [0, 1], [], [1]) == \
+        pytest.approx(1e-6 + 9e-6 * 1004 / 2000 + 7e-6, rel=1e-12)
+    # members that streamed faster than b keep their own rate
+    fast = nodes._replace(mem_s_per_byte=1e-8)
+    assert fallback_fused_time(fast, [0, 1], [], [1]) == pytest.approx(
+        1e-6 + 9e-6 * 1004 / 2000 + 7e-6, rel=1e-12)
 
 
 def test_fallback_rule_is_a_pure_function_of_node_arrays() -> None:

@@ -64,7 +64,7 @@ def setup():
 @pytest.fixture(scope="module")
 def trained(setup):
     _, _, _, subs, times = setup
-    return train(subs, times, steps=250, learning_rate=3e-3, seed=0, config=SMALL,
+    return train(subs, times, steps=500, learning_rate=3e-3, seed=0, config=SMALL,
                  log_every=25)
 
 

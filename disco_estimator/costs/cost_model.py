@@ -42,7 +42,7 @@ from disco_estimator.interface import (
     FallbackFusedEstimator,
     FusedOpEstimator,
     NodeCosts,
-    moves_data,
+    memory_bound,
     split_times,
 )
 from disco_estimator.ops import (
@@ -276,9 +276,10 @@ class GraphCosts:
         self._measure(graph, costs)
         self.launch_s, self.mem_s, self.compute_s = split_times(
             self.time_s, self.traffic, costs.constants.kernel_launch_s,
-            costs.constants.mem_s_per_byte, moves_data(graph.opcodes))
+            costs.constants.mem_s_per_byte, memory_bound(graph.opcodes))
         self.nodes = NodeCosts(self.launch_s, self.mem_s, self.compute_s, self.traffic,
-                               self.write_bytes, self.op_ptr, self.op_idx, self.read_bytes)
+                               self.write_bytes, self.op_ptr, self.op_idx, self.read_bytes,
+                               costs.constants.mem_s_per_byte)
         self.users = graph.users
         #: (members, copies[, outputs]) -> (seconds, output bytes, name)
         self.fused_cache: dict[tuple, tuple[float, int, str]] = {}

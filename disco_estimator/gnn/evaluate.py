@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from disco_estimator.interface import moves_data, split_times
+from disco_estimator.interface import memory_bound, split_times
 
 __all__ = [
     "CDF_POINTS",
@@ -65,11 +65,14 @@ def fallback_time(sub: Any, kernel_launch_s: float, mem_s_per_byte: float) -> fl
     time_s = np.asarray(sub.time_s, np.float64)
     traffic = sub.in_bytes + np.where(time_s > 0, sub.out_bytes, 0)
     launch, mem, compute = split_times(time_s, traffic, kernel_launch_s, mem_s_per_byte,
-                                       moves_data(sub.opcodes))
-    total = float(traffic.sum())
-    scale = (sub.input_bytes + sub.output_bytes) / total if total > 0 else 1.0
-    return float(launch.max(initial=0.0)) + float(mem.sum()) * min(scale, 1.0) \
-        + float(compute.sum())
+                                       memory_bound(sub.opcodes))
+    total, spent = float(traffic.sum()), float(mem.sum())
+    if total > 0:
+        rate = spent / total
+        if np.count_nonzero(time_s) > 1:
+            rate = min(rate, mem_s_per_byte)
+        spent = min(spent, rate * (sub.input_bytes + sub.output_bytes))
+    return float(launch.max(initial=0.0)) + spent + float(compute.sum())
 
 
 def relative_errors(predicted_s: Sequence[float], measured_s: Sequence[float]) -> np.ndarray:
