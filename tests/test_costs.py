@@ -122,6 +122,40 @@ def test_fallback_rule_clamps_fast_ops() -> None:
     assert want >= max(gc.launch_s[[a, b]])
 
 
+WRITTEN = """HloModule written
+
+fused_bc {
+  q0 = f32[256] parameter(0)
+  b = f32[256] multiply(q0, q0)
+  ROOT c = f32[256] exponential(b)
+}
+
+ENTRY e {
+  p0 = f32[256] parameter(0)
+  ROOT f = f32[256] fusion(p0), kind=kLoop, calls=fused_bc
+}
+"""
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.5])
+def test_fused_scale_on_written_fusions_and_plans(scale: float) -> None:
+    """The fitted fused-op scale multiplies a fusion XLA wrote; a plan's fusion group takes
+    it only below 1 (above 1 it carries the fitted program's time outside its kernels)."""
+    consts = dataclasses.replace(EXACT, fused_scale=scale)
+    times = {"b": 4e-6, "c": 6e-6}
+    costs, module = _model(CHAIN, times, consts)
+    graph = device_graph(module)
+    b, c = _node(graph, "b"), _node(graph, "c")
+    rule = FallbackFusedEstimator(costs).predict(graph, [b, c], [])
+    plan = P.fuse(P.FusionSpace(graph), P.initial_plan(graph), b, c)
+    sim = sim_graph(graph, plan, costs)
+    assert sim.duration_s[sim.names.index("fusion(c)")] == pytest.approx(
+        rule * min(scale, 1.0), rel=1e-12)
+    costs, written = _model(WRITTEN, times, consts)
+    sim = sim_graph_from_module(written, costs)
+    assert sim.duration_s[sim.names.index("f")] == pytest.approx(rule * scale, rel=1e-12)
+
+
 def test_duplicate_adds_the_copy_cost() -> None:
     costs, module = _model(DUP, {"x": 6e-6, "y": 4e-6, "z": 2e-6})
     graph = device_graph(module)

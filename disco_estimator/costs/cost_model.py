@@ -146,13 +146,16 @@ class BackendConstants:
             therefore ``max(1, devices_per_process / host_cpus)`` on CPU, 1 elsewhere.
         source: where the values come from.
         fused_scale: factor on the fused-op estimator's time of every kernel of several
-            ops (a fusion group of a plan, a fusion XLA wrote; not a single op XLA
-            wrapped in a fusion, nor a library fusion's body), on top of
-            ``compute_scale``. The estimator predicts a fused kernel from its members'
-            times; in context a fused kernel slows down less than its members did (it
-            moves less memory through the caches the job's other devices share), which
-            one scale on every kernel cannot say. Fitted in context to XLA's fused
-            program (:func:`disco_jax.pipeline.fit.calibrate_in_context`); 1 by default.
+            ops that XLA wrote (not a single op XLA wrapped in a fusion, nor a library
+            fusion's body), on top of ``compute_scale``; a plan's fusion groups take it
+            only where it is below 1. Fitted in context to XLA's fused program
+            (:func:`disco_jax.pipeline.fit.calibrate_in_context`); 1 by default. Below
+            1 it says that fused kernels run faster than the rule prices them (they move
+            less memory through the caches the job's other devices share), which holds
+            for a plan's fusions too. Above 1 it holds what that one program spent
+            outside its priced kernels, spread over its fusions; charged to each fusion of
+            a plan it would price every fusion above its members, and the search would
+            keep its start plans unchanged.
         copy_s_per_byte: seconds per byte read or written by the copies of an AllReduce
             bucket (the concatenate into its flat buffer, the slices out of it; None:
             ``mem_s_per_byte``). Measured in context on the one-bucket program
@@ -283,9 +286,13 @@ class GraphCosts:
         self.users = graph.users
         #: (members, copies[, outputs]) -> (seconds, output bytes, name)
         self.fused_cache: dict[tuple, tuple[float, int, str]] = {}
-        #: factor on the estimator's times (none inside a library fusion's body)
-        self.fused_scale = (1.0 if graph.computation.name in costs._library_bodies(graph.module)
-                            else costs.constants.fused_scale)
+        #: factor on the estimator's times: the fused-op scale on a fusion XLA wrote, none
+        #: inside a library fusion's body, at most 1 on a plan's groups
+        #: (:attr:`BackendConstants.fused_scale`)
+        f, name = costs.constants.fused_scale, graph.computation.name
+        self.fused_scale = (1.0 if name in costs._library_bodies(graph.module)
+                            else f if name in costs._fusion_bodies(graph.module)
+                            else min(f, 1.0))
 
     # -- static arrays
 
@@ -418,6 +425,7 @@ class CostModel:
         self._graphs: _ByIdentity[DeviceGraph, GraphCosts] = _ByIdentity(self.MAX_GRAPHS)
         self._views: _ByIdentity[HloModule, Any] = _ByIdentity()
         self._libraries: _ByIdentity[HloModule, frozenset[str]] = _ByIdentity()
+        self._fusions: _ByIdentity[HloModule, frozenset[str]] = _ByIdentity()
         #: (module, computation name) -> (seconds, estimated)
         self._comp_times: _ByIdentity[HloModule, tuple[float, bool]] = _ByIdentity()
         #: (module, computation name) -> its graph
@@ -537,6 +545,16 @@ class CostModel:
         hit = self._views.get(module)
         if hit is None:
             hit = self._views.put(module, module_view(module))
+        return hit
+
+    def _fusion_bodies(self, module: HloModule) -> frozenset[str]:
+        """Names of the fused computations of ``module``'s fusions (cached)."""
+        hit = self._fusions.get(module)
+        if hit is None:
+            hit = self._fusions.put(module, frozenset(
+                name for _, instr in module.instructions()
+                if instr.opcode in ("fusion", "fusion-start")
+                for name in instr.called_computations))
         return hit
 
     def _library_bodies(self, module: HloModule) -> frozenset[str]:
