@@ -215,28 +215,33 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
         before it is left out: in 2-process jobs XLA:CPU (jaxlib 0.12) has rejected a
         plan in process 1 with a verifier error ("Fused computation shape f32[8,32,1] is
         not equal to the fusion shape f32[8,32]") and, in some runs, compiled the same
-        text when asked again."""
+        text when asked again. Every process of a job compiles it again, or none does
+        (process 0's budget decides): a process that compiled alone would wait for its
+        owner's program in a shared compile (:meth:`Sync.compiles_shared`) forever."""
         plan_text = to_text(apply_plan(program.module, plans[name], program.graph, backend=backend))
         options = CompileOptions(exact=how["exact"], library=how.get("library", False),
                                  extra=how.get("compiler_options"))
-        error = None
-        for attempt in range(2):
-            if attempt and budget.limited and \
-                    budget.left_s() < plan_compiles * budget.compile_s():
-                break  # no time to compile it again
+
+        def attempt(tag: str) -> list[str | None]:
+            """Compiles it; every process's error (None: compiled)."""
+            error = None
             try:
                 compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),
                                                       options))
-                error = None
-                break
             except HloCompileError as err:
-                error = str(err).splitlines()[0][:200]
-        if error is not None:
-            where = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
-            kept = Path(tempfile.gettempdir()) / f"disco_rejected_{name}{where}_{os.getpid()}.hlo"
-            kept.write_text(plan_text)
-            error += f"; text in {kept}"
-        errors = sync.gather(f"compiled_{name}", error)
+                runs.pop(name, None)
+                where = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
+                kept = Path(tempfile.gettempdir()) / \
+                    f"disco_rejected_{name}{where}_{os.getpid()}.hlo"
+                kept.write_text(plan_text)
+                error = f"{str(err).splitlines()[0][:200]}; text in {kept}"
+            return sync.gather(f"compiled{tag}_{name}", error)
+
+        errors = attempt("")
+        if any(errors):
+            again = not budget.limited or budget.left_s() >= plan_compiles * budget.compile_s()
+            if sync.share(f"compile_again_{name}", again):
+                errors = attempt("_again")
         if any(errors):
             runs.pop(name, None)
             say(f"{name}: XLA rejected it, left out ({next(e for e in errors if e)})")
