@@ -12,9 +12,9 @@ This module holds:
   (the cost model computes them once per graph);
 * the fallback rule itself: :func:`split_times` (each node's measured time split into
   launch, memory and compute parts; :func:`memory_bound` says which ops compute
-  nothing worth pricing)
-  and :func:`fallback_fused_time` (the time of a group from those parts), as pure
-  functions over :class:`NodeCosts`;
+  nothing worth pricing) and :func:`fallback_fused_time` (the time of a group from
+  those parts, its arithmetic in :func:`fused_parts_time`), as pure functions over
+  :class:`NodeCosts`;
 * :class:`FallbackFusedEstimator`, the rule as an estimator over any
   :class:`NodeCostSource` (an object with ``node_costs(graph)``, e.g.
   ``disco_estimator.costs.cost_model.CostModel``).
@@ -40,6 +40,7 @@ __all__ = [
     "NodeCostSource",
     "NodeCosts",
     "fallback_fused_time",
+    "fused_parts_time",
     "memory_bound",
     "split_times",
 ]
@@ -222,16 +223,28 @@ def fallback_fused_time(nodes: NodeCosts, members: Sequence[int], copies: Sequen
                 external[o] = int(reads[e])
     io = sum(external.values()) + int(sum(nodes.write_bytes[m] for m in outputs))
     order = list(inside)
-    traffic = float(nodes.traffic[order].sum())
-    mem = float(nodes.mem_s[order].sum())
-    if traffic > 0:
-        rate = mem / traffic
-        if nodes.mem_s_per_byte is not None and np.count_nonzero(
-                nodes.launch_s[order] + nodes.mem_s[order] + nodes.compute_s[order]) > 1:
-            rate = min(rate, nodes.mem_s_per_byte)
+    return fused_parts_time(nodes.launch_s[order], nodes.mem_s[order], nodes.compute_s[order],
+                            nodes.traffic[order], io, nodes.mem_s_per_byte)
+
+
+def fused_parts_time(launch_s: np.ndarray, mem_s: np.ndarray, compute_s: np.ndarray,
+                     traffic: np.ndarray, io: float, mem_s_per_byte: float | None) -> float:
+    """The arithmetic of :func:`fallback_fused_time` on the members' parts, seconds.
+
+    Args:
+        launch_s, mem_s, compute_s: ``[M]`` the members' parts (:func:`split_times`).
+        traffic: ``[M]`` bytes each member reads and writes run alone.
+        io: bytes the fused kernel reads and writes.
+        mem_s_per_byte: ``b``, the slowest the kernel streams when two or more members
+            take time (None: no bound).
+    """
+    total, mem = float(np.sum(traffic)), float(np.sum(mem_s))
+    if total > 0:
+        rate = mem / total
+        if mem_s_per_byte is not None and np.count_nonzero(launch_s + mem_s + compute_s) > 1:
+            rate = min(rate, mem_s_per_byte)
         mem = min(mem, rate * io)
-    return (float(nodes.launch_s[order].max(initial=0.0)) + mem
-            + float(nodes.compute_s[order].sum()))
+    return float(np.max(launch_s, initial=0.0)) + mem + float(np.sum(compute_s))
 
 
 class FallbackFusedEstimator:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from disco_estimator.interface import memory_bound, split_times
+from disco_estimator.interface import fused_parts_time, memory_bound, split_times
 
 __all__ = [
     "CDF_POINTS",
@@ -66,13 +66,8 @@ def fallback_time(sub: Any, kernel_launch_s: float, mem_s_per_byte: float) -> fl
     traffic = sub.in_bytes + np.where(time_s > 0, sub.out_bytes, 0)
     launch, mem, compute = split_times(time_s, traffic, kernel_launch_s, mem_s_per_byte,
                                        memory_bound(sub.opcodes))
-    total, spent = float(traffic.sum()), float(mem.sum())
-    if total > 0:
-        rate = spent / total
-        if np.count_nonzero(time_s) > 1:
-            rate = min(rate, mem_s_per_byte)
-        spent = min(spent, rate * (sub.input_bytes + sub.output_bytes))
-    return float(launch.max(initial=0.0)) + spent + float(compute.sum())
+    return fused_parts_time(launch, mem, compute, traffic, sub.input_bytes + sub.output_bytes,
+                            mem_s_per_byte)
 
 
 def relative_errors(predicted_s: Sequence[float], measured_s: Sequence[float]) -> np.ndarray:

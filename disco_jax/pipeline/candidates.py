@@ -229,7 +229,6 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
                 compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),
                                                       options))
             except HloCompileError as err:
-                runs.pop(name, None)
                 where = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
                 kept = Path(tempfile.gettempdir()) / \
                     f"disco_rejected_{name}{where}_{os.getpid()}.hlo"
