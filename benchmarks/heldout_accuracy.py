@@ -7,11 +7,9 @@ XLA's four baselines, hand bucketing and DisCo's choice, and of every candidate 
 final choice (the search's best plans, the bucketed sweep, XLA's default). The error of a
 program is ``|predicted - measured| / measured``. The in-context fit matches three
 programs exactly (no fusion and no fusion with one bucket, both with library dots; XLA's
-fused program with one bucket); the programs scored here are all others, compiled
-differently (XLA's fusion, buckets, plans; hand bucketing with one bucket is left out:
-it is the fitted fused program). With ``--profile lean`` (the profile a short budget
-takes: no one-bucket programs) the fit measured XLA's default instead, which is then left
-out.
+default); the programs scored here are all others, compiled differently (XLA's fusion
+without its combiner, buckets, plans; XLA's default is left out). With ``--profile
+lean`` (the profile a short budget takes) the fit has no one-bucket program.
 
 Two predictions of each program are scored: with the job's fit taken again on the fit's
 programs with the samples of the final choice's rounds pooled in (``mean err``: the
@@ -53,20 +51,12 @@ OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"
 
 
 def fitted(row: dict) -> set[str]:
-    """The programs of a row that the in-context fit measured itself: hand bucketing with
-    one bucket is XLA's fused one-bucket program (as ``bucketed`` and as DisCo when it is
-    the choice); after a lean profile (``row["profile"]``) XLA's default is."""
-    choice = row["choice"]
-    if row.get("profile") == "lean":
-        return {"xla_default", "choice:xla_default"} | (
-            {"disco"} if choice["disco"] == "xla_default" else set())
-    ones = {n for n, k in choice.get("bucket_counts", {}).items() if k == 1}
-    out = {f"choice:{n}" for n in ones}
-    if choice["bucketed"] in ones:
-        out.add("bucketed")
-    if choice["disco"] in ones:
-        out.add("disco")
-    return out
+    """The programs of a row that the in-context fit measured itself: XLA's default (as
+    a candidate of the final choice, and as DisCo when it is the choice). Rows of runs
+    before the fit measured XLA's default in every profile are scored by today's rule
+    with ``--reuse``."""
+    return {"xla_default", "choice:xla_default"} | (
+        {"disco"} if row["choice"]["disco"] == "xla_default" else set())
 
 
 def errors(row: dict, key: str = "predicted_s") -> dict[str, float]:

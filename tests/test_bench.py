@@ -23,6 +23,7 @@ from disco_jax.pipeline.choose import choice_tiers, choose, decide, measure
 from disco_jax.pipeline.fit import FUSED_SCALE_BOUNDS, calibrate_in_context, in_context_costs
 from disco_jax.pipeline.profile import profile_in_context
 from disco_jax.pipeline.search import search
+from hlo_tools import baselines as bl
 from hlo_tools import plan as P
 
 
@@ -184,17 +185,17 @@ def test_the_profile_does_the_least_when_its_time_is_up(vgg):
 
 
 def test_a_lean_profile_times_xla_default_as_the_fused_program(vgg):
-    """Lean: one compile (no one-bucket programs); XLA's default, compiled already, is
+    """Lean: one compile (no one-bucket program); XLA's default, compiled already, is
     the fused program; the fit matches the no-fusion program with the file's D, and
     XLA's default unless the fused scale hit a bound."""
     from disco_jax.pipeline.candidates import baseline_program
     from disco_jax.pipeline.program import lower_program
-    from hlo_tools import baselines as bl
 
     step, args, module, _ = vgg
     program = lower_program(step, args)
     default = baseline_program(program, bl.baseline_options("xla_default", program.platform))
-    measured = profile_in_context(step, args, module, rounds=3, xla_default=default)
+    measured = profile_in_context(step, args, module, rounds=3, xla_default=default,
+                                  lean=True)
     assert measured.lean and measured.one_bucket_wall_s is None
     assert set(measured.runs) == {"no_fusion", "fused"} and measured.runs["fused"] is default
     assert measured.fused_wall_s > 0 and measured.wall_s > 0
@@ -223,8 +224,11 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert cal is not None and cal.d_s >= 0 and cal.compute_scale > 0
     for want, got in zip(cal.wall_s, cal.predicted_s):
         assert abs(got - want) <= 0.1 * want, cal
-    # XLA's fused program: measured, and matched unless the scale hit a bound
-    assert measured.fused is not None and 0 < measured.fused_wall_s < measured.wall_s
+    # XLA's default: measured (its fusions, its combined all-reduce), and matched unless
+    # the scale hit a bound
+    assert measured.fused is not None and measured.fused_wall_s > 0
+    summary = bl.summary(measured.fused)
+    assert summary["multi_op_fusions"] > 0 and summary["combined_all_reduces"] == 1, summary
     lo, hi = FUSED_SCALE_BOUNDS
     assert lo <= cal.fused_scale <= hi
     assert costs.constants.fused_scale == cal.fused_scale
@@ -236,6 +240,15 @@ def test_in_context_calibration_matches_both_programs(vgg):
     again, _ = calibrate_in_context(costs, module, measured)
     assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
                                                           rel=0.05)
+    # in a job the probes give the latency per buffer and C: 10 buffers took 0.9 ms more
+    # than one flat buffer of 1 MB, which took 2 ms: 0.1 ms a buffer, (2 - 0.1) ms / MB
+    probed = measured._replace(tuple_buffers=10, tuple_wall_s=2.9e-3, flat_wall_s=2e-3,
+                               flat_bytes=10**6)
+    fitted, cal = calibrate_in_context(costs, module, probed)
+    assert cal.tuple_latency_s == pytest.approx(1e-4)
+    assert cal.c_s_per_byte == pytest.approx(1.9e-9)
+    assert fitted.hardware.allreduce.c_s_per_byte == pytest.approx(1.9e-9)
+    assert cal.d_s + cal.d_tuple_extra_s == pytest.approx(1e-4)
 
 
 def _disco(*argv, timeout=900):

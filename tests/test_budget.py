@@ -128,20 +128,20 @@ def test_samples_shrink_to_fit_the_rounds():
 
 
 def test_the_profile_is_chosen_at_its_price_in_compiles():
-    """Full when 3 s + 10 compiles fit in a third of the budget; lean when 3 s + 3
+    """Full when 3 s + 7.5 compiles fit in a third of the budget; lean when 3 s + 3
     compiles and a plan's 3 fit in what is left; else none."""
     assert (PROFILE_FIXED_S, PROFILE_COMPILES, LEAN_COMPILES, PLAN_COMPILES) == \
-        (3.0, 10.0, 3.0, 3.0)
+        (3.0, 7.5, 3.0, 3.0)
     clock = Clock()
-    b = Budget(39.0, clock=clock)
+    b = Budget(31.5, clock=clock)
     b.note_compile(1.0)
-    clock.now += 1.0  # XLA's default compiled: 38 s left
-    assert b.profile_s(FULL) == 13.0 and b.profile_s(LEAN) == 6.0
-    assert b.profile_level() == FULL  # 13 s <= 39 / 3
-    b = Budget(38.0, clock=clock)
+    clock.now += 1.0  # XLA's default compiled: 30.5 s left
+    assert b.profile_s(FULL) == 10.5 and b.profile_s(LEAN) == 6.0
+    assert b.profile_level() == FULL  # 10.5 s <= 31.5 / 3
+    b = Budget(31.0, clock=clock)
     b.note_compile(1.0)
-    assert b.profile_level() == LEAN  # 13 s > 38 / 3; 6 s + 3 s <= 38 s left
-    clock.now += 28.5  # 9.5 s left
+    assert b.profile_level() == LEAN  # 10.5 s > 31 / 3; 6 s + 3 s <= 31 s left
+    clock.now += 21.5  # 9.5 s left
     assert b.profile_level() == LEAN
     clock.now += 1.0
     assert b.profile_level() is None  # 8.5 s left < 9 s

@@ -94,7 +94,7 @@ def test_failing_stage_is_a_clear_error_in_both_processes(tmp_path):
 
 
 def test_a_short_budget_builds_the_staged_programs_before_the_profile(tmp_path):
-    """15 s for vgg (tiny) in a 2-process job: the full profile (3 s and ten compiles of
+    """15 s for vgg (tiny) in a 2-process job: the full profile (3 s and 7.5 compiles of
     XLA's default) does not fit in a third of it, so XLA's default is timed once and
     the staged programs come next; the lean profile and the search follow only if they
     still fit. The winner's steps are jax.jit's in both processes, and each program was

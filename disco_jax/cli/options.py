@@ -413,8 +413,8 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     names = ("no_fusion", "one_bucket")
     wall, predicted = dict(zip(names, cal.wall_s)), dict(zip(names, cal.predicted_s))
     if cal.fused_wall_s is not None:
-        wall["xla_fused_one_bucket"] = cal.fused_wall_s
-        predicted["xla_fused_one_bucket"] = cal.fused_predicted_s
+        wall["xla_default"] = cal.fused_wall_s
+        predicted["xla_default"] = cal.fused_predicted_s
     return costs, {"profiled": True, "devices": len(measured.profile.per_device_s) or 1,
                    "platform": platform, "wall_s": wall, "predicted_s": predicted,
                    "d_s": cal.d_s, "compute_scale": cal.compute_scale,

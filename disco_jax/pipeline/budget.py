@@ -5,10 +5,10 @@ context, the fit, the search, compiling and measuring the candidates, predicting
 out of one budget of ``B`` seconds. The phases share it by one rule:
 
 0. **XLA's default** is compiled first (it is always a candidate), and its compile time
-   ``c`` prices the profile (:meth:`Budget.profile_level`): the full profile (three
+   ``c`` prices the profile (:meth:`Budget.profile_level`): the full profile (two more
    compiles of the step) at :data:`PROFILE_FIXED_S` ``+`` :data:`PROFILE_COMPILES` ``x c``
-   when that fits in :data:`PROFILE_SHARE` of ``B``; else the lean one (one compile, XLA's
-   default measured as the fused program) at :data:`PROFILE_FIXED_S` ``+``
+   when that fits in :data:`PROFILE_SHARE` of ``B``; else the lean one (one compile: no one-bucket
+   program) at :data:`PROFILE_FIXED_S` ``+``
    :data:`LEAN_COMPILES` ``x c`` when that and a plan's compile (:data:`PLAN_COMPILES`
    ``x c``) fit in what is left; else there is no time to choose by measurement, and the
    first call runs XLA's default.
@@ -62,12 +62,13 @@ SEARCH_SHARE = 0.2
 #: Budgets under this many seconds profile with fewer rounds (3 instead of 5).
 SHORT_S = 20.0
 #: What the full in-context profile costs: :data:`PROFILE_FIXED_S` (the profiler's start
-#: and stop, the timed calls) and this many compiles of XLA's default (it compiles three
-#: programs of the step, with nothing fused, which XLA:CPU compiles 2.5-3.5 times slower
-#: than its default, and traces one). The zoo transformer at ``small`` in a 2-process
-#: gloo job: 52.6 s where XLA's default compiled in 5.0 s (no fusion 12.3 s, one bucket
-#: 17.7 s, its fusion 12.9 s).
-PROFILE_COMPILES = 10.0
+#: and stop, the timed calls) and this many compiles of XLA's default (it compiles two
+#: programs of the step with nothing fused, which XLA:CPU compiles 2.5-3.5 times slower
+#: than its default, and traces them). The zoo transformer at ``small`` in a 2-process
+#: gloo job took 52.6 s where XLA's default compiled in 5.0 s, when it also compiled a
+#: third program (no fusion 12.3 s, one bucket 17.7 s, the third 12.9 s): 39.7 s
+#: without the third.
+PROFILE_COMPILES = 7.5
 #: What the lean profile costs beyond :data:`PROFILE_FIXED_S`, in compiles of XLA's
 #: default: one compile with nothing fused, its trace and three timed rounds (the zoo
 #: transformer at ``small`` in a 2-process gloo job: 14.5 s where XLA's default compiled

@@ -112,7 +112,7 @@ class Calibration(NamedTuple):
         predicted_s: ``(no fusion, one bucket)`` predicted after the fit, seconds.
         fused_scale: the factor on fused-op estimates (1.0 when XLA's fused program was
             not measured).
-        fused_wall_s: XLA's fused one-bucket program, measured seconds per iteration
+        fused_wall_s: XLA's default program, measured seconds per iteration
             (None: not measured).
         fused_predicted_s: the same, predicted after the fit (None: not measured).
         d_tuple_extra_s: the extra latency of each buffer of a variadic all-reduce
@@ -218,13 +218,24 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        process share 2 cores). Both simulated times are close to affine in
        ``(scale, D)``: finite differences give the 2x2 system, solved once and refined
        once; the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
-       ``[0, 1 s]``. ``C`` (seconds per byte) stays the file's.
+       ``[0, 1 s]``. ``C`` (seconds per byte) is set first: in a job, the flat probe's
+       seconds per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`);
+       in one process, or when the probe gives nothing sensible, the hardware file's.
+       (With the file's ``C``, on bert at ``medium`` over 1 Gbit/s, XLA's default's
+       combined all-reduce of 17 MB was priced at 115 ms and traced at 269 ms -- both
+       processes' bytes pass one emulated link -- and the fused-op scale, fitted next,
+       took the difference: 3.3, where the fused kernels were traced at 19 ms and
+       priced at 144.)
     2. The fused-op scale (:attr:`~disco_estimator.costs.cost_model.BackendConstants.fused_scale`),
-       from XLA's fused compilation of the one-bucket program, when it was measured: the
-       same collective and the same computation as the second program, fused as XLA
-       fuses, so what its time differs by is how fast fused kernels run here. Its
-       simulated time is affine in the scale: solved once and refined once, clamped to
-       :data:`FUSED_SCALE_BOUNDS`.
+       from XLA's default compilation of the step, when it was measured: the same
+       computation, fused as XLA fuses, its all-reduces combined as XLA combines them
+       (priced with 3.'s latency per buffer). Its simulated time is affine in the scale:
+       solved once and refined once, clamped to :data:`FUSED_SCALE_BOUNDS`. (XLA's fusion
+       of the one-bucket program is a poorer measure of fusion: on bert at ``medium``,
+       one device, it ran 25 ms slower than XLA's default, 19 ms of it in its bucket's
+       concatenate (10.4 ms, twice the no-fusion one-bucket program's) and all-reduce
+       (10.1 ms, against 1.7 ms for XLA's combined all-reduce), and a scale fitted to
+       it took that for the cost of fusion.)
     3. The extra latency of each buffer of a variadic all-reduce
        (:attr:`~disco_estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined
@@ -244,11 +255,9 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     A lean profile (:attr:`~disco_jax.pipeline.profile.InContext.lean`: no one-bucket
     program) has one program to fit the compute scale to and none to tell ``D`` apart
-    from it: ``D`` is then the tuple probe's latency per buffer, and ``C`` the flat
-    probe's seconds per byte beyond it (in a job; the hardware file's in one process, or
-    when the probe gives nothing sensible, :data:`C_BOUNDS`), the compute scale is fitted
-    to the no-fusion program alone, and the fused-op scale to XLA's default (its
-    combined all-reduce priced with the probe's latency per buffer).
+    from it: ``D`` is then the tuple probe's latency per buffer (in a job; else the
+    hardware file's), the compute scale is fitted to the no-fusion program alone, and
+    ``C`` and the fused-op scale are as in 1. and 2.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`~disco_estimator.costs.cost_model.cover`, before any fit, so
@@ -272,6 +281,8 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     copy = bucket_copy_rate(costs, measured.one_bucket) if not measured.lean else None
     s0, d0 = costs.constants.compute_scale, costs.hardware.allreduce.d_s
     c = costs.hardware.allreduce.c_s_per_byte
+    if per_buffer is not None and measured.flat_bytes:
+        c = flat_rate(measured.flat_wall_s, per_buffer, measured.flat_bytes, c)
     # another estimator (the GNN) carries over: its member times are the same op times
     estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
@@ -297,8 +308,6 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     if measured.lean:
         d = d0 if per_buffer is None else per_buffer
-        if per_buffer is not None and measured.flat_bytes:
-            c = flat_rate(measured.flat_wall_s, d, measured.flat_bytes, c)
         at = affine_simulation(module, lambda k: model(k, d), (s0,), (0.5 * s0,))
         scale, got_nf = _fit_affine(at, measured.wall_s, s0, lambda k: 0.5 * k,
                                     0.25 * s0, 8.0 * s0)
@@ -330,10 +339,10 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
         except np.linalg.LinAlgError:
             break
     got = times(*x)
-    fused, fused_got = fit_fused(*x, costs.hardware.allreduce.d_tuple_extra_s)
     extra = costs.hardware.allreduce.d_tuple_extra_s
     if per_buffer is not None:
         extra = per_buffer - float(x[1])
+    fused, fused_got = fit_fused(*x, extra)  # XLA's default combines its all-reduces
     cm = model(*x, fused, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), fused,

@@ -289,8 +289,8 @@ def _profile_and_search(program: Any, level: str, budget: Any, sync: Sync,
     measured = profile_in_context(program.step, program.args, program.module, sync=sync,
                                   iterations=rounds, rounds=rounds, quick=budget.short,
                                   left_s=budget.profile_clock(),
-                                  xla_default=compiled_already["xla_default"]
-                                  if level == LEAN else None)
+                                  xla_default=compiled_already["xla_default"],
+                                  lean=level == LEAN)
     budget.note_iteration(measured.wall_s)
     lap("profile")
     if budget.limited:
@@ -481,6 +481,11 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
                                          seconds, t0, fused)
         measured = costs = calibration = None
         searched = SearchedPlans([], None, None)
+        if level is not None and "xla_default" not in compiled_already:
+            # a candidate in any case, and the profile's fused program
+            compiled_already["xla_default"] = baseline_program(
+                program, bl.baseline_options("xla_default", program.platform))
+            lap("compile")
         if level is not None:
             measured, costs, calibration, searched = _profile_and_search(
                 program, level, budget, sync, say, lap, seconds, hardware, fused, plan_route,

@@ -1,8 +1,7 @@
 """The in-context profile: the step compiled with nothing fused, profiled and timed where
-it runs, beside the same program with one gradient bucket (nothing fused, and XLA's fusion
-of it) and, in a multi-process job, the tuple probe. A *lean* profile, for a budget that
-cannot pay for three compiles, times the no-fusion program beside XLA's default, compiled
-already, instead of the two one-bucket programs. Every process of a job calls it
+it runs, beside the same program with one gradient bucket (nothing fused), beside XLA's
+default and, in a multi-process job, the tuple probe. A *lean* profile, for a budget that
+cannot pay for the one-bucket program's compile, leaves it out. Every process of a job calls it
 alike (the programs have collectives). :func:`profile_module_in_context` does the same for
 a module given alone (an HLO file), on this process's devices, and
 :func:`profile_compiled_in_context` runs XLA's compiled module as written."""
@@ -44,9 +43,8 @@ class InContext(NamedTuple):
             bucket (the same computation, one collective), as a module (None: a lean
             profile).
         one_bucket_wall_s: its untraced seconds per iteration (None: a lean profile).
-        fused: XLA's compilation of ``one_bucket`` with its op fusion on (the
-            ``bucketed`` baseline with one bucket) or, in a lean profile, XLA's default
-            compilation of the step, as the module XLA runs (None: not measured).
+        fused: XLA's default compilation of the step, as the module XLA runs (None: not
+            measured): the fit's program for the fused-op scale.
         fused_wall_s: its untraced seconds per iteration (None: not measured).
         tuple_buffers: how many buffers the tuple probe's all-reduce has: the program's
             gradients, each its own buffer of one all-reduce, as XLA's combiner writes
@@ -91,7 +89,7 @@ class InContext(NamedTuple):
 
     @property
     def lean(self) -> bool:
-        """A lean profile: no one-bucket programs, XLA's default as the fused one."""
+        """A lean profile: no one-bucket program."""
         return self.one_bucket is None
 
 
@@ -100,12 +98,13 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
                        library: bool = True, sync: Sync = SOLO,
                        quick: bool = False,
                        left_s: Callable[[], float] | None = None,
-                       xla_default: Callable[..., Any] | None = None) -> InContext:
+                       xla_default: Callable[..., Any] | None = None,
+                       lean: bool = False) -> InContext:
     """Profiles ``module`` compiled with nothing fused, here, in the setup it will run in,
-    and times it beside the same program with one gradient bucket, compiled once with
-    nothing fused and once with XLA's op fusion, and in a multi-process job beside the
-    tuple probe: the gradients' combined all-reduce alone, against one flat buffer of
-    the same bytes (see :class:`InContext`).
+    and times it beside the same program with one gradient bucket (nothing fused), beside
+    XLA's default compilation of the step and, in a multi-process job, beside the tuple
+    probe: the gradients' combined all-reduce alone, against one flat buffer of the same
+    bytes (see :class:`InContext`).
 
     Args:
         step: the train step (its calling convention).
@@ -127,11 +126,10 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
             the one-bucket trace, timings taken again (process 0's clock decides for
             the job).
         xla_default: XLA's default compilation of the step (``run(*args)``, e.g. the
-            ``xla_default`` baseline), compiled already: given, the profile is *lean*:
-            one compile instead of three; it times the no-fusion program beside this
-            program as the fused one, and no one-bucket program (the fit then takes
-            the all-reduce's latency from the tuple probe or the hardware file,
-            :func:`~disco_jax.pipeline.fit.calibrate_in_context`).
+            ``xla_default`` baseline), when compiled already (None: compiled here).
+        lean: no one-bucket program: two programs to compile instead of three (the fit
+            then takes the all-reduce's latency from the tuple probe or the hardware
+            file, :func:`~disco_jax.pipeline.fit.calibrate_in_context`).
     """
     graph = hlo_tools.device_graph(module)
     several = len(graph.gradient_allreduces) >= 2  # something to combine, buckets differ
@@ -139,14 +137,11 @@ def profile_in_context(step: Callable[..., Any], args: Sequence[Any], module: Hl
     place = hlo_tools.InPlaceOf(step, args)
     runs = {"no_fusion": hlo_tools.compile_module(hlo_tools.to_text(module), place, exact)}
     one = None
-    if xla_default is None:
+    if not lean:
         one = _one_bucket(module, graph)
         runs["one_bucket"] = hlo_tools.compile_module(hlo_tools.to_text(one), place, exact)
-        runs["fused"] = hlo_tools.compile_module(
-            hlo_tools.to_text(one), place,
-            hlo_tools.CompileOptions(exact=False, extra=_fused_options()))
-    else:
-        runs["fused"] = xla_default
+    runs["fused"] = xla_default if xla_default is not None else hlo_tools.compile_module(
+        None, place, hlo_tools.CompileOptions(exact=False))
     buffers = [int(graph.out_bytes[i]) for i in graph.gradient_allreduces]
     if sync.processes > 1 and several:
         probe = tuple_allreduce_programs(buffers)
@@ -165,10 +160,11 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     """:func:`profile_in_context` for a module given alone (HLO text or our IR), without
     its train step: e.g. a file for ``disco simulate`` / ``disco optimize``.
 
-    Both programs (nothing fused; one gradient bucket) are compiled from their text by
-    :func:`hlo_tools.compile_module` (``FromText``) on this process's devices, exactly as
-    it compiles them in place of the step (``exact=True``, dots and
-    convolutions on the kernel library with ``library``), and run on the same inputs
+    Both exact programs (nothing fused; one gradient bucket) are compiled from their text
+    by :func:`hlo_tools.compile_module` (``FromText``) on this process's devices, exactly
+    as it compiles them in place of the step (``exact=True``, dots and
+    convolutions on the kernel library with ``library``), XLA's default from the same
+    text, and all run on the same inputs
     made from the entry parameters (normal floats, small ints; seeded). One process: the
     module runs on this process's devices alone.
 
@@ -200,8 +196,8 @@ def profile_module_in_context(module: HloModule | str, *, iterations: int = 5,
     one_text = hlo_tools.to_text(one)
     runs = {"no_fusion": run,
             "one_bucket": compile_module(one_text, FromText(inputs=False), exact).run,
-            "fused": compile_module(one_text, FromText(inputs=False), CompileOptions(
-                exact=False, library=True, extra=_fused_options())).run}
+            "fused": compile_module(text, FromText(inputs=False),
+                                    CompileOptions(exact=False)).run}
     return _profile_runs(runs, inputs, one, iterations=iterations, warmup=warmup,
                          rounds=rounds, sync=SOLO,
                          buckets_differ=len(graph.gradient_allreduces) >= 2)
@@ -308,16 +304,6 @@ def _one_bucket(module: HloModule, graph: hlo_tools.DeviceGraph) -> HloModule:
     return hlo_tools.apply_plan(module, P.bucket_plan(P.FusionSpace(graph), None), graph)
 
 
-def _fused_options() -> dict[str, Any]:
-    """XLA's options for the fused program of :class:`InContext`: the ``bucketed``
-    baseline's (op fusion on, combiner off)."""
-    import jax
-
-    from hlo_tools import baselines as bl
-
-    return bl.baseline_options(bl.BUCKETED, jax.default_backend())
-
-
 #: At most this many more rounds of in-context timings while they are inconsistent
 #: (:func:`inconsistent_walls`).
 REMEASURE_INCONSISTENT = 2
@@ -355,7 +341,7 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                   left_s: Callable[[], float] | None = None) -> InContext:
     """Profiles ``runs["no_fusion"]`` and times it beside ``runs["one_bucket"]`` (the
     program of ``one``; neither in a lean profile, ``one`` None), ``runs["fused"]``
-    (XLA's compilation of it, or XLA's default) and, when given, the tuple probe
+    (XLA's default) and, when given, the tuple probe
     ``runs["tuple"]`` and ``runs["flat"]`` (``tuple_buffers`` buffers), all called on
     ``args``. With ``buckets_differ`` (the program has two gradient
     all-reduces or more, so the bucket has copies), ``runs["one_bucket"]`` is profiled
