@@ -1,0 +1,216 @@
+"""Where the cost model's price of XLA's programs goes, per class of kernel, against the
+trace: a 2-process gloo job per zoo model, fitted as ``disco bench`` fits it.
+
+Each job (every process alike) lowers the step, compiles XLA's default and ``op_fusion``,
+takes the product's in-context profile (:func:`~disco_jax.pipeline.profile.profile_in_context`)
+and traces both programs and the profile's no-fusion program; then process 0 fits the
+cost model (:func:`~disco_jax.pipeline.fit.in_context_costs`) and prices every
+instruction of XLA's two programs. Per class -- multi-op fusions, single-op fusions,
+kernel-library fusions (dots, convolutions), plain dots, the all-reduces, the rest --
+the table gives the priced and the traced seconds per iteration (process 0's trace), and
+per program the measured and predicted iteration. A class priced far from its trace
+while the program's total is right shows where a fitted scale took another class's
+error.
+
+``--variant NAME=DIR`` runs the same jobs on the checkout in ``DIR`` too (its full
+profile: with this checkout's script, on that code), each job right after this
+checkout's.
+
+Run from the repository root (``gloo2-1gbit``: as root, in a private network namespace
+with ``tc`` on its loopback, as ``disco bench`` runs it)::
+
+    sudo python benchmarks/kernel_classes.py --models bert,transformer --size medium \\
+        --setups gloo2-1gbit --variant before=../other-checkout
+
+Prints a table and writes ``benchmarks/results/kernel_classes.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the checkout a job runs (``--variant``); this one by default
+CODE = Path(os.environ.get("KERNEL_CLASSES_CODE", ROOT))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(CODE))
+
+from benchmarks.provenance import write_result  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "kernel_classes.json"
+#: XLA's programs priced per class, beside the fit's no-fusion program.
+PROGRAMS = ("xla_default", "op_fusion")
+CLASSES = ("multi_op_fusion", "single_op_fusion", "library_fusion", "dot", "all_reduce",
+           "other")
+#: Ops that are not work inside a fused computation.
+_PLUMBING = frozenset({"parameter", "constant", "bitcast", "tuple", "get-tuple-element"})
+
+
+def kernel_class(instr: Any, module: Any) -> str:
+    """The class of one instruction of a compiled module (see :data:`CLASSES`)."""
+    from hlo_tools.compiled import is_library_fusion
+    from hlo_tools.opcodes import is_collective
+
+    if instr.opcode == "fusion":
+        if is_library_fusion(instr):
+            return "library_fusion"
+        body = module.computation(instr.called_computations[0])
+        work = sum(i.opcode not in _PLUMBING for i in body.instructions)
+        return "multi_op_fusion" if work > 1 else "single_op_fusion"
+    if instr.opcode == "dot":
+        return "dot"
+    if is_collective(instr.opcode):
+        return "all_reduce"
+    return "other"
+
+
+def _worker(args: argparse.Namespace) -> None:
+    """One process of the job; process 0 writes the record to ``args.out``."""
+    from disco_jax.activator import initialize_from_env
+
+    initialize_from_env()
+    import inspect
+
+    import jax
+
+    import hlo_tools
+    from disco_estimator.costs.cost_model import cover
+    from disco_estimator.costs.lower import sim_graph
+    from disco_estimator.costs.simulator import simulate
+    from disco_estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
+    from disco_estimator.ops import trace
+    from disco_jax.pipeline.bench import make_step
+    from disco_jax.pipeline.choose import measure
+    from disco_jax.pipeline.fit import in_context_costs
+    from disco_jax.pipeline.profile import profile_in_context
+    from disco_jax.pipeline.sync import job_sync
+    from hlo_tools import baselines as bl
+    from hlo_tools.plan import initial_plan
+
+    jax.devices()
+    quiet_gloo_loops(DEFAULT_LOOP_POLICY)  # as disco bench runs its jobs
+    step, args_ = make_step({"model": args.model, "size": args.size}, jax.device_count())
+    module = hlo_tools.parse(jax.jit(step).lower(*args_).as_text(dialect="hlo"))
+    sync = job_sync("kernel_classes")
+    runs = {name: bl.compile_baseline(step, args_, name) for name in PROGRAMS}
+    # the full profile: with XLA's default as its fused program where the code has one
+    full = ({"xla_default": runs["xla_default"]}
+            if "lean" in inspect.signature(profile_in_context).parameters else {})
+    measured = profile_in_context(step, args_, module, sync=sync, **full)
+    profiles = {n: trace.profile_program(r, *args_, iterations=5, warmup=2)
+                for n, r in runs.items()}
+    walls = measure(runs, args_, rounds=5, min_sample_s=0.3, sync=sync, tag="classes")
+    if jax.process_index() != 0:
+        return
+    costs, cal = in_context_costs(module, args.setup, measured, progress=False)
+    programs = {}
+    for name, run in runs.items():
+        compiled = bl.module_from_compiled(run)
+        cover(costs, compiled)
+        graph = hlo_tools.device_graph(compiled)
+        sim = sim_graph(graph, initial_plan(graph), costs)
+        by_name = {i.name: i for i in graph.computation.instructions}
+        traced = profiles[name].times_s
+        classes = collections.defaultdict(lambda: {"n": 0, "priced_s": 0.0, "traced_s": 0.0})
+        for k, node in enumerate(sim.names):
+            entry = classes[kernel_class(by_name[node], compiled)]
+            entry["n"] += 1
+            entry["priced_s"] += float(sim.duration_s[k])
+            entry["traced_s"] += traced.get(node, 0.0)
+        programs[name] = {"measured_s": statistics.median(walls[name]),
+                          "predicted_s": simulate(sim, costs.overlap).iteration_s,
+                          "traced_sum_s": sum(traced.values()), "classes": dict(classes)}
+    record = {"model": args.model, "size": args.size, "setup": args.setup,
+              "calibration": cal._asdict(), "programs": programs}
+    Path(args.out).write_text(json.dumps(record))
+
+
+def _job(model: str, size: str, setup: str, timeout_s: float, code: Path = ROOT
+         ) -> dict[str, Any]:
+    """Runs one job of the checkout ``code`` (in a private network namespace with the
+    setup's link when it has one) and returns process 0's record."""
+    from disco_jax.pipeline.bench import SETUPS
+
+    link = SETUPS[setup]
+    with tempfile.TemporaryDirectory(prefix="disco_classes_") as tmp:
+        out = Path(tmp) / "p0.json"
+        worker = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
+                  "--size", size, "--setup", setup, "--out", str(out)]
+        launch = [sys.executable, "-m", "disco_jax", "launch", "-n", str(link.processes),
+                  "--timeout", str(int(timeout_s)), "--", *worker]
+        cmd = launch
+        if link.rate:
+            tc = (f"ip link set lo up && tc qdisc replace dev lo root tbf rate {link.rate} "
+                  f"burst {link.burst} latency 100ms && ")
+            cmd = ["unshare", "-n", "bash", "-c", tc + " ".join(launch)]
+        env = {**os.environ, "KERNEL_CLASSES_CODE": str(code),
+               "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
+        subprocess.run(cmd, check=True, cwd=code, timeout=timeout_s + 60, env=env,
+                       stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The table: per job and program, the iteration and each class, priced / traced ms."""
+    ms = lambda s: f"{s * 1e3:8.1f}"  # noqa: E731
+    lines = [f"{'model':12s} {'setup':12s} {'program':12s} {'meas':>8s} {'pred':>8s}  "
+             + "  ".join(f"{c:>19s}" for c in CLASSES),
+             f"{'':51s}  " + "  ".join(f"{'priced / traced':>19s}" for _ in CLASSES)]
+    for r in records:
+        tag = r["model"] + (f" ({r['variant']})" if r.get("variant") else "")
+        for name, p in r["programs"].items():
+            cells = [f"{ms(p['classes'][c]['priced_s'])} /{ms(p['classes'][c]['traced_s'])}"
+                     if c in p["classes"] else f"{'-':>19s}" for c in CLASSES]
+            lines.append(f"{tag:12s} {r['setup']:12s} {name:12s} "
+                         f"{ms(p['measured_s'])} {ms(p['predicted_s'])}  " + "  ".join(cells))
+        cal = r["calibration"]
+        lines.append(f"{'':12s} fit: compute scale {cal['compute_scale']:.2f}, fused-op scale "
+                     f"{cal['fused_scale']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "
+                     f"{cal['c_s_per_byte'] * 2**20 * 1e3:.2f} ms/MiB")
+    lines.append("ms per iteration; priced: the fitted cost model's seconds of the class's "
+                 "instructions; traced: process 0's trace")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bert,transformer")
+    parser.add_argument("--size", default="medium")
+    parser.add_argument("--setups", default="gloo2-1gbit")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                        help="also run each job on the checkout in DIR")
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--setup", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args)
+        return
+    variants = [("", ROOT)] + [(name, Path(path).resolve()) for name, _, path in
+                               (v.partition("=") for v in args.variant)]
+    records = []
+    for setup in args.setups.split(","):
+        for model in args.models.split(","):
+            for name, code in variants:
+                print(f"{model} {args.size} {setup} {name} ...", flush=True)
+                records.append({**_job(model, args.size, setup, args.timeout, code),
+                                "variant": name})
+    print(render(records))
+    write_result(args.out, {"size": args.size, "records": records})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    main()
