@@ -31,6 +31,7 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -151,7 +152,7 @@ def _job(model: str, size: str, setup: str, timeout_s: float, code: Path = ROOT
         if link.rate:
             tc = (f"ip link set lo up && tc qdisc replace dev lo root tbf rate {link.rate} "
                   f"burst {link.burst} latency 100ms && ")
-            cmd = ["unshare", "-n", "bash", "-c", tc + " ".join(launch)]
+            cmd = ["unshare", "-n", "bash", "-c", tc + shlex.join(launch)]
         env = {**os.environ, "KERNEL_CLASSES_CODE": str(code),
                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
         subprocess.run(cmd, check=True, cwd=code, timeout=timeout_s + 60, env=env,

@@ -51,6 +51,7 @@ from disco_estimator.ops import (
     ProgramProfile,
     bench_ops,
     benchable_ops,
+    fusion_computations,
     library_computations,
     module_view,
     op_status,
@@ -551,10 +552,7 @@ class CostModel:
         """Names of the fused computations of ``module``'s fusions (cached)."""
         hit = self._fusions.get(module)
         if hit is None:
-            hit = self._fusions.put(module, frozenset(
-                name for _, instr in module.instructions()
-                if instr.opcode in ("fusion", "fusion-start")
-                for name in instr.called_computations))
+            hit = self._fusions.put(module, fusion_computations(module))
         return hit
 
     def _library_bodies(self, module: HloModule) -> frozenset[str]:

@@ -21,7 +21,13 @@ import jax.
 """
 
 from disco_estimator.ops.cache import backend_fingerprint
-from disco_estimator.ops.keys import library_computations, module_view, op_status, timing_key
+from disco_estimator.ops.keys import (
+    fusion_computations,
+    library_computations,
+    module_view,
+    op_status,
+    timing_key,
+)
 from disco_estimator.ops.standalone import (
     InputSpec,
     TimingJob,
@@ -49,6 +55,7 @@ from disco_estimator.ops.trace import (
 
 __all__ = [
     # keys
+    "fusion_computations",
     "library_computations",
     "module_view",
     "op_status",

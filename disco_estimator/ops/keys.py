@@ -39,6 +39,7 @@ __all__ = [
     "analyze_module",
     "describe_instruction",
     "dims_attr",
+    "fusion_computations",
     "is_library_fusion",
     "library_computations",
     "library_info",
@@ -364,6 +365,14 @@ def library_info(info: OpInfo) -> OpInfo:
     return dataclasses.replace(info, key=library_key(info.key))
 
 
+
+
+def fusion_computations(module: HloModule) -> frozenset[str]:
+    """Names of the fused computations of ``module``'s fusions (``fusion`` and
+    ``fusion-start``), library fusions included."""
+    return frozenset(name for _, instr in module.instructions()
+                     if instr.opcode in ("fusion", "fusion-start")
+                     for name in instr.called_computations)
 
 
 def library_computations(module: HloModule) -> frozenset[str]:

@@ -219,23 +219,19 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        ``(scale, D)``: finite differences give the 2x2 system, solved once and refined
        once; the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
        ``[0, 1 s]``. ``C`` (seconds per byte) is set first: in a job, the flat probe's
-       seconds per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`);
-       in one process, or when the probe gives nothing sensible, the hardware file's.
-       (With the file's ``C``, on bert at ``medium`` over 1 Gbit/s, XLA's default's
-       combined all-reduce of 17 MB was priced at 115 ms and traced at 269 ms -- both
-       processes' bytes pass one emulated link -- and the fused-op scale, fitted next,
-       took the difference: 3.3, where the fused kernels were traced at 19 ms and
-       priced at 144.)
+       seconds per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`,
+       within :data:`C_BOUNDS` of the hardware file's); in one process the file's. A
+       ``C`` that misses what the job's link does would leave its error to the scales
+       fitted after it (docs/findings.md, "The fused-op scale held the all-reduce's
+       error").
     2. The fused-op scale (:attr:`~disco_estimator.costs.cost_model.BackendConstants.fused_scale`),
        from XLA's default compilation of the step, when it was measured: the same
        computation, fused as XLA fuses, its all-reduces combined as XLA combines them
        (priced with 3.'s latency per buffer). Its simulated time is affine in the scale:
-       solved once and refined once, clamped to :data:`FUSED_SCALE_BOUNDS`. (XLA's fusion
-       of the one-bucket program is a poorer measure of fusion: on bert at ``medium``,
-       one device, it ran 25 ms slower than XLA's default, 19 ms of it in its bucket's
-       concatenate (10.4 ms, twice the no-fusion one-bucket program's) and all-reduce
-       (10.1 ms, against 1.7 ms for XLA's combined all-reduce), and a scale fitted to
-       it took that for the cost of fusion.)
+       solved once and refined once, clamped to :data:`FUSED_SCALE_BOUNDS`. XLA's fusion
+       of the one-bucket program would add its flat bucket's copies and all-reduce,
+       which XLA's fusion slows down beyond their unfused price, to what the scale
+       measures.
     3. The extra latency of each buffer of a variadic all-reduce
        (:attr:`~disco_estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined

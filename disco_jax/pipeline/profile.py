@@ -1,9 +1,9 @@
 """The in-context profile: the step compiled with nothing fused, profiled and timed where
 it runs, beside the same program with one gradient bucket (nothing fused), beside XLA's
 default and, in a multi-process job, the tuple probe. A *lean* profile, for a budget that
-cannot pay for the one-bucket program's compile, leaves it out. Every process of a job calls it
-alike (the programs have collectives). :func:`profile_module_in_context` does the same for
-a module given alone (an HLO file), on this process's devices, and
+cannot pay for the one-bucket program's compile, leaves it out. Every process of a job
+calls it alike (the programs have collectives). :func:`profile_module_in_context` does
+the same for a module given alone (an HLO file), on this process's devices, and
 :func:`profile_compiled_in_context` runs XLA's compiled module as written."""
 
 from __future__ import annotations
