@@ -3,8 +3,12 @@
 Per row of ``disco bench`` results (one zoo model in one setup): the Kendall tau between
 the predicted and the measured order of the six programs (the paper's four baselines,
 hand bucketing and DisCo's choice; 1: the same order, -1: reversed) and each program's
-prediction error, ``predicted / measured - 1``. Per file and overall: the mean tau, the
-mean absolute error per program, and how many programs are predicted within 10%.
+prediction error, ``predicted / measured - 1``. Beside it, tau over the pairs the
+measurement separates (the rule of ``simulator_accuracy.separated_pairs``): two programs
+whose interquartile ranges over the bench's rounds overlap have no measured order, so no
+prediction can be right or wrong about them. Per
+file and overall: the mean of both taus, the mean absolute error per program, and how
+many programs are predicted within 10%.
 
 The rows come from bench files (``benchmarks/results/bench*.json``, or ``--run``: the
 bench is run first, one file per size and setup, as ``disco bench`` with the README's
@@ -50,6 +54,22 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return score / len(pairs) if pairs else 1.0
 
 
+def separated_tau(a: list[float], b: list[float],
+                 spread: list[tuple[float, float]]) -> tuple[float | None, int]:
+    """Kendall's tau of ``a`` (measured) against ``b`` (predicted) over the pairs whose
+    measured ``(p25, p75)`` ranges do not overlap; also returns how many pairs those are
+    (tau None: none)."""
+    score = count = 0
+    for i, j in itertools.combinations(range(len(a)), 2):
+        (lo_i, hi_i), (lo_j, hi_j) = spread[i], spread[j]
+        if lo_i <= hi_j and lo_j <= hi_i:
+            continue
+        s = (a[i] - a[j]) * (b[i] - b[j])
+        score += (s > 0) - (s < 0)
+        count += 1
+    return (score / count if count else None), count
+
+
 def row_ranking(row: dict[str, Any]) -> dict[str, Any] | None:
     """Tau and per-program errors of one bench row (None: nothing measured)."""
     meas, pred = row.get("measured_s"), row.get("predicted_s")
@@ -57,8 +77,13 @@ def row_ranking(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
     names = [p for p in PROGRAMS if meas.get(p) and pred.get(p)]
     errors = {p: pred[p] / meas[p] - 1.0 for p in names}
+    a, b = [meas[p] for p in names], [pred[p] for p in names]
+    spread = row.get("spread_s") or {}
+    quartiles = [(spread[p]["p25_s"], spread[p]["p75_s"]) if p in spread else (m, m)
+                 for p, m in zip(names, a)]
+    tau_r, pairs = separated_tau(a, b, quartiles)
     return {"model": row["model"], "setup": row["setup"], "size": row.get("size"),
-            "tau": kendall_tau([meas[p] for p in names], [pred[p] for p in names]),
+            "tau": kendall_tau(a, b), "tau_separated": tau_r, "separated_pairs": pairs,
             "error": errors}
 
 
@@ -68,8 +93,10 @@ def summarize(rankings: list[dict[str, Any]]) -> dict[str, Any]:
         return {"rows": 0}
     per = {p: [abs(r["error"][p]) for r in rankings if p in r["error"]] for p in PROGRAMS}
     errors = [e for v in per.values() for e in v]
+    separated = [r["tau_separated"] for r in rankings if r.get("tau_separated") is not None]
     return {"rows": len(rankings),
             "mean_tau": statistics.fmean(r["tau"] for r in rankings),
+            "mean_tau_separated": statistics.fmean(separated) if separated else None,
             "mean_abs_error": {p: statistics.fmean(v) for p, v in per.items() if v},
             "within_10": sum(e <= 0.10 for e in errors) / len(errors)}
 
@@ -89,7 +116,7 @@ def run_bench(models: str, sizes: list[str], setups: list[str]) -> list[Path]:
 
 def render(files: dict[str, list[dict[str, Any]]], total: dict[str, Any]) -> str:
     """The table: one line per row, a summary line per file and overall."""
-    head = f"{'model':12} {'setup':12} {'size':7} {'tau':>6} " + "".join(
+    head = f"{'model':12} {'setup':12} {'size':7} {'tau':>6} {'sep.':>9} " + "".join(
         f"{p[:12]:>13}" for p in PROGRAMS)
     lines = [head, "-" * len(head)]
     for name, rankings in files.items():
@@ -97,8 +124,9 @@ def render(files: dict[str, list[dict[str, Any]]], total: dict[str, Any]) -> str
         for r in rankings:
             cells = "".join(f"{r['error'][p]:>+13.0%}" if p in r["error"] else f"{'':>13}"
                             for p in PROGRAMS)
+            sep = _tau_cell(r.get("tau_separated"), r.get("separated_pairs"))
             lines.append(f"{r['model']:12} {r['setup']:12} {r['size'] or '':7} "
-                         f"{r['tau']:>+6.2f} {cells}")
+                         f"{r['tau']:>+6.2f} {sep} {cells}")
         s = summarize(rankings)
         if s["rows"]:
             lines.append(_summary_line("  mean", s))
@@ -106,11 +134,20 @@ def render(files: dict[str, list[dict[str, Any]]], total: dict[str, Any]) -> str
     return "\n".join(lines)
 
 
+def _tau_cell(tau: float | None, pairs: int | None) -> str:
+    """Separated tau and its pair count, e.g. ``+0.80/10`` (``-`` where none)."""
+    if pairs is None:
+        return f"{'':>9}"
+    return f"{'-' if tau is None else f'{tau:+.2f}':>5}/{pairs:<3}"
+
+
 def _summary_line(label: str, s: dict[str, Any]) -> str:
     if not s["rows"]:
         return f"{label}: no measured rows"
     cells = "".join(f"{s['mean_abs_error'].get(p, float('nan')):>13.0%}" for p in PROGRAMS)
-    return (f"{label:12} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {cells}"
+    res = s.get("mean_tau_separated")
+    res_cell = f"{'-' if res is None else f'{res:+.2f}':>9}"
+    return (f"{label:12} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {res_cell} {cells}"
             f"   within 10%: {s['within_10']:.0%}")
 
 
@@ -119,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", help="bench result files (JSON)")
     ap.add_argument("--run", action="store_true", help="run disco bench first")
-    ap.add_argument("--models", default="vgg,resnet,transformer,rnnlm,bert,reformer")
+    ap.add_argument("--models", default="vgg,resnet,transformer,rnnlm,rnnlm_unrolled,bert,reformer")
     ap.add_argument("--sizes", default="medium,large")
     ap.add_argument("--setups", default="inproc4,gloo2-1gbit")
     ap.add_argument("--out", default=str(RESULTS / "ranking.json"))

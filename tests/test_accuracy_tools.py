@@ -40,6 +40,7 @@ def _load(name: str):
 
 SA = _load("simulator_accuracy")
 W = _load("accuracy_worker")
+RK = _load("ranking")
 
 SNIPPETS = pathlib.Path(__file__).parent / "fixtures" / "snippets"
 GRADS = (SNIPPETS / "grads_two_allreduces.hlo").read_text()  # shared with test_costs
@@ -144,6 +145,28 @@ def test_separated_pairs_count_only_pairs_the_measurement_tells_apart() -> None:
     assert right == {"separated_pairs": 2, "ordered_pairs": 2}
     wrong = SA.separated_pairs({"a": 2.0, "b": 6.0, "c": 5.0}, m)   # b after c: wrong
     assert wrong == {"separated_pairs": 2, "ordered_pairs": 1}
+
+
+def test_ranking_tau_counts_every_pair_and_the_separated_ones() -> None:
+    def t(p25: float, med: float, p75: float) -> dict[str, float]:
+        return {"p25_s": p25, "median_s": med, "p75_s": p75}
+
+    measured = {"no_fusion": 1.5, "op_fusion": 1.9, "xla_default": 3.5}
+    row = {"model": "m", "setup": "gloo2", "size": "tiny", "measured_s": measured,
+           "spread_s": {"no_fusion": t(1.0, 1.5, 2.0), "op_fusion": t(1.8, 1.9, 2.5),
+                        "xla_default": t(3.0, 3.5, 4.0)}}
+    # the overlapping pair predicted in the wrong order: tau-a counts it, the separated
+    # tau does not
+    r = RK.row_ranking({**row, "predicted_s": {"no_fusion": 2.0, "op_fusion": 1.0,
+                                               "xla_default": 5.0}})
+    assert r["tau"] == pytest.approx(1 / 3)
+    assert (r["tau_separated"], r["separated_pairs"]) == (1.0, 2)
+    assert r["error"]["op_fusion"] == pytest.approx(1.0 / 1.9 - 1.0)
+    r = RK.row_ranking({**row, "predicted_s": {"no_fusion": 2.0, "op_fusion": 6.0,
+                                               "xla_default": 3.6}})
+    assert (r["tau"], r["tau_separated"]) == (pytest.approx(1 / 3), 0.0)
+    s = RK.summarize([r])
+    assert s["mean_tau_separated"] == 0.0 and s["within_10"] == pytest.approx(1 / 3)
 
 
 def test_unfinished_compiles(tmp_path: Path) -> None:
