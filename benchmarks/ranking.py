@@ -116,7 +116,7 @@ def run_bench(models: str, sizes: list[str], setups: list[str]) -> list[Path]:
 
 def render(files: dict[str, list[dict[str, Any]]], total: dict[str, Any]) -> str:
     """The table: one line per row, a summary line per file and overall."""
-    head = f"{'model':12} {'setup':12} {'size':7} {'tau':>6} {'sep.':>9} " + "".join(
+    head = f"{'model':14} {'setup':12} {'size':7} {'tau':>6} {'sep.':>9} " + "".join(
         f"{p[:12]:>13}" for p in PROGRAMS)
     lines = [head, "-" * len(head)]
     for name, rankings in files.items():
@@ -125,7 +125,7 @@ def render(files: dict[str, list[dict[str, Any]]], total: dict[str, Any]) -> str
             cells = "".join(f"{r['error'][p]:>+13.0%}" if p in r["error"] else f"{'':>13}"
                             for p in PROGRAMS)
             sep = _tau_cell(r.get("tau_separated"), r.get("separated_pairs"))
-            lines.append(f"{r['model']:12} {r['setup']:12} {r['size'] or '':7} "
+            lines.append(f"{r['model']:14} {r['setup']:12} {r['size'] or '':7} "
                          f"{r['tau']:>+6.2f} {sep} {cells}")
         s = summarize(rankings)
         if s["rows"]:
@@ -147,7 +147,7 @@ def _summary_line(label: str, s: dict[str, Any]) -> str:
     cells = "".join(f"{s['mean_abs_error'].get(p, float('nan')):>13.0%}" for p in PROGRAMS)
     res = s.get("mean_tau_separated")
     res_cell = f"{'-' if res is None else f'{res:+.2f}':>9}"
-    return (f"{label:12} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {res_cell} {cells}"
+    return (f"{label:14} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {res_cell} {cells}"
             f"   within 10%: {s['within_10']:.0%}")
 
 

@@ -309,13 +309,13 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     are explained by :data:`TABLE_LEGEND`)."""
     keys = (*BASELINE_KEYS, "disco", "fo")
     widths = [max(10, len(k) + 1) for k in keys]
-    head = (f"{'model':12} {'setup':18} {'':5}" + "".join(f"{k:>{w}}" for k, w in
+    head = (f"{'model':14} {'setup':16} {'':5}" + "".join(f"{k:>{w}}" for k, w in
                                                           zip(keys, widths))
             + f"{'DisCo/best':>11} {'FO/best':>8} {'share':>6} {'search s':>9}")
     lines = [head, "-" * len(head)]
     for row in rows:
         if "error" in row:
-            lines.append(f"{row['model']:12} {row['setup']:18} failed: {row['error'][:60]}")
+            lines.append(f"{row['model']:14} {row['setup']:16} failed: {row['error'][:60]}")
             continue
         g = _gains(row)
         for kind in ("meas", "pred"):
@@ -335,7 +335,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 if "measured_s" not in row:
                     tail += f" {row.get('search_s', 0):>9.1f}"
                 label = ("", "") if "measured_s" in row else (row["model"], row["setup"])
-            lines.append(f"{label[0]:12} {label[1]:18} {kind:5}{cells}{tail}")
+            lines.append(f"{label[0]:14} {label[1]:16} {kind:5}{cells}{tail}")
     return "\n".join(lines)
 
 
