@@ -6,9 +6,9 @@ hand bucketing and DisCo's choice; 1: the same order, -1: reversed) and each pro
 prediction error, ``predicted / measured - 1``. Beside it, tau over the pairs the
 measurement separates (the rule of ``simulator_accuracy.separated_pairs``): two programs
 whose interquartile ranges over the bench's rounds overlap have no measured order, so no
-prediction can be right or wrong about them. Per
-file and overall: the mean of both taus, the mean absolute error per program, and how
-many programs are predicted within 10%.
+prediction can be right or wrong about them (a program without a spread counts as its
+median alone). Per file and overall: the mean of both taus, the mean absolute error per
+program, and how many programs are predicted within 10%.
 
 The rows come from bench files (``benchmarks/results/bench*.json``, or ``--run``: the
 bench is run first, one file per size and setup, as ``disco bench`` with the README's
@@ -47,11 +47,13 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     """Kendall's tau-a of two equally long sequences: concordant minus discordant pairs
     over all pairs (a tie in either counts as neither)."""
     pairs = list(itertools.combinations(range(len(a)), 2))
-    score = 0
-    for i, j in pairs:
-        s = (a[i] - a[j]) * (b[i] - b[j])
-        score += (s > 0) - (s < 0)
-    return score / len(pairs) if pairs else 1.0
+    return sum(_concordance(a, b, i, j) for i, j in pairs) / len(pairs) if pairs else 1.0
+
+
+def _concordance(a: list[float], b: list[float], i: int, j: int) -> int:
+    """+1 where ``a`` and ``b`` order items ``i`` and ``j`` alike, -1 where not, 0: a tie."""
+    s = (a[i] - a[j]) * (b[i] - b[j])
+    return (s > 0) - (s < 0)
 
 
 def separated_tau(a: list[float], b: list[float],
@@ -64,8 +66,7 @@ def separated_tau(a: list[float], b: list[float],
         (lo_i, hi_i), (lo_j, hi_j) = spread[i], spread[j]
         if lo_i <= hi_j and lo_j <= hi_i:
             continue
-        s = (a[i] - a[j]) * (b[i] - b[j])
-        score += (s > 0) - (s < 0)
+        score += _concordance(a, b, i, j)
         count += 1
     return (score / count if count else None), count
 
@@ -81,9 +82,9 @@ def row_ranking(row: dict[str, Any]) -> dict[str, Any] | None:
     spread = row.get("spread_s") or {}
     quartiles = [(spread[p]["p25_s"], spread[p]["p75_s"]) if p in spread else (m, m)
                  for p, m in zip(names, a)]
-    tau_r, pairs = separated_tau(a, b, quartiles)
+    tau_sep, pairs = separated_tau(a, b, quartiles)
     return {"model": row["model"], "setup": row["setup"], "size": row.get("size"),
-            "tau": kendall_tau(a, b), "tau_separated": tau_r, "separated_pairs": pairs,
+            "tau": kendall_tau(a, b), "tau_separated": tau_sep, "separated_pairs": pairs,
             "error": errors}
 
 
@@ -145,9 +146,9 @@ def _summary_line(label: str, s: dict[str, Any]) -> str:
     if not s["rows"]:
         return f"{label}: no measured rows"
     cells = "".join(f"{s['mean_abs_error'].get(p, float('nan')):>13.0%}" for p in PROGRAMS)
-    res = s.get("mean_tau_separated")
-    res_cell = f"{'-' if res is None else f'{res:+.2f}':>9}"
-    return (f"{label:14} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {res_cell} {cells}"
+    sep = s.get("mean_tau_separated")
+    sep_cell = f"{'-' if sep is None else f'{sep:+.2f}':>9}"
+    return (f"{label:14} {'|err|, tau':12} {'':7} {s['mean_tau']:>+6.2f} {sep_cell} {cells}"
             f"   within 10%: {s['within_10']:.0%}")
 
 
