@@ -12,9 +12,10 @@ the same programs in the same order, so their collectives pair up.
 * **Per-buffer latency of a combined all-reduce**: one all-reduce of a tuple of buffers
   (as XLA's combiner writes them; XLA:CPU reduces each buffer on its own) against one
   flat buffer of the same bytes (:func:`tuple_allreduce_programs`,
-  :func:`tuple_buffer_latency`). Back to back, each buffer pays gloo's bare latency;
-  a gradient all-reduce between computations pays more (the wait for the other
-  process, a wakeup), so the two differ and the cost model needs both.
+  :func:`tuple_buffer_latency`). Back to back, each buffer pays the bare latency (gloo's
+  in a job; in one process a rendezvous of device threads that have already met); a
+  gradient all-reduce between computations pays more (the wait for the other process or
+  the slowest device thread, a wakeup), so the two differ and the cost model needs both.
 * **Overlap** ``phi``: a ``pmean`` program, an independent compute program (a chain of
   matmuls sized to take about as long), and one program computing both. In the
   simulator's model compute runs at rate ``phi`` while an all-reduce is in flight, so

@@ -177,7 +177,8 @@ def test_the_profile_does_the_least_when_its_time_is_up(vgg):
     step, args, module, _ = vgg
     least = profile_in_context(step, args, module, iterations=2, rounds=5,
                                left_s=lambda: 0.0)
-    assert [len(s) for s in least.samples_s.values()] == [MIN_ROUNDS] * 3
+    # no-fusion, one bucket, XLA's default, and the tuple probe's two programs
+    assert [len(s) for s in least.samples_s.values()] == [MIN_ROUNDS] * 5
     assert least.one_bucket_profile is None and least.profile.times_s
     full = profile_in_context(step, args, module, iterations=2, rounds=4, left_s=None)
     assert {len(s) for s in full.samples_s.values()} <= {4, 8, 12}
@@ -186,8 +187,8 @@ def test_the_profile_does_the_least_when_its_time_is_up(vgg):
 
 def test_a_lean_profile_times_xla_default_as_the_fused_program(vgg):
     """Lean: one compile (no one-bucket program); XLA's default, compiled already, is
-    the fused program; the fit matches the no-fusion program with the file's D, and
-    XLA's default unless the fused scale hit a bound."""
+    the fused program; the fit matches the no-fusion program with the tuple probe's
+    latency per buffer as D, and XLA's default unless the fused scale hit a bound."""
     from disco_jax.pipeline.candidates import baseline_program
     from disco_jax.pipeline.program import lower_program
 
@@ -197,11 +198,14 @@ def test_a_lean_profile_times_xla_default_as_the_fused_program(vgg):
     measured = profile_in_context(step, args, module, rounds=3, xla_default=default,
                                   lean=True)
     assert measured.lean and measured.one_bucket_wall_s is None
-    assert set(measured.runs) == {"no_fusion", "fused"} and measured.runs["fused"] is default
+    assert set(measured.runs) == {"no_fusion", "fused", "tuple", "flat"}
+    assert measured.runs["fused"] is default
     assert measured.fused_wall_s > 0 and measured.wall_s > 0
     costs, cal = in_context_costs(module, "inproc4", measured, progress=False)
     assert cal.wall_s[1] is None and cal.predicted_s[1] is None
-    assert cal.d_s == costs.hardware.allreduce.d_s  # one process: the file's
+    # nothing to tell D apart from the compute scale: the tuple probe's latency per buffer
+    assert cal.d_s == cal.tuple_latency_s == costs.hardware.allreduce.d_s
+    assert cal.d_tuple_extra_s == 0.0
     assert cal.predicted_s[0] == pytest.approx(cal.wall_s[0], rel=0.05), cal
     lo, hi = FUSED_SCALE_BOUNDS
     if lo < cal.fused_scale < hi:
@@ -234,9 +238,13 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert costs.constants.fused_scale == cal.fused_scale
     if lo < cal.fused_scale < hi:
         assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
-    # one process: no tuple probe, the hardware file's extra (0) stays
-    assert measured.tuple_wall_s is None and cal.tuple_latency_s is None
-    assert cal.d_tuple_extra_s == costs.hardware.allreduce.d_tuple_extra_s == 0.0
+    # one process: the tuple probe ran on the 4 devices; each buffer of a combined
+    # all-reduce pays its latency per buffer, C is the flat probe's
+    assert measured.tuple_buffers == len(hlo_tools.device_graph(module).gradient_allreduces)
+    assert measured.tuple_wall_s > 0 and measured.flat_wall_s > 0 and measured.flat_bytes > 0
+    assert cal.tuple_latency_s is not None and cal.tuple_latency_s >= 0
+    assert cal.d_s + cal.d_tuple_extra_s == pytest.approx(cal.tuple_latency_s)
+    assert costs.hardware.allreduce.c_s_per_byte == cal.c_s_per_byte
     again, _ = calibrate_in_context(costs, module, measured)
     assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
                                                           rel=0.05)

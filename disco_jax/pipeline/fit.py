@@ -218,12 +218,12 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        process share 2 cores). Both simulated times are close to affine in
        ``(scale, D)``: finite differences give the 2x2 system, solved once and refined
        once; the scale is clamped to ``[0.25, 8]`` times the hardware file's, ``D`` to
-       ``[0, 1 s]``. ``C`` (seconds per byte) is set first: in a job, the flat probe's
-       seconds per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`,
-       within :data:`C_BOUNDS` of the hardware file's); in one process the file's. A
-       ``C`` that misses what the job's link does would leave its error to the scales
-       fitted after it (docs/findings.md, "The fused-op scale held the all-reduce's
-       error").
+       ``[0, 1 s]``. ``C`` (seconds per byte) is set first: the flat probe's seconds
+       per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`, within
+       :data:`C_BOUNDS` of the hardware file's); the file's where the probe was not
+       measured. A ``C`` that misses what the job's link does would leave its error to
+       the scales fitted after it (docs/findings.md, "The fused-op scale held the
+       all-reduce's error").
     2. The fused-op scale (:attr:`~disco_estimator.costs.cost_model.BackendConstants.fused_scale`),
        from XLA's default compilation of the step, when it was measured: the same
        computation, fused as XLA fuses, its all-reduces combined as XLA combines them
@@ -235,8 +235,9 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     3. The extra latency of each buffer of a variadic all-reduce
        (:attr:`~disco_estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined
-       all-reduce one after the other, each paying gloo's bare latency
-       (:func:`disco_estimator.probes.tuple_buffer_latency`), where a gradient all-reduce
+       all-reduce one after the other, each paying the backend's bare latency (gloo's
+       in a job, a rendezvous of threads that have already met in one process;
+       :func:`disco_estimator.probes.tuple_buffer_latency`), where a gradient all-reduce
        between computations pays ``D``; the extra is the difference, so each buffer's
        latency stays >= 0. (Fitting it instead to the no-fusion program with XLA's
        combiner on, as before, gave every buffer about ``D``: 0.24 ms on mixer in
@@ -251,9 +252,9 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     A lean profile (:attr:`~disco_jax.pipeline.profile.InContext.lean`: no one-bucket
     program) has one program to fit the compute scale to and none to tell ``D`` apart
-    from it: ``D`` is then the tuple probe's latency per buffer (in a job; else the
-    hardware file's), the compute scale is fitted to the no-fusion program alone, and
-    ``C`` and the fused-op scale are as in 1. and 2.
+    from it: ``D`` is then the tuple probe's latency per buffer (the hardware file's
+    where it was not measured), the compute scale is fitted to the no-fusion program
+    alone, and ``C`` and the fused-op scale are as in 1. and 2.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`~disco_estimator.costs.cost_model.cover`, before any fit, so
