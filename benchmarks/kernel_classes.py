@@ -1,11 +1,13 @@
 """Where the cost model's price of XLA's programs goes, per class of kernel, against the
-trace: a 2-process gloo job per zoo model, fitted as ``disco bench`` fits it.
+trace: a job per zoo model and setup (2 gloo processes, or ``inproc4``'s one process of 4
+devices), fitted as ``disco bench`` fits it.
 
-Each job (every process alike) lowers the step, compiles XLA's default and ``op_fusion``,
+Each job (every process alike) lowers the step, compiles XLA's programs (``--programs``:
+XLA's default and ``op_fusion`` by default; ``no_fusion`` and ``allreduce_fusion`` too),
 takes the product's in-context profile (:func:`~disco_jax.pipeline.profile.profile_in_context`)
-and traces both programs and the profile's no-fusion program; then process 0 fits the
-cost model (:func:`~disco_jax.pipeline.fit.in_context_costs`) and prices every
-instruction of XLA's two programs. Per class -- multi-op fusions, single-op fusions,
+and traces each program; then process 0 fits the cost model
+(:func:`~disco_jax.pipeline.fit.in_context_costs`) and prices every instruction of XLA's
+programs. Per class -- multi-op fusions, single-op fusions,
 kernel-library fusions (dots, convolutions), plain dots, the all-reduces, the rest --
 the table gives the priced and the traced seconds per iteration (process 0's trace), and
 per program the measured and predicted iteration. A class priced far from its trace
@@ -21,6 +23,8 @@ with ``tc`` on its loopback, as ``disco bench`` runs it)::
 
     sudo python benchmarks/kernel_classes.py --models bert,transformer --size medium \\
         --setups gloo2-1gbit --variant before=../other-checkout
+    python benchmarks/kernel_classes.py --models resnet --setups inproc4 \\
+        --programs no_fusion,allreduce_fusion,op_fusion,xla_default
 
 Prints a table and writes ``benchmarks/results/kernel_classes.json``.
 """
@@ -48,8 +52,10 @@ sys.path.insert(0, str(CODE))
 from benchmarks.provenance import write_result  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "kernel_classes.json"
-#: XLA's programs priced per class, beside the fit's no-fusion program.
+#: XLA's programs priced per class by default.
 PROGRAMS = ("xla_default", "op_fusion")
+#: The programs ``--programs`` may name (the bench's four baselines).
+ALL_PROGRAMS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default")
 CLASSES = ("multi_op_fusion", "single_op_fusion", "library_fusion", "dot", "all_reduce",
            "other")
 #: Ops that are not work inside a fused computation.
@@ -102,9 +108,10 @@ def _worker(args: argparse.Namespace) -> None:
     step, args_ = make_step({"model": args.model, "size": args.size}, jax.device_count())
     module = hlo_tools.parse(jax.jit(step).lower(*args_).as_text(dialect="hlo"))
     sync = job_sync("kernel_classes")
-    runs = {name: bl.compile_baseline(step, args_, name) for name in PROGRAMS}
+    runs = {name: bl.compile_baseline(step, args_, name) for name in args.programs.split(",")}
+    default = runs.get("xla_default") or bl.compile_baseline(step, args_, "xla_default")
     # the full profile: with XLA's default as its fused program where the code has one
-    full = ({"xla_default": runs["xla_default"]}
+    full = ({"xla_default": default}
             if "lean" in inspect.signature(profile_in_context).parameters else {})
     measured = profile_in_context(step, args_, module, sync=sync, **full)
     profiles = {n: trace.profile_program(r, *args_, iterations=5, warmup=2)
@@ -135,25 +142,28 @@ def _worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(record))
 
 
-def _job(model: str, size: str, setup: str, timeout_s: float, code: Path = ROOT
-         ) -> dict[str, Any]:
+def _job(model: str, size: str, setup: str, timeout_s: float, code: Path = ROOT,
+         programs: str = ",".join(PROGRAMS)) -> dict[str, Any]:
     """Runs one job of the checkout ``code`` (in a private network namespace with the
-    setup's link when it has one) and returns process 0's record."""
+    setup's link when it has one; one process of the setup's devices where the setup has
+    one process) and returns process 0's record."""
+    from disco_estimator.gloo import child_env
     from disco_jax.pipeline.bench import SETUPS
 
     link = SETUPS[setup]
     with tempfile.TemporaryDirectory(prefix="disco_classes_") as tmp:
         out = Path(tmp) / "p0.json"
         worker = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
-                  "--size", size, "--setup", setup, "--out", str(out)]
+                  "--size", size, "--setup", setup, "--programs", programs,
+                  "--out", str(out)]
         launch = [sys.executable, "-m", "disco_jax", "launch", "-n", str(link.processes),
                   "--timeout", str(int(timeout_s)), "--", *worker]
-        cmd = launch
+        cmd = launch if link.processes > 1 else worker
         if link.rate:
             tc = (f"ip link set lo up && tc qdisc replace dev lo root tbf rate {link.rate} "
                   f"burst {link.burst} latency 100ms && ")
             cmd = ["unshare", "-n", "bash", "-c", tc + shlex.join(launch)]
-        env = {**os.environ, "KERNEL_CLASSES_CODE": str(code),
+        env = {**child_env(link.devices), "KERNEL_CLASSES_CODE": str(code),
                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
         subprocess.run(cmd, check=True, cwd=code, timeout=timeout_s + 60, env=env,
                        stdout=subprocess.DEVNULL)
@@ -187,6 +197,8 @@ def main() -> None:
     parser.add_argument("--models", default="bert,transformer")
     parser.add_argument("--size", default="medium")
     parser.add_argument("--setups", default="gloo2-1gbit")
+    parser.add_argument("--programs", default=",".join(PROGRAMS),
+                        help=f"XLA's programs to price, of {', '.join(ALL_PROGRAMS)}")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run each job on the checkout in DIR")
@@ -195,6 +207,10 @@ def main() -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--setup", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.programs.split(",")) - set(ALL_PROGRAMS)
+    if unknown:
+        parser.error(f"--programs: unknown {', '.join(sorted(unknown))} "
+                     f"(of {', '.join(ALL_PROGRAMS)})")
     if args.worker:
         _worker(args)
         return
@@ -205,7 +221,8 @@ def main() -> None:
         for model in args.models.split(","):
             for name, code in variants:
                 print(f"{model} {args.size} {setup} {name} ...", flush=True)
-                records.append({**_job(model, args.size, setup, args.timeout, code),
+                records.append({**_job(model, args.size, setup, args.timeout, code,
+                                       args.programs),
                                 "variant": name})
     print(render(records))
     write_result(args.out, {"size": args.size, "records": records})
