@@ -3,7 +3,10 @@
 Per row of ``disco bench`` results (one zoo model in one setup): the Kendall tau between
 the predicted and the measured order of the six programs (the paper's four baselines,
 hand bucketing and DisCo's choice; 1: the same order, -1: reversed) and each program's
-prediction error, ``predicted / measured - 1``. Beside it, tau over the pairs the
+prediction error, ``predicted / measured - 1``. Where DisCo's choice is one of the other
+columns' programs (``choice.disco_is``), that program takes one place in the order:
+counted twice, its pair with itself would be a tie that no prediction can order and its
+pairs with the others would count twice. Beside it, tau over the pairs the
 measurement separates (the rule of ``simulator_accuracy.separated_pairs``): two programs
 whose interquartile ranges over the bench's rounds overlap have no measured order, so no
 prediction can be right or wrong about them (a program without a spread counts as its
@@ -78,6 +81,10 @@ def row_ranking(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
     names = [p for p in PROGRAMS if meas.get(p) and pred.get(p)]
     errors = {p: pred[p] / meas[p] - 1.0 for p in names}
+    # DisCo's choice may be one of the other columns' programs: one program, one place
+    same = (row.get("choice") or {}).get("disco_is")
+    if same in names and same != "disco":
+        names = [p for p in names if p != "disco"]
     a, b = [meas[p] for p in names], [pred[p] for p in names]
     spread = row.get("spread_s") or {}
     quartiles = [(spread[p]["p25_s"], spread[p]["p75_s"]) if p in spread else (m, m)

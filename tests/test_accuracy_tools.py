@@ -167,6 +167,17 @@ def test_ranking_tau_counts_every_pair_and_the_separated_ones() -> None:
     assert (r["tau"], r["tau_separated"]) == (pytest.approx(1 / 3), 0.0)
     s = RK.summarize([r])
     assert s["mean_tau_separated"] == 0.0 and s["within_10"] == pytest.approx(1 / 3)
+    # DisCo's choice is XLA's default: one program, one place in the order (the tie of
+    # the program with itself would count as a pair no prediction can order)
+    same = {**row, "measured_s": {**measured, "disco": 3.5},
+            "spread_s": {**row["spread_s"], "disco": t(3.0, 3.5, 4.0)},
+            "predicted_s": {"no_fusion": 1.0, "op_fusion": 2.0, "xla_default": 4.0,
+                            "disco": 4.0}, "choice": {"disco_is": "xla_default"}}
+    r = RK.row_ranking(same)
+    assert r["tau"] == 1.0 and r["separated_pairs"] == 2
+    assert r["error"]["disco"] == r["error"]["xla_default"]
+    r = RK.row_ranking({**same, "choice": {"disco_is": None}})
+    assert r["tau"] == pytest.approx(5 / 6) and r["separated_pairs"] == 4
 
 
 def test_unfinished_compiles(tmp_path: Path) -> None:
