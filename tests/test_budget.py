@@ -327,8 +327,9 @@ def test_each_budget_question_of_a_job_has_its_own_key():
 
 def test_a_lean_first_call_computes_what_jax_jit_computes():
     """``profile="lean"``: XLA's default compiled first and timed as the fused program,
-    one compile of the step with nothing fused, a fit with the one-bucket half empty;
-    the choice runs and gives jax.jit's values."""
+    one compile of the step with nothing fused (beside the tuple probe's two small
+    programs), a fit with the one-bucket half empty; the choice runs and gives jax.jit's
+    values."""
     import jax
     import numpy as np
 
@@ -341,7 +342,7 @@ def test_a_lean_first_call_computes_what_jax_jit_computes():
                         keep_labels=False, keep_details=True)
     assert any("lean" in line for line in lines), lines
     measured = opt.details.profile
-    assert measured.lean and set(measured.runs) == {"no_fusion", "fused"}
+    assert measured.lean and set(measured.runs) == {"no_fusion", "fused", "tuple", "flat"}
     assert measured.runs["fused"] is opt.details.candidates.runs["xla_default"]
     cal = opt.report.calibration
     assert cal["wall_s"][1] is None and cal["predicted_s"][0] > 0
