@@ -142,8 +142,8 @@ def _worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(record))
 
 
-def _job(model: str, size: str, setup: str, timeout_s: float, code: Path = ROOT,
-         programs: str = ",".join(PROGRAMS)) -> dict[str, Any]:
+def _job(model: str, size: str, setup: str, timeout_s: float, code: Path,
+         programs: str) -> dict[str, Any]:
     """Runs one job of the checkout ``code`` (in a private network namespace with the
     setup's link when it has one; one process of the setup's devices where the setup has
     one process) and returns process 0's record."""

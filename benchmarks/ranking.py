@@ -82,8 +82,7 @@ def row_ranking(row: dict[str, Any]) -> dict[str, Any] | None:
     names = [p for p in PROGRAMS if meas.get(p) and pred.get(p)]
     errors = {p: pred[p] / meas[p] - 1.0 for p in names}
     # DisCo's choice may be one of the other columns' programs: one program, one place
-    same = (row.get("choice") or {}).get("disco_is")
-    if same in names and same != "disco":
+    if (row.get("choice") or {}).get("disco_is") in names:
         names = [p for p in names if p != "disco"]
     a, b = [meas[p] for p in names], [pred[p] for p in names]
     spread = row.get("spread_s") or {}
