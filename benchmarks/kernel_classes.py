@@ -10,7 +10,8 @@ and traces each program; then process 0 fits the cost model
 programs. Per class -- multi-op fusions, single-op fusions,
 kernel-library fusions (dots, convolutions), plain dots, the all-reduces, the rest --
 the table gives the priced and the traced seconds per iteration (process 0's trace), and
-per program the measured and predicted iteration. A class priced far from its trace
+per program the measured and predicted iteration (and each all-reduce's bytes, priced and
+traced seconds, in the JSON). A class priced far from its trace
 while the program's total is right shows where a fitted scale took another class's
 error.
 
@@ -129,14 +130,20 @@ def _worker(args: argparse.Namespace) -> None:
         by_name = {i.name: i for i in graph.computation.instructions}
         traced = profiles[name].times_s
         classes = collections.defaultdict(lambda: {"n": 0, "priced_s": 0.0, "traced_s": 0.0})
+        all_reduces = []
         for k, node in enumerate(sim.names):
-            entry = classes[kernel_class(by_name[node], compiled)]
+            kind = kernel_class(by_name[node], compiled)
+            entry = classes[kind]
             entry["n"] += 1
             entry["priced_s"] += float(sim.duration_s[k])
             entry["traced_s"] += traced.get(node, 0.0)
+            if kind == "all_reduce":
+                all_reduces.append([by_name[node].shape.byte_size(),
+                                    float(sim.duration_s[k]), traced.get(node, 0.0)])
         programs[name] = {"measured_s": statistics.median(walls[name]),
                           "predicted_s": simulate(sim, costs.overlap).iteration_s,
-                          "traced_sum_s": sum(traced.values()), "classes": dict(classes)}
+                          "traced_sum_s": sum(traced.values()), "classes": dict(classes),
+                          "all_reduces": all_reduces}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
               "calibration": cal._asdict(), "programs": programs}
     Path(args.out).write_text(json.dumps(record))

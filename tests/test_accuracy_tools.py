@@ -358,3 +358,33 @@ def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
     want = cpus[3 % len(cpus)]
     assert int(out[0]) == want
     assert out[1].strip() == f"[{want}] [{want}]"
+
+
+@pytest.mark.parametrize("cpus, said", [("0,0", "two different CPUs"),
+                                        ("0", "two different CPUs"),
+                                        ("a,b", "two CPU numbers")])
+def test_cpu_contention_rejects_bad_cpus_without_traceback(cpus, said, tmp_path):
+    """``cpu_contention.py --cpus`` names what it wants; nothing is measured or written."""
+    import subprocess
+
+    out = tmp_path / "c.json"
+    done = subprocess.run([sys.executable, str(_BENCHMARKS / "cpu_contention.py"), "--cpus",
+                           cpus, "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert said in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_cpu_contention_worker_times_both_kernels():
+    """One worker pinned to a CPU it may use prints positive per-call times of both."""
+    import os
+    import subprocess
+
+    cpu = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, str(_BENCHMARKS / "cpu_contention.py"), "--worker",
+                           str(cpu), "--seconds", "0.05"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(times) == {"matmul_ms", "stream_ms"} and min(times.values()) > 0
