@@ -4,7 +4,8 @@ The CPU setups run two gloo processes pinned one to a CPU each, or four device t
 one process on the host's CPUs. Where two CPUs share one physical core (hyperthreads of
 one core, or a VM whose virtual CPUs a host runs on one core), a kernel's time depends on
 whether the other CPU computes at the same moment: one price per kernel cannot hold for
-every program (docs/findings.md, "The programs' kernels run at different speeds").
+every program (docs/findings.md, "The programs' kernels run at different speeds over 1
+Gbit/s").
 
 Per CPU pair, a single-threaded worker pinned to a CPU times a compute-bound matmul
 (f32 512x512, about 0.27 GFLOP) and a memory-bound pass (32 MB read and written): alone,
@@ -52,7 +53,7 @@ def _worker(cpu: int, seconds: float) -> None:
     b = rng.random((512, 512), dtype=np.float32)
     big = rng.random(8_000_000, dtype=np.float32)
 
-    def median(fn, reps: int) -> float:
+    def per_call_ms(fn, reps: int) -> float:
         times = []
         end = time.perf_counter() + seconds
         while time.perf_counter() < end or len(times) < 3:
@@ -63,8 +64,8 @@ def _worker(cpu: int, seconds: float) -> None:
         return statistics.median(times)
 
     a @ b, big * 1.0001  # noqa: B018  (warm-up)
-    print(json.dumps({"matmul_ms": median(lambda: a @ b, 10),
-                      "stream_ms": median(lambda: big * 1.0001, 3)}), flush=True)
+    print(json.dumps({"matmul_ms": per_call_ms(lambda: a @ b, 10),
+                      "stream_ms": per_call_ms(lambda: big * 1.0001, 3)}), flush=True)
 
 
 def _spawn(cpu: int, seconds: float) -> subprocess.Popen:

@@ -53,10 +53,9 @@ sys.path.insert(0, str(CODE))
 from benchmarks.provenance import write_result  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "kernel_classes.json"
-#: XLA's programs priced per class by default.
+#: XLA's programs priced per class by default (``--programs`` may name any of the
+#: paper's four baselines, :data:`hlo_tools.baselines.BASELINES`).
 PROGRAMS = ("xla_default", "op_fusion")
-#: The programs ``--programs`` may name (the bench's four baselines).
-ALL_PROGRAMS = ("no_fusion", "op_fusion", "allreduce_fusion", "xla_default")
 CLASSES = ("multi_op_fusion", "single_op_fusion", "library_fusion", "dot", "all_reduce",
            "other")
 #: Ops that are not work inside a fused computation.
@@ -200,12 +199,14 @@ def render(records: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    from hlo_tools.baselines import BASELINES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="bert,transformer")
     parser.add_argument("--size", default="medium")
     parser.add_argument("--setups", default="gloo2-1gbit")
     parser.add_argument("--programs", default=",".join(PROGRAMS),
-                        help=f"XLA's programs to price, of {', '.join(ALL_PROGRAMS)}")
+                        help=f"XLA's programs to price, of {', '.join(BASELINES)}")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run each job on the checkout in DIR")
@@ -214,10 +215,10 @@ def main() -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--setup", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    unknown = set(args.programs.split(",")) - set(ALL_PROGRAMS)
+    unknown = set(args.programs.split(",")) - set(BASELINES)
     if unknown:
         parser.error(f"--programs: unknown {', '.join(sorted(unknown))} "
-                     f"(of {', '.join(ALL_PROGRAMS)})")
+                     f"(of {', '.join(BASELINES)})")
     if args.worker:
         _worker(args)
         return

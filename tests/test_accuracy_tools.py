@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -365,8 +367,6 @@ def test_pin_to_own_cpu_pins_this_process_and_its_threads() -> None:
                                         ("a,b", "two CPU numbers")])
 def test_cpu_contention_rejects_bad_cpus_without_traceback(cpus, said, tmp_path):
     """``cpu_contention.py --cpus`` names what it wants; nothing is measured or written."""
-    import subprocess
-
     out = tmp_path / "c.json"
     done = subprocess.run([sys.executable, str(_BENCHMARKS / "cpu_contention.py"), "--cpus",
                            cpus, "--out", str(out)], capture_output=True, text=True,
@@ -378,9 +378,6 @@ def test_cpu_contention_rejects_bad_cpus_without_traceback(cpus, said, tmp_path)
 
 def test_cpu_contention_worker_times_both_kernels():
     """One worker pinned to a CPU it may use prints positive per-call times of both."""
-    import os
-    import subprocess
-
     cpu = min(os.sched_getaffinity(0))
     done = subprocess.run([sys.executable, str(_BENCHMARKS / "cpu_contention.py"), "--worker",
                            str(cpu), "--seconds", "0.05"], capture_output=True, text=True,
