@@ -182,6 +182,29 @@ def test_ranking_tau_counts_every_pair_and_the_separated_ones() -> None:
     assert r["tau"] == pytest.approx(5 / 6) and r["separated_pairs"] == 4
 
 
+def test_the_tau_the_measurement_allows() -> None:
+    """Programs far apart in every round: any resample keeps their order (1.0); two of
+    them swapping places from round to round: the bootstrap finds the order unsure."""
+    far = [[1.0, 1.1, 0.9], [2.0, 2.1, 1.9], [3.0, 3.1, 2.9]]
+    medians = [1.0, 2.0, 3.0]
+    assert RK.allowed_tau(medians, far, []) == 1.0
+    swapping = [[1.0, 2.2, 0.9], [2.0, 1.0, 2.1], [3.0, 3.1, 2.9]]
+    assert 1 / 3 <= RK.allowed_tau(medians, swapping, []) < 0.95
+    # without the rounds: normal noise of the interquartile range's width
+    assert RK.allowed_tau(medians, None, [(0.99, 1.01), (1.99, 2.01), (2.99, 3.01)]) == 1.0
+    assert RK.allowed_tau(medians, None, [(0.0, 4.0)] * 3) < 0.8
+    row = {"model": "m", "setup": "gloo2", "size": "tiny",
+           "measured_s": {"no_fusion": 1.0, "op_fusion": 2.0},
+           "samples_s": {"no_fusion": [1.0, 0.9, 1.1], "op_fusion": [2.0, 2.1, 1.9]},
+           "predicted_s": {"no_fusion": 2.0, "op_fusion": 1.0},
+           "predicted_at_start_s": {"no_fusion": 1.0, "op_fusion": 2.0}}
+    bench, start = RK.row_ranking(row), RK.row_ranking(row, "start")
+    assert (bench["tau"], start["tau"], bench["tau_allowed"]) == (-1.0, 1.0, 1.0)
+    assert bench["bootstrap"] and RK.row_ranking(row, "choice_fit") is None
+    s = RK.summarize([bench])
+    assert s["mean_tau_allowed"] == 1.0 and s["within_10_beyond_fit"] == 0.0
+
+
 def test_unfinished_compiles(tmp_path: Path) -> None:
     (tmp_path / "p0.log").write_text("start a\ndone a\nstart b\n")
     (tmp_path / "p1.log").write_text("start c\ndone c\nstart b\ndone b\nstart d\n")

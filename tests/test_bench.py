@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -154,6 +155,11 @@ def test_pooled_in_context_medians_take_the_later_samples_in():
     # what was not measured stays unmeasured
     none = first._replace(tuple_buffers=None, tuple_wall_s=None, flat_wall_s=None)
     assert pooled(none, {"tuple": [1.0]}).tuple_wall_s is None
+    # keep=False: the later rounds' medians alone, where the program has later samples
+    rounds = pooled(first, {"no_fusion": [1.0, 5.0, 4.0], "fused": [2.0]}, keep=False)
+    assert (rounds.wall_s, rounds.fused_wall_s, rounds.one_bucket_wall_s) == (4.0, 2.0, 2.0)
+    assert rounds.samples_s["no_fusion"] == [1.0, 5.0, 4.0]
+    assert rounds.samples_s["one_bucket"] == [2.0, 2.0, 2.0]
 
 
 def test_in_context_timings_with_one_bucket_not_faster_are_inconsistent():
@@ -295,6 +301,14 @@ def _check_rows(path, setup):
     assert (refit["fused_wall_s"] is None) == (first["fused_wall_s"] is None)
     assert set(row["predicted_at_start_s"]) == set(row["predicted_s"])
     assert set(choice["predicted_at_start_s"]) == set(choice["predicted_s"])
+    # the fit's programs ran in the bench's rounds too: the six programs are predicted by
+    # the model fitted to those rounds, every round's sample kept
+    rounds = row["calibration_bench"]
+    assert all(t > 0 for t in rounds["wall_s"]) and rounds["wall_s"] != refit["wall_s"]
+    assert set(row["predicted_choice_fit_s"]) == set(row["predicted_s"])
+    assert set(row["samples_s"]) == set(PROGRAMS)
+    assert all(len(s) == 2 for s in row["samples_s"].values())  # --rounds 2
+    assert row["measured_s"]["no_fusion"] == statistics.median(row["samples_s"]["no_fusion"])
     return row
 
 

@@ -25,11 +25,18 @@ touched). Every process of a job builds the step on the job's devices, then step
 This module adds:
 
 6. **bench**: the six programs (four baselines, ``bucketed``, DisCo's choice) run
-   interleaved in fresh rounds (so the choice's selection does not bias the figures);
-7. process 0 predicts every program with the cost model that ``optimize_step`` fitted
-   again on the fit's programs with their samples of step 5 pooled in
-   (:class:`~disco_jax.pipeline.optimize.Refit`; ``predicted_s``; the search's model's
-   predictions are kept as ``predicted_at_start_s``) and writes the row. With
+   interleaved in fresh rounds (so the choice's selection does not bias the figures),
+   the in-context fit's programs in the same rounds;
+7. process 0 fits the cost model again to the fit's programs' samples of those rounds
+   alone (``calibration_bench``) and predicts the six programs with it
+   (``predicted_s``): a prediction and its measurement then share the minutes they were
+   taken in, where on this shared VM one program moved by up to a fifth between the
+   profile and the bench's rounds of the same job. Kept beside it: the six programs under
+   the fit that ``optimize_step`` took again with step 5's samples pooled in
+   (:class:`~disco_jax.pipeline.optimize.Refit`, ``calibration_refit``;
+   ``predicted_choice_fit_s``; the final choice's candidates, ``choice.predicted_s``,
+   are priced by it, as they were measured in step 5) and under the search's own model
+   (``predicted_at_start_s``). The row keeps every round's sample (``samples_s``). With
    ``spec["compare_fused"]`` (GNN checkpoints) it predicts the final choice's
    candidates once more with that fit under each GNN as the fused-op estimator
    (``choice.predicted_by_estimator_s``: the same measurements under each estimator).
@@ -142,12 +149,15 @@ class _Bench(NamedTuple):
         best_bucketed: the hand-bucketing program of the choice's rounds with the lowest
             median (the ``bucketed`` column).
         same: the baseline whose program DisCo's choice is (None: a program of its own).
+        fit_samples: the in-context fit's programs' samples of the same rounds, named
+            ``fit:<name>`` (:data:`~disco_jax.pipeline.optimize.FIT_PREFIX`).
     """
 
     finals: dict[str, Any]
     samples: dict[str, list[float]]
     best_bucketed: str
     same: str | None
+    fit_samples: dict[str, list[float]]
 
 
 def _bench_rounds(spec: Mapping[str, Any], details: OptimizeDetails, sync: Any,
@@ -155,8 +165,11 @@ def _bench_rounds(spec: Mapping[str, Any], details: OptimizeDetails, sync: Any,
     """Step 6: the paper's four baselines, the best hand bucketing and DisCo's choice in
     fresh interleaved rounds, so that the choice's selection does not bias the figures.
     DisCo's choice may be a baseline's own program: then it is measured once, as that
-    baseline (two measurements of one program differ only by noise)."""
+    baseline (two measurements of one program differ only by noise). The in-context
+    fit's programs run in the same rounds, so that step 7 can fit the model to the
+    minutes the six programs were measured in."""
     from disco_jax.pipeline.choose import measure
+    from disco_jax.pipeline.optimize import FIT_PREFIX
     from hlo_tools import baselines as bl
 
     runs, choice = details.candidates.runs, details.choice
@@ -169,12 +182,15 @@ def _bench_rounds(spec: Mapping[str, Any], details: OptimizeDetails, sync: Any,
         finals["disco"] = runs[choice.name]
     say(f"choice: {choice.name}; bucketed: {best_bucketed}; measuring "
         f"{spec['rounds']} interleaved rounds")
-    samples = measure(finals, details.program.args, rounds=int(spec["rounds"]), sync=sync,
-                      tag="bench", min_sample_s=float(spec["min_sample_s"]), progress=say)
+    fits = {f"{FIT_PREFIX}{n}": r for n, r in (details.profile.runs or {}).items()}
+    samples = measure({**finals, **fits}, details.program.args, rounds=int(spec["rounds"]),
+                      sync=sync, tag="bench", min_sample_s=float(spec["min_sample_s"]),
+                      progress=say)
+    fit_samples = {n: samples.pop(n) for n in fits}
     if same is not None:
         samples["disco"] = samples[same]
         finals["disco"] = finals[same]
-    return _Bench(finals, samples, best_bucketed, same)
+    return _Bench(finals, samples, best_bucketed, same, fit_samples)
 
 
 def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], tuple[dict, dict]]:
@@ -260,7 +276,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     import jax
 
     from disco_jax.pipeline.choose import summarize_samples
-    from disco_jax.pipeline.optimize import optimize_step
+    from disco_jax.pipeline.optimize import optimize_step, refit
     from disco_jax.pipeline.sync import job_sync
     from hlo_tools import baselines as bl
 
@@ -308,31 +324,46 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                          "start_predicted_s": outcome.start_costs_s,
                          "top_predicted_s": [c for _, c in outcome.top]}
     at_start = details.costs
-    refit = details.refit
-    costs = refit.costs if refit is not None else at_start
-    if refit is not None and refit.calibration is not None:
-        row["calibration_refit"] = refit.calibration._asdict()
+    chosen = details.refit  # fitted again with the choice rounds' samples
+    choice_costs = chosen.costs if chosen is not None else at_start
+    bench_costs = choice_costs
+    if chosen is not None and chosen.calibration is not None:
+        row["calibration_refit"] = chosen.calibration._asdict()
+        rounds = refit(program, details.profile, at_start, cal, chosen.hardware,
+                       bench.fit_samples, say, keep=False, where="the bench rounds")
+        if rounds.calibration is not None:
+            row["calibration_bench"] = rounds.calibration._asdict()
+            bench_costs = rounds.costs
     say("predicting every program")
     predictions = _predictor(details, bench.best_bucketed)
-    predicted, pred_choice = predictions(costs)
-    start_predicted, start_choice = (predicted, pred_choice) if costs is at_start \
-        else predictions(at_start)
+    priced: dict[int, tuple[dict, dict]] = {}
+
+    def under(cm: Any) -> tuple[dict, dict]:
+        if id(cm) not in priced:
+            priced[id(cm)] = predictions(cm)
+        return priced[id(cm)]
+
+    predicted = under(bench_costs)[0]
+    choice_predicted, pred_choice = under(choice_costs)
+    start_predicted, start_choice = under(at_start)
     by_estimator = None
-    if spec.get("compare_fused") and refit is not None and cal is not None:
+    if spec.get("compare_fused") and chosen is not None and cal is not None:
         # the same measurements and candidates under other fused-op estimators
         from disco_estimator.gnn.estimator import GnnFusedEstimator
 
-        by_estimator = {type(costs.fused).__name__: pred_choice}
+        by_estimator = {type(choice_costs.fused).__name__: pred_choice}
         for path in spec["compare_fused"]:
             say(f"predicting every program again with the GNN of {path}")
-            other = refit.with_fused(program.module,
+            other = chosen.with_fused(program.module,
                                      GnnFusedEstimator.from_checkpoint(path))
             by_estimator[f"gnn:{Path(path).name}"] = predictions(other)[1]
     spread = {n: summarize_samples(bench.samples[n]) for n in PROGRAMS}
     row.update({
         "measured_s": {n: spread[n]["median_s"] for n in PROGRAMS},
         "spread_s": spread,
+        "samples_s": {n: bench.samples[n] for n in PROGRAMS},
         "predicted_s": predicted,
+        "predicted_choice_fit_s": choice_predicted,
         "predicted_at_start_s": start_predicted,
         "choice": {"disco": choice.name, "bucketed": bench.best_bucketed,
                    "disco_is": bench.same,

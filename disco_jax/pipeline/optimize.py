@@ -54,6 +54,7 @@ __all__ = [
     "Refit",
     "optimize_step",
     "predict_step",
+    "refit",
 ]
 
 #: Interleaved rounds of the final choice by measurement.
@@ -547,30 +548,33 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         say(f"choice: {choice.name} ({choice.medians_s[choice.name] * 1e3:.2f} ms measured{won})")
         details = None
         if keep_details:
-            refit = _refit(program, measured, costs, calibration, hardware, samples, say) \
+            again = refit(program, measured, costs, calibration, hardware, samples, say) \
                 if beside and costs is not None else None
             details = OptimizeDetails(program, measured, costs, calibration, searched, cands,
-                                      choice, samples, refit)
+                                      choice, samples, again)
         return Optimized(cands.enactments[choice.name], cands.runs[choice.name], report, details)
 
 
-def _refit(program: Program, measured: InContext, costs: Any, calibration: Any,
-           hardware: str, samples: Mapping[str, Sequence[float]],
-           say: Callable[[str], None]) -> Refit:
-    """The cost model fitted again with the fit's programs' samples of the final choice
-    (``fit:<name>``) pooled into the profile."""
+def refit(program: Program, measured: InContext, costs: Any, calibration: Any,
+          hardware: str, samples: Mapping[str, Sequence[float]],
+          say: Callable[[str], None], *, keep: bool = True, where: str = "the choice rounds"
+          ) -> Refit:
+    """The cost model fitted again with the fit's programs' samples taken later in the job
+    (``fit:<name>`` in ``samples``, :data:`FIT_PREFIX`) pooled into the profile
+    (``keep=False``: in place of the profile's, :func:`~disco_jax.pipeline.profile.pooled`).
+    ``where``: the rounds the samples come from, for the progress line."""
     from disco_jax.pipeline.fit import calibrate_in_context
     from disco_jax.pipeline.profile import pooled
 
     more = {n[len(FIT_PREFIX):]: s for n, s in samples.items() if n.startswith(FIT_PREFIX)}
-    profile = pooled(measured, more)
+    profile = pooled(measured, more, keep=keep)
     if calibration is None or not more:
         return Refit(costs, profile, None, hardware)
-    costs, refit = calibrate_in_context(costs, program.module, profile)
-    say(f"fit again with the choice rounds' samples: all-reduce D {refit.d_s * 1e3:.3f} "
-        f"ms, compute scale {refit.compute_scale:.2f}, fused-op scale "
-        f"{refit.fused_scale:.2f}")
-    return Refit(costs, profile, refit, hardware)
+    costs, fitted = calibrate_in_context(costs, program.module, profile)
+    say(f"fit again with {where}' samples: all-reduce D {fitted.d_s * 1e3:.3f} "
+        f"ms, compute scale {fitted.compute_scale:.2f}, fused-op scale "
+        f"{fitted.fused_scale:.2f}")
+    return Refit(costs, profile, fitted, hardware)
 
 
 class Predicted(NamedTuple):

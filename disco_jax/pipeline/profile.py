@@ -386,13 +386,16 @@ def _profile_runs(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any],
                      dict(runs), walls, one_profile)
 
 
-def pooled(measured: InContext, more: Mapping[str, Sequence[float]]) -> InContext:
+def pooled(measured: InContext, more: Mapping[str, Sequence[float]], *,
+           keep: bool = True) -> InContext:
     """``measured`` with more samples of its programs (by the names of
     :attr:`InContext.runs`, e.g. taken again beside other programs later in the job)
     pooled into its medians: a fit to the result describes the job's later minutes as
     well as its first (on this shared VM a program measured a minute apart moved by
-    5-17%, and every prediction of the step with it)."""
-    samples = {name: [*got, *more.get(name, ())]
+    5-17%, and every prediction of the step with it). ``keep=False``: the medians of
+    ``more`` alone, for the programs it has (a fit of the minutes ``more`` was taken in,
+    to compare with programs measured in the same rounds)."""
+    samples = {name: [*(got if keep or not more.get(name) else ()), *more.get(name, ())]
                for name, got in (measured.samples_s or {}).items()}
 
     def median(name: str, old: float | None) -> float | None:
