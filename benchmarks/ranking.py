@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -100,8 +101,6 @@ def allowed_tau(medians: list[float], samples: list[list[float]] | None,
     paired bootstrap over the rounds of ``samples`` (one list per program, a round's
     samples at one index), else each median drawn from a normal of the interquartile
     range's width over sqrt(rounds) (7 rounds)."""
-    import random
-
     rng = random.Random(seed)
     taus = []
     paired = samples is not None and len({len(s) for s in samples}) == 1 and samples[0]

@@ -395,7 +395,10 @@ def pooled(measured: InContext, more: Mapping[str, Sequence[float]], *,
     5-17%, and every prediction of the step with it). ``keep=False``: the medians of
     ``more`` alone, for the programs it has (a fit of the minutes ``more`` was taken in,
     to compare with programs measured in the same rounds)."""
-    samples = {name: [*(got if keep or not more.get(name) else ()), *more.get(name, ())]
+    def merged(got: Sequence[float], new: Sequence[float]) -> list[float]:
+        return [*got, *new] if keep or not new else list(new)
+
+    samples = {name: merged(got, more.get(name, ()))
                for name, got in (measured.samples_s or {}).items()}
 
     def median(name: str, old: float | None) -> float | None:
