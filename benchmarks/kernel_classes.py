@@ -190,8 +190,8 @@ def render(records: list[dict[str, Any]]) -> str:
             lines.append(f"{tag:12s} {r['setup']:12s} {name:12s} "
                          f"{ms(p['measured_s'])} {ms(p['predicted_s'])}  " + "  ".join(cells))
         cal = r["calibration"]
-        lines.append(f"{'':12s} fit: compute scale {cal['compute_scale']:.2f}, fused-op scale "
-                     f"{cal['fused_scale']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "
+        lines.append(f"{'':12s} fit: compute scale {cal['compute_scale']:.2f}, saving share "
+                     f"{cal['saving_share']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "
                      f"{cal['c_s_per_byte'] * 2**20 * 1e3:.2f} ms/MiB")
     lines.append("ms per iteration; priced: the fitted cost model's seconds of the class's "
                  "instructions; traced: process 0's trace")

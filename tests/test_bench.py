@@ -21,7 +21,7 @@ from disco_jax import zoo
 from disco_jax.cli.bench import render_table
 from disco_jax.pipeline.bench import PROGRAMS
 from disco_jax.pipeline.choose import choice_tiers, choose, decide, measure
-from disco_jax.pipeline.fit import FUSED_SCALE_BOUNDS, calibrate_in_context, in_context_costs
+from disco_jax.pipeline.fit import SAVING_SHARE_BOUNDS, calibrate_in_context, in_context_costs
 from disco_jax.pipeline.profile import profile_in_context
 from disco_jax.pipeline.search import search
 from hlo_tools import baselines as bl
@@ -128,9 +128,9 @@ def test_decide_makes_a_plan_beat_the_bucketing_that_beat_xla():
 
 def test_choice_tiers_name_the_incumbent_and_the_bucketing_and_leave_the_rest_last():
     names = ["plan_0", "bucketed_4MiB", "xla_default", "staged_k2_r1", "bucketed_one",
-             "op_fusion"]
-    assert choice_tiers(names) == (["xla_default"],
-                                   ["bucketed_4MiB", "bucketed_one", "op_fusion"])
+             "op_fusion", "allreduce_fusion"]
+    assert choice_tiers(names) == (["xla_default"], ["allreduce_fusion", "bucketed_4MiB",
+                                                     "bucketed_one", "op_fusion"])
     assert [P.bucketed_name(t) for t in P.BUCKET_THRESHOLDS] == [
         "bucketed_1MiB", "bucketed_4MiB", "bucketed_16MiB", "bucketed_64MiB", "bucketed_one"]
     samples = {"xla_default": [3.0] * 4, "bucketed_1MiB": [1.0] * 4, "plan_0": [1.1] * 4,
@@ -213,8 +213,8 @@ def test_a_lean_profile_times_xla_default_as_the_fused_program(vgg):
     assert cal.d_s == cal.tuple_latency_s == costs.hardware.allreduce.d_s
     assert cal.d_tuple_extra_s == 0.0
     assert cal.predicted_s[0] == pytest.approx(cal.wall_s[0], rel=0.05), cal
-    lo, hi = FUSED_SCALE_BOUNDS
-    if lo < cal.fused_scale < hi:
+    lo, hi = SAVING_SHARE_BOUNDS
+    if lo < cal.saving_share < hi:
         assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
 
 
@@ -239,10 +239,10 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert measured.fused is not None and measured.fused_wall_s > 0
     summary = bl.summary(measured.fused)
     assert summary["multi_op_fusions"] > 0 and summary["combined_all_reduces"] == 1, summary
-    lo, hi = FUSED_SCALE_BOUNDS
-    assert lo <= cal.fused_scale <= hi
-    assert costs.constants.fused_scale == cal.fused_scale
-    if lo < cal.fused_scale < hi:
+    lo, hi = SAVING_SHARE_BOUNDS
+    assert lo <= cal.saving_share <= hi
+    assert costs.constants.saving_share == cal.saving_share
+    if lo < cal.saving_share < hi:
         assert cal.fused_predicted_s == pytest.approx(cal.fused_wall_s, rel=0.1), cal
     # one process: the tuple probe ran on the 4 devices; each buffer of a combined
     # all-reduce pays its latency per buffer, C is the flat probe's
@@ -286,8 +286,8 @@ def _check_rows(path, setup):
     # before it in most choice rounds with a lower median
     choice = row["choice"]
     medians, name = choice["medians_s"], choice["disco"]
-    # every program a user could set by hand is a candidate
-    assert {"xla_default", "op_fusion"} <= set(medians) and any(
+    # every program a user could set by hand is a candidate, and XLA's combiner alone
+    assert {"xla_default", "op_fusion", "allreduce_fusion"} <= set(medians) and any(
         n.startswith("bucketed_") for n in medians), sorted(medians)
     if name != "xla_default":
         rival = choice["against"][name]

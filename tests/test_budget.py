@@ -221,7 +221,8 @@ def test_a_lean_profile_past_its_share_comes_after_the_baselines(monkeypatch):
     opt = optimize_step(step, args, time_budget_s=20.0, progress=lines.append,
                         bucket_thresholds=(1 << 20,), choice_rounds=1, top_k=1)
     assert any("time budget: baselines first" in line for line in lines), lines
-    assert {"xla_default", "op_fusion", "bucketed_1MiB"} <= set(opt.report.measured_s)
+    assert {"xla_default", "op_fusion", "allreduce_fusion",
+            "bucketed_1MiB"} <= set(opt.report.measured_s)
     profiled = [i for i, line in enumerate(lines) if line.startswith("profiling")]
     built = next(i for i, line in enumerate(lines) if "baselines first" in line)
     assert all(i > built for i in profiled)

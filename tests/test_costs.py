@@ -137,23 +137,41 @@ ENTRY e {
 """
 
 
-@pytest.mark.parametrize("scale", [3.0, 0.5])
-def test_fused_scale_on_written_fusions_and_plans(scale: float) -> None:
-    """The fitted fused-op scale multiplies a fusion XLA wrote; a plan's fusion group takes
-    it only below 1 (above 1 it carries the fitted program's time outside its kernels)."""
-    consts = dataclasses.replace(EXACT, fused_scale=scale)
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0, 3.0])
+def test_saving_share_prices_written_fusions_and_plans_alike(share: float) -> None:
+    """A kernel of two ops costs its parts (S = 4 + 6 us) less ``share`` of the saving
+    the estimator sees (S - R), whether XLA wrote the fusion or a plan fuses the two."""
+    consts = dataclasses.replace(EXACT, saving_share=share)
     times = {"b": 4e-6, "c": 6e-6}
     costs, module = _model(CHAIN, times, consts)
     graph = device_graph(module)
     b, c = _node(graph, "b"), _node(graph, "c")
     rule = FallbackFusedEstimator(costs).predict(graph, [b, c], [])
+    assert 2e-6 < rule < 10e-6  # the rule sees a saving
+    want = {0.0: 10e-6,  # nothing saved: the parts
+            0.5: (10e-6 + rule) / 2,
+            1.0: rule,  # the estimator's price
+            3.0: max(10e-6 - 3 * (10e-6 - rule), C.SAVING_FLOOR * rule)}[share]
     plan = P.fuse(P.FusionSpace(graph), P.initial_plan(graph), b, c)
     sim = sim_graph(graph, plan, costs)
-    assert sim.duration_s[sim.names.index("fusion(c)")] == pytest.approx(
-        rule * min(scale, 1.0), rel=1e-12)
+    assert sim.duration_s[sim.names.index("fusion(c)")] == pytest.approx(want, rel=1e-12)
     costs, written = _model(WRITTEN, times, consts)
     sim = sim_graph_from_module(written, costs)
-    assert sim.duration_s[sim.names.index("f")] == pytest.approx(rule * scale, rel=1e-12)
+    assert sim.duration_s[sim.names.index("f")] == pytest.approx(want, rel=1e-12)
+
+
+def test_saving_share_stops_at_the_floor() -> None:
+    """However large the share, a fused kernel costs at least ``SAVING_FLOOR`` of the
+    estimator's time: a share of 50 would price it below zero."""
+    times, consts = {"b": 4e-6, "c": 6e-6}, dataclasses.replace(EXACT, saving_share=50.0)
+    costs, chain = _model(CHAIN, times, consts)
+    graph = device_graph(chain)
+    rule = FallbackFusedEstimator(costs).predict(graph, [_node(graph, "b"),
+                                                         _node(graph, "c")], [])
+    costs, module = _model(WRITTEN, times, consts)
+    sim = sim_graph_from_module(module, costs)
+    assert sim.duration_s[sim.names.index("f")] == pytest.approx(C.SAVING_FLOOR * rule,
+                                                                 rel=1e-12)
 
 
 def test_duplicate_adds_the_copy_cost() -> None:
@@ -503,10 +521,9 @@ ENTRY %e (p0: f32[256], p1: f32[256]) -> (f32[256], f32[256]) {
 """
 
 
-def test_fused_scale_prices_kernels_of_several_ops_only() -> None:
-    """``fused_scale`` multiplies the estimate of a fusion of two ops (as XLA wrote it,
-    and as a plan's fusion group), not of one op XLA wrapped in a fusion nor a single op
-    of a plan."""
+def test_saving_share_prices_kernels_of_several_ops_only() -> None:
+    """``saving_share`` prices a fusion of two ops (as XLA wrote it, and as a plan's
+    fusion group), not one op XLA wrapped in a fusion nor a single op of a plan."""
     times = {"s": 4e-6, "m": 3e-6, "n": 2e-6}
 
     def durations(constants):
@@ -515,9 +532,9 @@ def test_fused_scale_prices_kernels_of_several_ops_only() -> None:
         return dict(zip(sg.names, sg.duration_s))
 
     base = durations(EXACT)
-    scaled = durations(dataclasses.replace(EXACT, fused_scale=2.5))
-    assert base["f2"] > 0 and scaled["f2"] == pytest.approx(2.5 * base["f2"])
-    assert scaled["f1"] == base["f1"] > 0
+    none = durations(dataclasses.replace(EXACT, saving_share=0.0))
+    assert base["f2"] < 7e-6 and none["f2"] == pytest.approx(4e-6 + 3e-6)  # s + m
+    assert none["f1"] == base["f1"] > 0
 
     def plan_durations(constants):
         costs, module = _model(CHAIN, {"a": 5e-6, "b": 4e-6, "c": 6e-6, "d": 3e-6},
@@ -528,21 +545,22 @@ def test_fused_scale_prices_kernels_of_several_ops_only() -> None:
         sg = sim_graph(graph, plan, costs)
         return dict(zip(sg.names, sg.duration_s))
 
-    base, scaled = plan_durations(EXACT), plan_durations(
-        dataclasses.replace(EXACT, fused_scale=0.5))
+    base, half = plan_durations(EXACT), plan_durations(
+        dataclasses.replace(EXACT, saving_share=0.5))
     fused = next(n for n in base if n.startswith("fusion("))
-    assert scaled[fused] == pytest.approx(0.5 * base[fused])
-    assert scaled["a"] == base["a"] and scaled["d"] == base["d"]
+    assert half[fused] == pytest.approx((base[fused] + 4e-6 + 6e-6) / 2)  # b + c
+    assert half["a"] == base["a"] and half["d"] == base["d"]
 
 
-def test_fused_scale_from_hardware_and_its_range(tmp_path) -> None:
-    assert C.BackendConstants.from_hardware(load_hardware("gloo2")).fused_scale == 1.0
+def test_saving_share_from_hardware_and_its_range(tmp_path) -> None:
+    assert C.BackendConstants.from_hardware(load_hardware("gloo2")).saving_share == 1.0
     text = (shipped_hardware_dir() / "inproc4.toml").read_text()
-    for value, ok in (("0.6", True), ("0", False), ("-1", False)):
+    for value, ok in (("0.6", True), ("-0.5", True), ("nan", False), ("inf", False)):
         path = tmp_path / f"h{value}.toml"
-        path.write_text(text + f"\n[costs]\nfused_scale = {value}\n")
+        path.write_text(text + f"\n[costs]\nsaving_share = {value}\n")
         if ok:
-            assert C.BackendConstants.from_hardware(load_hardware(path)).fused_scale == 0.6
+            got = C.BackendConstants.from_hardware(load_hardware(path)).saving_share
+            assert got == float(value)
         else:
             with pytest.raises(ValueError, match="invalid"):
                 C.BackendConstants.from_hardware(load_hardware(path))
@@ -1033,7 +1051,9 @@ def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
 
 def test_an_affine_simulation_is_the_simulation_at_every_point():
     """Two constants on disjoint nodes (compute scale, D) from three graphs, and the
-    fused-op scale alone from two: the same seconds as a cost model built at the point."""
+    saving share alone from two: the same seconds as a cost model built at the point
+    (for the share, where no kernel is at the floor: shares up to 1 keep every kernel
+    between its estimate and its parts)."""
 
     import jax
 
@@ -1047,13 +1067,13 @@ def test_an_affine_simulation_is_the_simulation_at_every_point():
 
     def model(scale: float, d: float, fused: float = 1.0) -> CostModel:
         ar = dataclasses.replace(base.hardware.allreduce, d_s=d)
-        consts = dataclasses.replace(base.constants, compute_scale=scale, fused_scale=fused)
+        consts = dataclasses.replace(base.constants, compute_scale=scale, saving_share=fused)
         return CostModel(dataclasses.replace(base.hardware, allreduce=ar),
                          op_times=base.op_times, constants=consts)
 
     at = affine_simulation(module, model, (1.0, 1e-4), (0.5, 5e-5))
     for x in ((1.0, 1e-4), (2.7, 3e-4), (0.4, 0.0)):
         assert at(*x) == pytest.approx(simulated_s(module, model(*x)), rel=1e-9)
-    fused = affine_simulation(module, lambda f: model(1.5, 2e-4, f), (1.0,), (0.5,))
-    for f in (0.2, 1.0, 3.3):
+    fused = affine_simulation(module, lambda f: model(1.5, 2e-4, f), (1.0,), (-0.5,))
+    for f in (-0.5, 0.2, 1.0):
         assert fused(f) == pytest.approx(simulated_s(module, model(1.5, 2e-4, f)), rel=1e-9)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -116,6 +117,11 @@ class _ByIdentity(Generic[_K, _V]):
 # --------------------------------------------------------------------------- constants
 
 
+#: A kernel of several ops costs at least this share of the fused-op estimator's time,
+#: whatever share of the saving it is granted (:attr:`BackendConstants.saving_share`).
+SAVING_FLOOR = 0.2
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendConstants:
     """Per-backend constants of the cost model.
@@ -127,7 +133,7 @@ class BackendConstants:
         kernel_launch_s = 1e-6    # fixed cost of one kernel (thunk), seconds
         mem_s_per_byte = 1e-10    # seconds per byte read or written by a kernel
         compute_scale = 2.0       # factor on every kernel time in the simulation
-        fused_scale = 1.0         # extra factor on the fused-op estimator's times
+        saving_share = 1.0        # share of the estimated fusion saving a kernel gets
         copy_s_per_byte = 5e-11   # seconds per byte of a bucket's copies
 
     Attributes:
@@ -146,17 +152,19 @@ class BackendConstants:
             shows up as gaps between its kernels, not in them). The default is
             therefore ``max(1, devices_per_process / host_cpus)`` on CPU, 1 elsewhere.
         source: where the values come from.
-        fused_scale: factor on the fused-op estimator's time of every kernel of several
-            ops that XLA wrote (not a single op XLA wrapped in a fusion, nor a library
-            fusion's body), on top of ``compute_scale``; a plan's fusion groups take it
-            only where it is below 1. Fitted in context to XLA's fused program
-            (:func:`disco_jax.pipeline.fit.calibrate_in_context`); 1 by default. Below
-            1 it says that fused kernels run faster than the rule prices them (they move
-            less memory through the caches the job's other devices share), which holds
-            for a plan's fusions too. Above 1 it holds what that one program spent
-            outside its priced kernels, spread over its fusions; charged to each fusion of
-            a plan it would price every fusion above its members, and the search would
-            keep its start plans unchanged.
+        saving_share: the share ``k`` of its estimated saving that a kernel of several
+            ops gets -- a fusion XLA wrote or a plan's fusion group; not a single op XLA
+            wrapped in a fusion, nor a library fusion's body. With ``S`` the sum of its
+            members' times (and their duplicates') and ``R`` the fused-op estimator's
+            time, the kernel costs ``max(S - k * (S - R), SAVING_FLOOR * R)``: 1 is the
+            estimator's price, 0 prices the kernel at its unfused parts, above 1 fusion
+            saves more than the estimator says. One share prices XLA's fusions and a
+            plan's alike, so the search ranks its plans against XLA's program on the
+            same scale (a factor on ``R`` did not: fitted above 1 it priced every plan
+            fusion above its members, and capped at 1 for plans it priced plans up to 46%
+            fast -- docs/findings.md, "A share of the saving"). Fitted in context to
+            XLA's fused program (:func:`disco_jax.pipeline.fit.calibrate_in_context`); 1
+            by default.
         copy_s_per_byte: seconds per byte read or written by the copies of an AllReduce
             bucket (the concatenate into its flat buffer, the slices out of it; None:
             ``mem_s_per_byte``). Measured in context on the one-bucket program
@@ -171,7 +179,7 @@ class BackendConstants:
     mem_s_per_byte: float
     source: str = "default"
     compute_scale: float = 1.0
-    fused_scale: float = 1.0
+    saving_share: float = 1.0
     copy_s_per_byte: float | None = None
 
     #: Defaults per platform family: ``(overlap, kernel_launch_s, mem_s_per_byte)``.
@@ -215,10 +223,10 @@ class BackendConstants:
                   float(table.get("mem_s_per_byte", base.mem_s_per_byte)),
                   f"{hardware.name}.toml [costs]" if table else base.source,
                   float(table.get("compute_scale", shared)),
-                  float(table.get("fused_scale", 1.0)),
+                  float(table.get("saving_share", 1.0)),
                   float(table["copy_s_per_byte"]) if "copy_s_per_byte" in table else None)
         if (not 0.0 <= out.overlap <= 1.0 or out.kernel_launch_s < 0 or out.mem_s_per_byte < 0
-                or out.compute_scale <= 0 or out.fused_scale <= 0
+                or out.compute_scale <= 0 or not math.isfinite(out.saving_share)
                 or (out.copy_s_per_byte is not None and out.copy_s_per_byte < 0)):
             raise ValueError(f"invalid [costs] in hardware {hardware.name!r}: {out}")
         return out
@@ -287,13 +295,11 @@ class GraphCosts:
         self.users = graph.users
         #: (members, copies[, outputs]) -> (seconds, output bytes, name)
         self.fused_cache: dict[tuple, tuple[float, int, str]] = {}
-        #: factor on the estimator's times: the fused-op scale on a fusion XLA wrote, none
-        #: inside a library fusion's body, at most 1 on a plan's groups
-        #: (:attr:`BackendConstants.fused_scale`)
-        f, name = costs.constants.fused_scale, graph.computation.name
-        self.fused_scale = (1.0 if name in costs._library_bodies(graph.module)
-                            else f if name in costs._fusion_bodies(graph.module)
-                            else min(f, 1.0))
+        #: the share of a kernel's estimated saving it gets: the fitted share on a fusion
+        #: XLA wrote and on a plan's groups, the estimator's price (1) inside a library
+        #: fusion's body (:attr:`BackendConstants.saving_share`)
+        f, name = costs.constants.saving_share, graph.computation.name
+        self.saving_share = 1.0 if name in costs._library_bodies(graph.module) else f
 
     # -- static arrays
 
@@ -362,9 +368,11 @@ class GraphCosts:
         members = key[0]
         outs = self.outputs(members) if len(key) == 2 else key[2]
         out = int(sum(self.write_bytes[m] for m in outs))
-        if self.fused_scale != 1.0 and (
+        if self.saving_share != 1.0 and (
                 len(key[1]) or np.count_nonzero(self.time_s[list(members)]) > 1):
-            t *= self.fused_scale  # a kernel of several ops (not one op XLA wrapped)
+            # a kernel of several ops (not one op XLA wrapped): its parts less the share
+            whole = float(self.time_s[list(members)].sum() + self.time_s[list(key[1])].sum())
+            t = max(whole - self.saving_share * (whole - t), SAVING_FLOOR * t)
         hit = (t, out, f"fusion({self.graph.names[members[-1]]})")
         self.fused_cache[key] = hit
         return hit
@@ -652,7 +660,7 @@ class CostModel:
         c = self.constants
         return {"hardware": self.hardware.name, "overlap": c.overlap,
                 "kernel_launch_s": c.kernel_launch_s, "mem_s_per_byte": c.mem_s_per_byte,
-                "compute_scale": c.compute_scale, "fused_scale": c.fused_scale,
+                "compute_scale": c.compute_scale, "saving_share": c.saving_share,
                 "copy_s_per_byte": c.copy_s_per_byte,
                 "constants_source": c.source, "measured_op_keys": len(self.op_times),
                 "fused_estimator": type(self.fused).__name__,

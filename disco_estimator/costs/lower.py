@@ -323,8 +323,8 @@ def affine_simulation(module: HloModule, model: Callable[..., CostModel],
     """Simulated seconds per iteration of ``module`` as written, as a function of
     constants of the cost model that every node's duration is affine in, jointly: the
     compute scale (it multiplies every compute node) with the all-reduce's ``C`` and
-    ``D`` (communication nodes only), or the fused-op scale alone (it multiplies the
-    estimator's part of a fusion; with the compute scale it is a product).
+    ``D`` (communication nodes only), or the saving share alone (a fused kernel's price
+    falls affinely in it down to a floor; with the compute scale it is a product).
 
     The module's :class:`SimGraph` is built at ``x0`` and once more per constant,
     ``steps[i]`` away in the ``i``-th; any other values then cost one simulation, not a

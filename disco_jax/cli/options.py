@@ -418,7 +418,7 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
     return costs, {"profiled": True, "devices": len(measured.profile.per_device_s) or 1,
                    "platform": platform, "wall_s": wall, "predicted_s": predicted,
                    "d_s": cal.d_s, "compute_scale": cal.compute_scale,
-                   "fused_scale": cal.fused_scale, "d_tuple_extra_s": cal.d_tuple_extra_s,
+                   "saving_share": cal.saving_share, "d_tuple_extra_s": cal.d_tuple_extra_s,
                    "copy_s_per_byte": cal.copy_s_per_byte}
 
 

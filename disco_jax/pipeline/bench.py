@@ -13,9 +13,9 @@ touched). Every process of a job builds the step on the job's devices, then step
 3. process 0 searches (:func:`disco_jax.pipeline.search.plans_for_choice`); the best few
    plans go to every process (as JSON through the job's coordinator);
 4. it compiles the candidates (the plans as the backend's route allows, XLA's default,
-   ``op_fusion``, every distinct program of the ``bucketed`` sweep, staged programs) and
-   the paper's other baselines (:mod:`hlo_tools.baselines`: ``no_fusion``,
-   ``allreduce_fusion``), which are not candidates;
+   ``op_fusion``, ``allreduce_fusion``, every distinct program of the ``bucketed``
+   sweep, staged programs) and the paper's other baseline (:mod:`hlo_tools.baselines`:
+   ``no_fusion``), which is not a candidate;
 5. **final choice**: the candidates run interleaved for a few rounds and the choice
    climbs tiers (:func:`disco_jax.pipeline.choose.decide`: XLA's default, then hand
    bucketing, then DisCo's programs, each replacing the choice only when it wins most
@@ -204,6 +204,7 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
         simulate_plan,
     )
     from disco_estimator.costs.simulator import full_overlap_bound
+    from disco_jax.pipeline.candidates import CANDIDATE_BASELINES
     from hlo_tools import baselines as bl
 
     cands, graph, name = details.candidates, details.program.graph, details.choice.name
@@ -228,8 +229,7 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
         pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
         pred_swept = {n: predict_module(compiled[n], cm) for n in swept}
         pred_choice = {**pred_bucketed, **pred_swept, **pred_plans, **pred_staged,
-                       "op_fusion": predicted["op_fusion"],
-                       "xla_default": predicted["xla_default"]}
+                       **{n: predicted[n] for n in CANDIDATE_BASELINES}}
         predicted["disco"] = pred_choice[name]
         # FO: the chosen program with every AllReduce hidden (its full-overlap bound),
         # under the model that priced it: a staged program's under the staged model
@@ -275,6 +275,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     elsewhere."""
     import jax
 
+    from disco_jax.pipeline.candidates import CANDIDATE_BASELINES
     from disco_jax.pipeline.choose import summarize_samples
     from disco_jax.pipeline.optimize import optimize_step, refit
     from disco_jax.pipeline.sync import job_sync
@@ -291,7 +292,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         min_sample_s=float(spec["min_sample_s"]), seed=int(spec["seed"]),
         predict_baselines=False, search_s=float(spec["time_budget_s"]),
         fused_estimator=_fused_choice(spec), progress=say,
-        extra_baselines=[b for b in bl.BASELINES if b not in ("xla_default", "op_fusion")],
+        extra_baselines=[b for b in bl.BASELINES if b not in CANDIDATE_BASELINES],
         remeasure_fit=True, staged_top=int(spec.get("staged_top", 3)),
         chunk_bytes=spec.get("chunk_bytes", "default"), keep_labels=False,
         keep_details=True, profile=spec.get("profile"))
@@ -300,7 +301,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                                    details.calibration)
     if cal is not None:
         say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
-            f"{cal.compute_scale:.2f}, fused-op scale {cal.fused_scale:.2f}, extra "
+            f"{cal.compute_scale:.2f}, saving share {cal.saving_share:.2f}, extra "
             f"latency per buffer of a combined all-reduce "
             f"{cal.d_tuple_extra_s * 1e3:.3f} ms, bucket copies "
             f"{_gb_per_s(cal.copy_s_per_byte)} ({_fitted_programs(cal)})")

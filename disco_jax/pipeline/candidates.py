@@ -16,6 +16,7 @@ from disco_jax.pipeline.program import Program
 from disco_jax.pipeline.sync import SOLO, Sync
 
 __all__ = [
+    "CANDIDATE_BASELINES",
     "STAGED_COMPILES",
     "STAGED_MEASURE_S",
     "Candidates",
@@ -26,6 +27,12 @@ __all__ = [
     "staged_candidates",
     "staged_compiles",
 ]
+
+#: XLA's programs that join the final choice beside the plans and hand bucketing: its
+#: default, its fusion with no combining, and its combiner with nothing fused (where
+#: fused kernels run slower beside the job's other devices than their parts, the last
+#: is the fastest program; docs/findings.md, "A share of the saving").
+CANDIDATE_BASELINES: tuple[str, ...] = ("xla_default", "op_fusion", "allreduce_fusion")
 
 
 class Candidates(NamedTuple):
@@ -103,7 +110,7 @@ def baseline_program(program: Program, options: Mapping[str, Any]) -> Any:
 
 
 def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
-                     baselines: Sequence[str] = ("xla_default", "op_fusion"),
+                     baselines: Sequence[str] = CANDIDATE_BASELINES,
                      bucket_thresholds: Sequence[int | None] | None = None,
                      staged: Sequence[Any] = (), costs: Any = None, sync: Sync = SOLO,
                      say: Callable[[str], None] | None = None, staged_top: int = 3,

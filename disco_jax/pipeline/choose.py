@@ -195,12 +195,13 @@ def choice_tiers(names: Iterable[str]) -> tuple[list[str], list[str]]:
     :func:`hlo_tools.plan.bucketed_name`), XLA's combiner at another threshold
     (``xla_combine_*``, :func:`hlo_tools.baselines.combine_threshold_name`) or XLA's
     fusion with no combining at all (``op_fusion``: each gradient's all-reduce on its
-    own, which a program with spare pool threads can run beside the backward pass); every
+    own, which a program with spare pool threads can run beside the backward pass) or
+    its combiner with no fusion (``allreduce_fusion``); every
     other program -- DisCo's plans and staged programs -- is in no tier, so forms the last
     one."""
     return ["xla_default"], sorted(n for n in names
                                    if n.startswith(("bucketed_", "xla_combine_"))
-                                   or n == "op_fusion")
+                                   or n in ("op_fusion", "allreduce_fusion"))
 
 
 def choose(runs: Mapping[str, Callable[..., Any]], args: Sequence[Any], *, rounds: int = 5,

@@ -1,6 +1,6 @@
 """The cost model of a step in the setup it runs in: op times from the in-context
 profile first, then standalone timings, then the analytic model; the all-reduce latency,
-compute scale, fused-op scale and bucket-copy rate fitted to the profile's measured
+compute scale, saving share and bucket-copy rate fitted to the profile's measured
 iterations."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = [
     "COPY_RATE_BOUNDS",
     "C_BOUNDS",
     "COMPUTE_SCALE_BOUNDS",
-    "FUSED_SCALE_BOUNDS",
+    "SAVING_SHARE_BOUNDS",
     "Calibration",
     "CompiledFit",
     "bucket_copies",
@@ -110,8 +110,9 @@ class Calibration(NamedTuple):
         compute_scale: the factor on every compute node.
         wall_s: ``(no fusion, one bucket)`` measured seconds per iteration.
         predicted_s: ``(no fusion, one bucket)`` predicted after the fit, seconds.
-        fused_scale: the factor on fused-op estimates (1.0 when XLA's fused program was
-            not measured).
+        saving_share: the share of their estimated saving that kernels of several ops
+            get (:attr:`~disco_estimator.costs.cost_model.BackendConstants.saving_share`;
+            1.0 when XLA's fused program was not measured).
         fused_wall_s: XLA's default program, measured seconds per iteration
             (None: not measured).
         fused_predicted_s: the same, predicted after the fit (None: not measured).
@@ -134,7 +135,7 @@ class Calibration(NamedTuple):
     compute_scale: float
     wall_s: tuple[float, float | None]
     predicted_s: tuple[float, float | None]
-    fused_scale: float = 1.0
+    saving_share: float = 1.0
     fused_wall_s: float | None = None
     fused_predicted_s: float | None = None
     d_tuple_extra_s: float = 0.0
@@ -143,8 +144,8 @@ class Calibration(NamedTuple):
     c_s_per_byte: float | None = None
 
 
-#: Range of the fitted fused-op scale.
-FUSED_SCALE_BOUNDS = (0.2, 5.0)
+#: Range of the fitted saving share (below 0: fusion costs more than its parts).
+SAVING_SHARE_BOUNDS = (-3.0, 5.0)
 
 #: Range of the measured seconds per byte of a bucket's copies (0.5-500 GB/s).
 COPY_RATE_BOUNDS = (2e-12, 2e-9)
@@ -206,7 +207,7 @@ def bucket_copy_rate(costs: CostModel, module: HloModule) -> float | None:
 
 def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext, *,
                          bench: bool = True) -> tuple[CostModel, Calibration]:
-    """Fits the all-reduce latency ``D``, the compute scale and the fused-op scale to the
+    """Fits the all-reduce latency ``D``, the compute scale and the saving share to the
     programs measured in context (:func:`profile_in_context`).
 
     1. ``D`` and the compute scale, from two programs: no fusion with every gradient on
@@ -222,13 +223,14 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`, within
        :data:`C_BOUNDS` of the hardware file's); the file's where the probe was not
        measured. A ``C`` that misses what the job's link does would leave its error to
-       the scales fitted after it (docs/findings.md, "The fused-op scale held the
+       the scales fitted after it (docs/findings.md, "The saving share held the
        all-reduce's error").
-    2. The fused-op scale (:attr:`~disco_estimator.costs.cost_model.BackendConstants.fused_scale`),
+    2. The saving share (:attr:`~disco_estimator.costs.cost_model.BackendConstants.saving_share`),
        from XLA's default compilation of the step, when it was measured: the same
        computation, fused as XLA fuses, its all-reduces combined as XLA combines them
-       (priced with 3.'s latency per buffer). Its simulated time is affine in the scale:
-       solved once and refined once, clamped to :data:`FUSED_SCALE_BOUNDS`. XLA's fusion
+       (priced with 3.'s latency per buffer). Its simulated time falls affinely as the
+       share grows (until kernels reach the cost model's floor): solved once and refined
+       once, clamped to :data:`SAVING_SHARE_BOUNDS`. XLA's fusion
        of the one-bucket program would add its flat bucket's copies and all-reduce,
        which XLA's fusion slows down beyond their unfused price, to what the scale
        measures.
@@ -254,7 +256,7 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     program) has one program to fit the compute scale to and none to tell ``D`` apart
     from it: ``D`` is then the tuple probe's latency per buffer (the hardware file's
     where it was not measured), the compute scale is fitted to the no-fusion program
-    alone, and ``C`` and the fused-op scale are as in 1. and 2.
+    alone, and ``C`` and the saving share are as in 1. and 2.
 
     With ``bench``, ops of XLA's programs that no measurement covers are timed
     standalone first (:func:`~disco_estimator.costs.cost_model.cover`, before any fit, so
@@ -283,25 +285,28 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     # another estimator (the GNN) carries over: its member times are the same op times
     estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
-    def model(scale: float, d: float, fused: float = costs.constants.fused_scale,
+    def model(scale: float, d: float, fused: float = costs.constants.saving_share,
               extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
         ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra,
                                  c_s_per_byte=c)
-        consts = dataclasses.replace(costs.constants, compute_scale=scale, fused_scale=fused,
+        consts = dataclasses.replace(costs.constants, compute_scale=scale, saving_share=fused,
                                      copy_s_per_byte=copy or costs.constants.copy_s_per_byte,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
                          op_times=costs.op_times, constants=consts, fused=estimator)
 
     def fit_fused(scale: float, d: float, extra: float) -> tuple[float, float | None]:
-        """The fused-op scale that prices XLA's fused program at its measured time."""
-        fused = costs.constants.fused_scale
+        """The saving share that prices XLA's fused program at its measured time."""
+        fused = costs.constants.saving_share
         if not has_fused:
             return fused, None
-        at = affine_simulation(measured.fused, lambda f: model(scale, d, f, extra),
-                               (fused,), (0.5 * fused,))
-        return _fit_affine(at, measured.fused_wall_s, fused, lambda f: 0.5 * f,
-                           *FUSED_SCALE_BOUNDS)
+        at = affine_simulation(measured.fused, lambda k: model(scale, d, k, extra),
+                               (fused,), (-0.5,))
+        # solved for the share not granted (1 - share), in which the time grows
+        lo, hi = SAVING_SHARE_BOUNDS
+        kept, got = _fit_affine(lambda u: at(1.0 - u), measured.fused_wall_s, 1.0 - fused,
+                                lambda u: 0.5, 1.0 - hi, 1.0 - lo)
+        return 1.0 - kept, got
 
     if measured.lean:
         d = d0 if per_buffer is None else per_buffer

@@ -183,8 +183,9 @@ def _predictions(cands: Any, runs: Mapping[str, Any], searched: Any, costs: Any,
                  baselines: bool) -> dict[str, float | None]:
     """Every candidate's (``runs``') predicted seconds: the search's for its plans, the
     staged cost model's for staged programs, and (``baselines``) the simulation of XLA's
-    compiled program for hand bucketing, XLA's default and op fusion."""
+    compiled program for hand bucketing and XLA's candidate baselines."""
     from disco_estimator.costs.lower import predict_module
+    from disco_jax.pipeline.candidates import CANDIDATE_BASELINES
     from hlo_tools import baselines as bl
 
     predicted: dict[str, float | None] = {name: None for name in runs}
@@ -194,7 +195,7 @@ def _predictions(cands: Any, runs: Mapping[str, Any], searched: Any, costs: Any,
         predicted.update(zip(cands.plans, (c for _, c in searched.outcome.top)))
     if baselines:
         for name, run in runs.items():
-            if name.startswith("bucketed") or name in ("xla_default", "op_fusion"):
+            if name.startswith("bucketed") or name in CANDIDATE_BASELINES:
                 predicted[name] = predict_module(bl.module_from_compiled(run), costs)
     return predicted
 
@@ -402,7 +403,12 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
 
     from disco_estimator.costs.fused_choice import choose_fused_estimator
     from disco_jax.pipeline.budget import FULL, LEAN, PLAN_COMPILES, Budget
-    from disco_jax.pipeline.candidates import baseline_program, build_candidates, enactment_route
+    from disco_jax.pipeline.candidates import (
+        CANDIDATE_BASELINES,
+        baseline_program,
+        build_candidates,
+        enactment_route,
+    )
     from disco_jax.pipeline.choose import choice_tiers, decide, measure
     from disco_jax.pipeline.fit import default_hardware
     from disco_jax.pipeline.program import lower_program
@@ -413,8 +419,9 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
     say = progress or (lambda text: None)
     if top_k < 1 or choice_rounds < 1:
         raise ValueError(f"top_k and choice_rounds must be >= 1, got {top_k}, {choice_rounds}")
-    if set(extra_baselines) & {"xla_default", "op_fusion"}:
-        raise ValueError("xla_default and op_fusion are candidates, not extra_baselines")
+    if set(extra_baselines) & set(CANDIDATE_BASELINES):
+        raise ValueError(f"{', '.join(CANDIDATE_BASELINES)} are candidates, not "
+                         "extra_baselines")
     if profile not in (None, FULL, LEAN):
         raise ValueError(f"profile must be {FULL!r} or {LEAN!r}, got {profile!r}")
     # in a job, process 0 compiles each program and the others load it: compiles of
@@ -448,7 +455,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         cand_args = {"bucket_thresholds": bucket_thresholds, "sync": sync, "say": say,
                      "staged_top": staged_top, "chunk_bytes": chunk_bytes, "budget": budget,
                      "choice_rounds": choice_rounds}
-        baselines = ("xla_default", "op_fusion", *extra_baselines)
+        baselines = (*CANDIDATE_BASELINES, *extra_baselines)
         if budget.limited or level == LEAN:  # XLA's default first: its compile prices the profile
             t_default = time.perf_counter()
             compiled_already["xla_default"] = baseline_program(
@@ -572,8 +579,8 @@ def refit(program: Program, measured: InContext, costs: Any, calibration: Any,
         return Refit(costs, profile, None, hardware)
     costs, fitted = calibrate_in_context(costs, program.module, profile)
     say(f"fit again with {where}' samples: all-reduce D {fitted.d_s * 1e3:.3f} "
-        f"ms, compute scale {fitted.compute_scale:.2f}, fused-op scale "
-        f"{fitted.fused_scale:.2f}")
+        f"ms, compute scale {fitted.compute_scale:.2f}, saving share "
+        f"{fitted.saving_share:.2f}")
     return Refit(costs, profile, fitted, hardware)
 
 

@@ -44,7 +44,7 @@ class InContext(NamedTuple):
             profile).
         one_bucket_wall_s: its untraced seconds per iteration (None: a lean profile).
         fused: XLA's default compilation of the step, as the module XLA runs (None: not
-            measured): the fit's program for the fused-op scale.
+            measured): the fit's program for the saving share.
         fused_wall_s: its untraced seconds per iteration (None: not measured).
         tuple_buffers: how many buffers the tuple probe's all-reduce has: the program's
             gradients, each its own buffer of one all-reduce, as XLA's combiner writes
