@@ -371,7 +371,7 @@ class GraphCosts:
         if self.saving_share != 1.0 and (
                 len(key[1]) or np.count_nonzero(self.time_s[list(members)]) > 1):
             # a kernel of several ops (not one op XLA wrapped): its parts less the share
-            whole = float(self.time_s[list(members)].sum() + self.time_s[list(key[1])].sum())
+            whole = float(self.time_s[[*members, *key[1]]].sum())
             t = max(whole - self.saving_share * (whole - t), SAVING_FLOOR * t)
         hit = (t, out, f"fusion({self.graph.names[members[-1]]})")
         self.fused_cache[key] = hit

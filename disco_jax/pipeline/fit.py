@@ -223,8 +223,8 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        per byte beyond the tuple probe's latency per buffer (:func:`flat_rate`, within
        :data:`C_BOUNDS` of the hardware file's); the file's where the probe was not
        measured. A ``C`` that misses what the job's link does would leave its error to
-       the scales fitted after it (docs/findings.md, "The saving share held the
-       all-reduce's error").
+       the scales fitted after it (docs/findings.md, "The fused-op scale held the
+       all-reduce's error", the saving share's predecessor).
     2. The saving share (:attr:`~disco_estimator.costs.cost_model.BackendConstants.saving_share`),
        from XLA's default compilation of the step, when it was measured: the same
        computation, fused as XLA fuses, its all-reduces combined as XLA combines them
@@ -285,11 +285,11 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     # another estimator (the GNN) carries over: its member times are the same op times
     estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
-    def model(scale: float, d: float, fused: float = costs.constants.saving_share,
+    def model(scale: float, d: float, share: float = costs.constants.saving_share,
               extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
         ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra,
                                  c_s_per_byte=c)
-        consts = dataclasses.replace(costs.constants, compute_scale=scale, saving_share=fused,
+        consts = dataclasses.replace(costs.constants, compute_scale=scale, saving_share=share,
                                      copy_s_per_byte=copy or costs.constants.copy_s_per_byte,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
@@ -297,15 +297,15 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     def fit_fused(scale: float, d: float, extra: float) -> tuple[float, float | None]:
         """The saving share that prices XLA's fused program at its measured time."""
-        fused = costs.constants.saving_share
+        share = costs.constants.saving_share
         if not has_fused:
-            return fused, None
-        at = affine_simulation(measured.fused, lambda k: model(scale, d, k, extra),
-                               (fused,), (-0.5,))
-        # solved for the share not granted (1 - share), in which the time grows
+            return share, None
+        # solved for the share not granted, u = 1 - share, in which the time grows
+        at = affine_simulation(measured.fused, lambda u: model(scale, d, 1.0 - u, extra),
+                               (1.0 - share,), (0.5,))
         lo, hi = SAVING_SHARE_BOUNDS
-        kept, got = _fit_affine(lambda u: at(1.0 - u), measured.fused_wall_s, 1.0 - fused,
-                                lambda u: 0.5, 1.0 - hi, 1.0 - lo)
+        kept, got = _fit_affine(at, measured.fused_wall_s, 1.0 - share, lambda u: 0.5,
+                                1.0 - hi, 1.0 - lo)
         return 1.0 - kept, got
 
     if measured.lean:
@@ -314,9 +314,9 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
         scale, got_nf = _fit_affine(at, measured.wall_s, s0, lambda k: 0.5 * k,
                                     0.25 * s0, 8.0 * s0)
         extra = costs.hardware.allreduce.d_tuple_extra_s if per_buffer is None else 0.0
-        fused, fused_got = fit_fused(scale, d, extra)
-        return model(scale, d, fused, extra), Calibration(
-            d, scale, (measured.wall_s, None), (got_nf, None), fused, measured.fused_wall_s,
+        share, fused_got = fit_fused(scale, d, extra)
+        return model(scale, d, share, extra), Calibration(
+            d, scale, (measured.wall_s, None), (got_nf, None), share, measured.fused_wall_s,
             fused_got, extra, per_buffer, None, c)
 
     modules = (module, measured.one_bucket)
@@ -344,10 +344,10 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     extra = costs.hardware.allreduce.d_tuple_extra_s
     if per_buffer is not None:
         extra = per_buffer - float(x[1])
-    fused, fused_got = fit_fused(*x, extra)  # XLA's default combines its all-reduces
-    cm = model(*x, fused, extra)
+    share, fused_got = fit_fused(*x, extra)  # XLA's default combines its all-reduces
+    cm = model(*x, share, extra)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
-                           (float(got[0]), float(got[1])), fused,
+                           (float(got[0]), float(got[1])), share,
                            measured.fused_wall_s, fused_got, extra, per_buffer, copy, c)
 
 
