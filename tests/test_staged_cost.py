@@ -82,6 +82,16 @@ def test_fit_recovers_the_costs_it_was_measured_with():
     assert fit(100.0).overlap == 0.0 and fit(0.1).overlap == 1.0
 
 
+def test_fit_bounds_the_per_stage_cost_by_the_shortest_stage():
+    # one stage holds all the modelled work: stage sums (0, 0, 4, 0), measured (1, 3, 5, 1)
+    node_s = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0])
+    got = fit_assignment(GRAPH, ASSIGN, node_s, [1.0, 3.0, 5.0, 1.0], [1.0, 1.0], 10.0)
+    # the three empty stages alone, in relative error: (1 + 1/3 + 1) / (1 + 1/9 + 1)
+    # = 1.105 per stage (absolute error: their mean, 5/3), above the shortest stage's 1 s;
+    # bounded at 1 s, stage 2 then gives the scale (5 - 1) / 4 = 1
+    assert (got.stage_s, got.compute_scale) == pytest.approx((1.0, 1.0))
+
+
 def test_layouts_split_the_gradients_in_order():
     order = [10, 11, 12, 13, 14, 15, 16, 17]
     graph = SimpleNamespace(out_bytes={a: 1000 for a in order})

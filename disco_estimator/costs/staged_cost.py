@@ -182,8 +182,8 @@ def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Se
             when the buckets differ enough in size.
 
     Returns:
-        ``compute_scale`` and ``stage_s`` by least squares over the stages (``stage_s``
-        clamped at 0), ``c_s_per_byte`` and ``d_s`` over the buckets, and the
+        ``compute_scale`` and ``stage_s`` by least squares in relative error over the
+        stages (``0 <= stage_s <=`` the shortest stage's seconds), ``c_s_per_byte`` and ``d_s`` over the buckets, and the
         ``overlap`` at which the simulated step takes ``total_s`` (bisection; 1 when
         even full overlap is slower, 0 when even none is faster).
     """
@@ -200,11 +200,7 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
     model = np.zeros(assign.num_stages)
     mask = stage >= 0
     np.add.at(model, stage[mask], np.asarray(node_s, np.float64)[mask])
-    measured = np.asarray(stage_s, np.float64)
-    a = np.stack([model, np.ones_like(model)], axis=1)
-    (scale, per_stage), *_ = np.linalg.lstsq(a, measured, rcond=None)
-    if per_stage < 0 or scale <= 0:
-        scale, per_stage = float(measured.sum() / max(model.sum(), 1e-12)), 0.0
+    scale, per_stage = _fit_stages(model, np.asarray(stage_s, np.float64))
     nbytes = np.asarray([b.length * _itemsize(b.element_type) for b in assign.comm], float)
     times = np.asarray(comm_s, np.float64)
     if d_s is None and len(nbytes) > 1 and nbytes.max() > 2 * nbytes.min():
@@ -227,6 +223,29 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
         else:
             hi = mid
     return costs._replace(overlap=(lo + hi) / 2)
+
+
+def _fit_stages(model: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """``compute_scale`` and ``stage_s`` such that ``scale * model + stage_s`` fits the
+    measured stage seconds in relative error, with ``0 <= stage_s <= min(measured)``.
+
+    Relative, because a step's stages span two orders of magnitude (a few ms of post
+    stages beside the pre stages' tens): in absolute error the long stages' spread sets
+    the intercept, which then charges every short stage more than it measured, and a
+    layout with more stages than the measured one is priced slow by that much per stage.
+    No stage costs less than its dispatch, hence the upper bound.
+    """
+    y = np.maximum(measured, 1e-12)
+    a = np.stack([model, np.ones_like(model)], axis=1) / y[:, None]
+    (scale, per_stage), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    bounded = float(np.clip(per_stage, 0.0, measured.min()))
+    if bounded != per_stage or scale <= 0:  # the scale's best with the bounded intercept
+        r = model / y
+        scale = float((r * (1.0 - bounded / y)).sum() / max((r * r).sum(), 1e-300))
+        per_stage = bounded
+    if scale <= 0:
+        return float(measured.sum() / max(model.sum(), 1e-12)), 0.0
+    return float(scale), float(per_stage)
 
 
 def layouts(graph: DeviceGraph, order: Sequence[int], counts: Sequence[int] = (2, 3, 4, 6, 8),
