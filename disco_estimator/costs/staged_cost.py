@@ -183,9 +183,10 @@ def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Se
 
     Returns:
         ``compute_scale`` and ``stage_s`` by least squares in relative error over the
-        stages (``0 <= stage_s <=`` the shortest stage's seconds), ``c_s_per_byte`` and ``d_s`` over the buckets, and the
-        ``overlap`` at which the simulated step takes ``total_s`` (bisection; 1 when
-        even full overlap is slower, 0 when even none is faster).
+        stages (``0 <= stage_s <=`` the shortest stage's seconds), ``c_s_per_byte`` and
+        ``d_s`` over the buckets, and the ``overlap`` at which the simulated step takes
+        ``total_s`` (bisection; 1 when even full overlap is slower, 0 when even none is
+        faster).
     """
     return fit_assignment(graph, assign_stages(module, buckets, graph), node_s, stage_s,
                           comm_s, total_s, d_s)
