@@ -66,18 +66,22 @@ def test_makespan_with_shared_cpu_by_hand():
 
 
 def test_fit_recovers_the_costs_it_was_measured_with():
-    true = StagedCosts(NODE_S, compute_scale=2.0, stage_s=0.25, c_s_per_byte=2e-3,
-                       d_s=0.5, overlap=0.4)
+    # stage sums (2, 3, 0.5, 1): each group's stages differ, so that the per-stage cost
+    # is told apart from the scales; the update fused far more than the passes: its
+    # scale a fifth of theirs
+    node_s = np.array([0.0, 1.0, 1.0, 0.0, 3.0, 0.0, 0.5, 1.0])
+    true = StagedCosts(node_s, compute_scale=2.0, post_scale=0.4, stage_s=0.25,
+                       c_s_per_byte=2e-3, d_s=0.5, overlap=0.4)
     sim = staged_graph(GRAPH, ASSIGN, true)
     stage_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if not c]
     comm_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if c]
 
     def fit(total_s):
-        return fit_assignment(GRAPH, ASSIGN, NODE_S, stage_s, comm_s, total_s)
+        return fit_assignment(GRAPH, ASSIGN, node_s, stage_s, comm_s, total_s)
 
-    got = fit(_makespan(true))
-    assert [got.compute_scale, got.stage_s, got.c_s_per_byte, got.d_s, got.overlap] == \
-        pytest.approx([2.0, 0.25, 2e-3, 0.5, 0.4], rel=1e-6)
+    got = fit(simulate(sim, true.overlap).iteration_s)
+    assert [got.compute_scale, got.post_scale, got.stage_s, got.c_s_per_byte, got.d_s,
+            got.overlap] == pytest.approx([2.0, 0.4, 0.25, 2e-3, 0.5, 0.4], rel=1e-6)
     # slower than with no overlap at all: phi 0; faster than with full overlap: 1
     assert fit(100.0).overlap == 0.0 and fit(0.1).overlap == 1.0
 
@@ -88,8 +92,22 @@ def test_fit_bounds_the_per_stage_cost_by_the_shortest_stage():
     got = fit_assignment(GRAPH, ASSIGN, node_s, [1.0, 3.0, 5.0, 1.0], [1.0, 1.0], 10.0)
     # the three empty stages alone, in relative error: (1 + 1/3 + 1) / (1 + 1/9 + 1)
     # = 1.105 per stage (absolute error: their mean, 5/3), above the shortest stage's 1 s;
-    # bounded at 1 s, stage 2 then gives the scale (5 - 1) / 4 = 1
-    assert (got.stage_s, got.compute_scale) == pytest.approx((1.0, 1.0))
+    # bounded at 1 s, stage 2 then gives the post stages' scale (5 - 1) / 4 = 1, and the
+    # pre stages, with no modelled time, take it too
+    assert (got.stage_s, got.post_scale, got.compute_scale) == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_fit_prices_the_pre_stages_by_their_own_scale():
+    # pre stages modelled (2, 2) measure (2, 2); post stages modelled (0.5, 0.5) measure
+    # (0.1, 0.1): one scale fitted in relative error (12/52, no intercept) would price
+    # the pre stages, nearly all of the step, at 0.46 s for 2 s; two scales price
+    # every stage as measured (each group's stages in one proportion: no intercept)
+    node_s = np.array([0.0, 1.0, 1.0, 0.0, 2.0, 0.0, 0.5, 0.5])
+    got = fit_assignment(GRAPH, ASSIGN, node_s, [2.0, 2.0, 0.1, 0.1], [1.0, 1.0], 5.0)
+    assert (got.compute_scale, got.post_scale, got.stage_s) == pytest.approx((1.0, 0.2, 0.0))
+    sim = staged_graph(GRAPH, ASSIGN, got)
+    assert [d for d, c in zip(sim.duration_s, sim.is_comm) if not c] == \
+        pytest.approx([2.0, 2.0, 0.1, 0.1])
 
 
 def test_layouts_split_the_gradients_in_order():

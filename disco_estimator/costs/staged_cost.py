@@ -7,14 +7,16 @@ each post stage after the buckets it reads. :func:`staged_graph` writes that as 
 :class:`~disco_estimator.costs.simulator.SimGraph` and
 :func:`disco_estimator.costs.simulator.simulate` prices it, with
 
-* a stage's time: ``compute_scale * (sum of its nodes' cost-model times) + stage_s``
-  (XLA fuses inside a stage, hence a scale; ``stage_s`` is the dispatch cost of one
-  program);
+* a stage's time: ``scale * (sum of its nodes' cost-model times) + stage_s``, the
+  scale ``compute_scale`` for a pre stage and ``post_scale`` for a post stage (XLA fuses
+  inside a stage, hence a scale; the update's elementwise chains fuse far more than the
+  forward and backward passes' dots and convolutions, hence two; ``stage_s`` is the
+  dispatch cost of one program);
 * a bucket's time: ``c_s_per_byte * bytes + d_s`` (the communication programs' own fit);
 * ``overlap`` (phi): how fast compute runs while an all-reduce is in flight (the CPU
   both streams share).
 
-:func:`fit_staged_costs` measures those four numbers on one staged step (its programs
+:func:`fit_staged_costs` measures those five numbers on one staged step (its programs
 alone, then the whole step) so that every other bucketing can be priced without
 compiling it (:func:`predict_staged` needs only :func:`hlo_tools.stages.assign_stages`),
 and :func:`layouts` proposes the bucketings the search weighs: how many stages, and
@@ -51,7 +53,9 @@ class StagedCosts(NamedTuple):
     Attributes:
         node_s: ``[N]`` seconds of each node of the per-device graph run alone (the cost
             model's, e.g. ``CostModel.graph_costs(graph).time_s``; all-reduces ignored).
-        compute_scale: stage seconds per cost-model second (XLA's fusion inside stages).
+        compute_scale: pre-stage seconds per cost-model second (XLA's fusion inside
+            stages).
+        post_scale: the same for the post stages (the update).
         stage_s: seconds added per compute stage (dispatch, the flat buffers' copies).
         c_s_per_byte: all-reduce seconds per byte of a bucket.
         d_s: all-reduce seconds per bucket.
@@ -60,6 +64,7 @@ class StagedCosts(NamedTuple):
 
     node_s: np.ndarray
     compute_scale: float = 1.0
+    post_scale: float = 1.0
     stage_s: float = 0.0
     c_s_per_byte: float = 0.0
     d_s: float = 0.0
@@ -111,7 +116,8 @@ def staged_graph(graph: DeviceGraph, assign: StageAssignment, costs: StagedCosts
     for s in range(assign.num_stages):
         after = [index[("stage", s - 1)]] if s else []
         after += [index[("bucket", k)] for k in sorted(reads[s])]
-        add("stage", s, False, costs.compute_scale * stage_sum[s] + costs.stage_s, after)
+        scale = costs.compute_scale if s < assign.first_post else costs.post_scale
+        add("stage", s, False, scale * stage_sum[s] + costs.stage_s, after)
         for k, bucket in enumerate(assign.comm):
             if bucket.after_stage == s:
                 nbytes = bucket.length * _itemsize(bucket.element_type)
@@ -182,11 +188,11 @@ def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Se
             when the buckets differ enough in size.
 
     Returns:
-        ``compute_scale`` and ``stage_s`` by least squares in relative error over the
-        stages (``0 <= stage_s <=`` the shortest stage's seconds), ``c_s_per_byte`` and
-        ``d_s`` over the buckets, and the ``overlap`` at which the simulated step takes
-        ``total_s`` (bisection; 1 when even full overlap is slower, 0 when even none is
-        faster).
+        ``compute_scale``, ``post_scale`` and ``stage_s`` by least squares in relative
+        error over the stages (``0 <= stage_s <=`` the shortest stage's seconds),
+        ``c_s_per_byte`` and ``d_s`` over the buckets, and the ``overlap`` at which the
+        simulated step takes ``total_s`` (bisection; 1 when even full overlap is slower,
+        0 when even none is faster).
     """
     return fit_assignment(graph, assign_stages(module, buckets, graph), node_s, stage_s,
                           comm_s, total_s, d_s)
@@ -201,7 +207,8 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
     model = np.zeros(assign.num_stages)
     mask = stage >= 0
     np.add.at(model, stage[mask], np.asarray(node_s, np.float64)[mask])
-    scale, per_stage = _fit_stages(model, np.asarray(stage_s, np.float64))
+    post = np.arange(assign.num_stages) >= assign.first_post
+    scale, post_scale, per_stage = _fit_stages(model, post, np.asarray(stage_s, np.float64))
     nbytes = np.asarray([b.length * _itemsize(b.element_type) for b in assign.comm], float)
     times = np.asarray(comm_s, np.float64)
     if d_s is None and len(nbytes) > 1 and nbytes.max() > 2 * nbytes.min():
@@ -210,7 +217,7 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
     else:
         d = 0.0 if d_s is None else float(d_s)
     c = float(max(0.0, (times - d).sum()) / max(nbytes.sum(), 1.0))
-    costs = StagedCosts(np.asarray(node_s, np.float64), float(scale), float(per_stage), c, d)
+    costs = StagedCosts(np.asarray(node_s, np.float64), scale, post_scale, per_stage, c, d)
     sim = staged_graph(graph, assign, costs)
     lo, hi = 0.0, 1.0
     if simulate(sim, 1.0).iteration_s >= total_s:
@@ -226,27 +233,42 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
     return costs._replace(overlap=(lo + hi) / 2)
 
 
-def _fit_stages(model: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
-    """``compute_scale`` and ``stage_s`` such that ``scale * model + stage_s`` fits the
-    measured stage seconds in relative error, with ``0 <= stage_s <= min(measured)``.
+def _fit_stages(model: np.ndarray, post: np.ndarray, measured: np.ndarray
+                ) -> tuple[float, float, float]:
+    """``compute_scale``, ``post_scale`` and ``stage_s`` such that ``scale * model +
+    stage_s`` fits the measured stage seconds in relative error, the pre stages with
+    one scale and the post stages (``post``) with the other, ``0 <= stage_s <=
+    min(measured)``.
 
-    Relative, because a step's stages span two orders of magnitude (a few ms of post
-    stages beside the pre stages' tens): in absolute error the long stages' spread sets
-    the intercept, which then charges every short stage more than it measured, and a
-    layout with more stages than the measured one is priced slow by that much per stage.
-    No stage costs less than its dispatch, hence the upper bound.
+    Two scales, because XLA fuses the update's elementwise chains into a few kernels
+    where the cost model counts each op, while the forward and backward passes' time
+    is in dots and convolutions it prices near their fused cost: with one scale the
+    post stages set it (at large size up to 3x below the pre stages'), and the long
+    pre stages, nearly all of the step, were priced that much fast. Relative, because a
+    step's stages span two orders of magnitude: in absolute error the long stages'
+    spread sets the intercept, which then charges every short stage more than it
+    measured. No stage costs less than its dispatch, hence the upper bound; the
+    intercept is 0 where the stages cannot tell it from the scales. A group with no
+    modelled time takes the other's scale.
     """
     y = np.maximum(measured, 1e-12)
-    a = np.stack([model, np.ones_like(model)], axis=1) / y[:, None]
-    (scale, per_stage), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
-    bounded = float(np.clip(per_stage, 0.0, measured.min()))
-    if bounded != per_stage or scale <= 0:  # the scale's best with the bounded intercept
-        r = model / y
-        scale = float((r * (1.0 - bounded / y)).sum() / max((r * r).sum(), 1e-300))
-        per_stage = bounded
-    if scale <= 0:
-        return float(measured.sum() / max(model.sum(), 1e-12)), 0.0
-    return float(scale), float(per_stage)
+    groups = [~post, post]
+    cols = [np.where(g, model, 0.0) for g in groups if (model[g] > 0).any()]
+    a = np.stack([*cols, np.ones_like(model)], axis=1) / y[:, None]
+    coef, _, rank, _ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    # the intercept is not determined when the stages do not tell it from the scales
+    # (every stage of a group modelled in the proportion it measures): none, then
+    per_stage = float(np.clip(coef[-1], 0.0, measured.min())) if rank == a.shape[1] else 0.0
+    scales = []
+    for g in groups:  # each group's best scale with the bounded intercept
+        r = model[g] / y[g]
+        rr = float((r * r).sum())
+        scales.append(float((r * (1.0 - per_stage / y[g])).sum() / rr) if rr > 0 else None)
+    if not any(s is not None and s > 0 for s in scales):
+        return (float(measured.sum() / max(model.sum(), 1e-12)),) * 2 + (0.0,)
+    known = [s for s in scales if s is not None and s > 0]
+    pre, post_scale = (s if s is not None and s > 0 else known[0] for s in scales)
+    return pre, post_scale, per_stage
 
 
 def layouts(graph: DeviceGraph, order: Sequence[int], counts: Sequence[int] = (2, 3, 4, 6, 8),

@@ -480,7 +480,8 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
                 "unshared_bound": {"layout": bound, "predicted_s": unshared[bound]},
                 "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
         say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
-            f"{fit.compute_scale:.2f}, {fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
+            f"{fit.compute_scale:.2f} (update {fit.post_scale:.2f}), "
+            f"{fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
             f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
             f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms "
             f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
