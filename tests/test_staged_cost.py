@@ -90,18 +90,18 @@ def test_fit_bounds_the_per_stage_cost_by_the_shortest_stage():
     # one stage holds all the modelled work: stage sums (0, 0, 4, 0), measured (1, 3, 5, 1)
     node_s = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0])
     got = fit_assignment(GRAPH, ASSIGN, node_s, [1.0, 3.0, 5.0, 1.0], [1.0, 1.0], 10.0)
-    # the three empty stages alone, in relative error: (1 + 1/3 + 1) / (1 + 1/9 + 1)
-    # = 1.105 per stage (absolute error: their mean, 5/3), above the shortest stage's 1 s;
-    # bounded at 1 s, stage 2 then gives the post stages' scale (5 - 1) / 4 = 1, and the
-    # pre stages, with no modelled time, take it too
+    # the three empty stages alone: their mean, 5/3 s per stage, above the shortest
+    # stage's 1 s; bounded at 1 s, stage 2 then gives the post stages' scale
+    # (5 - 1) / 4 = 1, and the pre stages, with no modelled time, take it too
     assert (got.stage_s, got.post_scale, got.compute_scale) == pytest.approx((1.0, 1.0, 1.0))
 
 
 def test_fit_prices_the_pre_stages_by_their_own_scale():
     # pre stages modelled (2, 2) measure (2, 2); post stages modelled (0.5, 0.5) measure
-    # (0.1, 0.1): one scale fitted in relative error (12/52, no intercept) would price
-    # the pre stages, nearly all of the step, at 0.46 s for 2 s; two scales price
-    # every stage as measured (each group's stages in one proportion: no intercept)
+    # (0.1, 0.1): one scale (0.95, no intercept) would price the post stages nearly 5x
+    # slow and, in relative error (0.23), the pre stages, nearly all of the step, 4x fast;
+    # two scales price every stage as measured (each group's stages in one proportion:
+    # no intercept)
     node_s = np.array([0.0, 1.0, 1.0, 0.0, 2.0, 0.0, 0.5, 0.5])
     got = fit_assignment(GRAPH, ASSIGN, node_s, [2.0, 2.0, 0.1, 0.1], [1.0, 1.0], 5.0)
     assert (got.compute_scale, got.post_scale, got.stage_s) == pytest.approx((1.0, 0.2, 0.0))
