@@ -243,7 +243,7 @@ def _fit_stages(model: np.ndarray, post: np.ndarray, measured: np.ndarray
     Two scales, because XLA fuses the update's elementwise chains into a few kernels
     where the cost model counts each op, while the forward and backward passes' time
     is in dots and convolutions it prices near their fused cost (fitted at large size
-    over 1 Gbit/s: 0.15 against 0.90 on bert). Absolute error, because a step's time is
+    over 1 Gbit/s: 0.11 against 0.54 on bert). Absolute error, because a step's time is
     in its long stages: in relative error its near-empty stages (a fraction of a
     millisecond beside pre stages of 60-150 ms on rnnlm) set the scale and the long ones
     were priced several times fast. The intercept is bounded by the shortest stage (no
