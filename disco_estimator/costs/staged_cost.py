@@ -258,14 +258,13 @@ def _fit_stages(model: np.ndarray, post: np.ndarray, measured: np.ndarray
     coef, _, rank, _ = np.linalg.lstsq(a, measured, rcond=None)
     per_stage = float(np.clip(coef[-1], 0.0, measured.min())) if rank == a.shape[1] else 0.0
     scales = []
-    for g in groups:  # each group's best scale with the bounded intercept
+    for g in groups:  # each group's best scale with the bounded intercept (0: none)
         mm = float((model[g] ** 2).sum())
-        scales.append(float((model[g] * (measured[g] - per_stage)).sum() / mm)
-                      if mm > 0 else None)
-    known = [s for s in scales if s is not None and s > 0]
+        scales.append(float(model[g] @ (measured[g] - per_stage)) / mm if mm > 0 else 0.0)
+    known = [s for s in scales if s > 0]
     if not known:
         return (float(measured.sum() / max(model.sum(), 1e-12)),) * 2 + (0.0,)
-    pre, post_scale = (s if s is not None and s > 0 else known[0] for s in scales)
+    pre, post_scale = (s if s > 0 else known[0] for s in scales)
     return pre, post_scale, per_stage
 
 
