@@ -339,7 +339,8 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     # staged candidates in both processes: the reference and the layouts process 0 picked
     staged = row["staged"]
     assert staged["reference"] in row["choice"]["medians_s"], row["choice"]
-    assert staged["unshared_bound"]["layout"] in row["choice"]["medians_s"], row["choice"]
+    best = min(staged["predicted_s"], key=staged["predicted_s"].__getitem__)
+    assert best in row["choice"]["medians_s"], row["choice"]
     # two processes: the tuple probe was measured; each buffer of a combined all-reduce
     # pays its per-buffer latency, D plus the extra
     cal = row["calibration"]

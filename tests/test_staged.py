@@ -142,9 +142,8 @@ def _allreduce_operands(text: str) -> int:
 
 def test_staged_candidates_auto_fits_a_reference_and_adds_the_best_predicted_layouts():
     """``"auto"``: one reference layout is measured, the staged cost model fitted on it,
-    and the ``top`` best predicted layouts join it, with the best one at overlap 1 (the
-    streams not sharing the CPU); every one computes what jax.jit does and reduces each
-    bucket as ``chunk_bytes`` says."""
+    and the ``top`` best predicted layouts join it; every one computes what jax.jit does
+    and reduces each bucket as ``chunk_bytes`` says."""
     import jax
     import numpy as np
 
@@ -160,13 +159,15 @@ def test_staged_candidates_auto_fits_a_reference_and_adds_the_best_predicted_lay
     try:
         preds, ref = info["predicted_s"], info["reference"]
         best = sorted(preds, key=preds.__getitem__)[:2]
-        unshared = info["unshared_bound"]["layout"]
-        assert set(runs) == {ref, *best, unshared} and ref in preds, (sorted(runs), preds)
+        assert set(runs) == {ref, *best} and ref in preds, (sorted(runs), preds)
         assert all(t > 0 for t in preds.values())
         assert set(info["self_test"]) >= {"overlaps", "reason"}
         fit = info["fit"]
-        assert 0.0 <= fit["overlap"] <= 1.0 and fit["compute_scale"] > 0
-        assert info["unshared_bound"]["predicted_s"] <= min(preds.values()) + 1e-12
+        assert fit["overlap"] == 1.0 and fit["step_s"] >= 0 and fit["compute_scale"] > 0
+        # the reference priced at its measured total (more where its simulation is slower)
+        assert preds[ref] >= info["reference_s"] * (1 - 1e-9)
+        if fit["step_s"] > 0:
+            assert preds[ref] == pytest.approx(info["reference_s"])
         assert info["compute_s"] == pytest.approx(sum(info["parts"]["stage_s"]))
         assert any(line.startswith(f"staged fit on {ref}") for line in lines), lines
         want = _run_steps(jax.jit(step), args)

@@ -71,19 +71,26 @@ def test_fit_recovers_the_costs_it_was_measured_with():
     # scale a fifth of theirs
     node_s = np.array([0.0, 1.0, 1.0, 0.0, 3.0, 0.0, 0.5, 1.0])
     true = StagedCosts(node_s, compute_scale=2.0, post_scale=0.4, stage_s=0.25,
-                       c_s_per_byte=2e-3, d_s=0.5, overlap=0.4)
+                       c_s_per_byte=2e-3, d_s=0.5, overlap=0.4, step_s=0.3)
     sim = staged_graph(GRAPH, ASSIGN, true)
     stage_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if not c]
     comm_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if c]
+    total_s = simulate(sim, true.overlap).iteration_s + true.step_s
 
-    def fit(total_s):
-        return fit_assignment(GRAPH, ASSIGN, node_s, stage_s, comm_s, total_s)
+    def fit(total_s, **overlap):
+        return fit_assignment(GRAPH, ASSIGN, node_s, stage_s, comm_s, total_s, **overlap)
 
-    got = fit(simulate(sim, true.overlap).iteration_s)
+    got = fit(total_s, overlap=0.4)
     assert [got.compute_scale, got.post_scale, got.stage_s, got.c_s_per_byte, got.d_s,
-            got.overlap] == pytest.approx([2.0, 0.4, 0.25, 2e-3, 0.5, 0.4], rel=1e-6)
-    # slower than with no overlap at all: phi 0; faster than with full overlap: 1
-    assert fit(100.0).overlap == 0.0 and fit(0.1).overlap == 1.0
+            got.overlap, got.step_s] == pytest.approx([2.0, 0.4, 0.25, 2e-3, 0.5, 0.4, 0.3],
+                                                      rel=1e-6)
+    # by default the streams overlap fully and the step's cost takes what is left: the
+    # makespan at phi 1 is the one at phi 0.4 less the time stage 1 and stage 2 lose
+    full = simulate(sim, 1.0).iteration_s
+    assert (got := fit(total_s)).overlap == 1.0
+    assert got.step_s == pytest.approx(total_s - full) and got.step_s > true.step_s
+    # a step faster than its simulation costs nothing more
+    assert fit(0.1).step_s == 0.0
 
 
 def test_fit_bounds_the_per_stage_cost_by_the_shortest_stage():
@@ -126,9 +133,8 @@ def test_layouts_split_the_gradients_in_order():
     assert len({tuple(map(tuple, b)) for b in out.values()}) == len(out)  # distinct
 
 
-def test_predict_layouts_prices_each_layout_as_predict_staged_and_bounds_it():
+def _vgg_layouts():
     import hlo_tools
-    from disco_estimator.costs.staged_cost import predict_layouts, predict_staged
     from disco_jax import zoo
     from hlo_tools import plan as P
     from hlo_tools.jax_bridge import fresh_function
@@ -136,7 +142,13 @@ def test_predict_layouts_prices_each_layout_as_predict_staged_and_bounds_it():
     step, args = zoo.get("vgg")(4, "tiny")
     module = hlo_tools.parse(hlo_tools.extract(fresh_function(step), *args))
     graph = hlo_tools.device_graph(module)
-    cands = layouts(graph, P.ready_order(P.FusionSpace(graph)), counts=(2, 4))
+    return module, graph, layouts(graph, P.ready_order(P.FusionSpace(graph)), counts=(2, 4))
+
+
+def test_predict_layouts_prices_each_layout_as_predict_staged_and_bounds_it():
+    from disco_estimator.costs.staged_cost import predict_layouts, predict_staged
+
+    module, graph, cands = _vgg_layouts()
     costs = StagedCosts(np.full(graph.num_nodes, 1e-4), c_s_per_byte=1e-8, d_s=1e-3,
                         overlap=0.3)
     got = predict_layouts(module, graph, cands, costs)
@@ -147,3 +159,18 @@ def test_predict_layouts_prices_each_layout_as_predict_staged_and_bounds_it():
                                           costs._replace(overlap=1.0)), name
         assert fo <= unshared * (1 + 1e-12) and unshared <= fitted, name  # (sums in
         # another order round differently)
+
+
+def test_step_cost_prices_every_bucketing_alike():
+    from disco_estimator.costs.staged_cost import predict_layouts, predict_staged
+
+    module, graph, cands = _vgg_layouts()
+    costs = StagedCosts(np.full(graph.num_nodes, 1e-4), c_s_per_byte=1e-8, d_s=1e-3)
+    more = costs._replace(step_s=0.02)
+    for name, buckets in cands.items():
+        assert predict_staged(module, graph, buckets, more) == pytest.approx(
+            predict_staged(module, graph, buckets, costs) + 0.02), name
+    got, plain = predict_layouts(module, graph, cands, more), predict_layouts(
+        module, graph, cands, costs)
+    for name in cands:
+        assert np.subtract(got[name], plain[name]) == pytest.approx([0.02] * 3), name

@@ -14,10 +14,13 @@ each post stage after the buckets it reads. :func:`staged_graph` writes that as 
   dispatch cost of one program);
 * a bucket's time: ``c_s_per_byte * bytes + d_s`` (the communication programs' own fit);
 * ``overlap`` (phi): how fast compute runs while an all-reduce is in flight (the CPU
-  both streams share).
+  both streams share);
+* ``step_s``: seconds per step outside every stage and bucket, the same for every
+  bucketing (the staged call's own work: arguments split per device, the handoffs to
+  the communication thread, the outputs assembled).
 
-:func:`fit_staged_costs` measures those five numbers on one staged step (its programs
-alone, then the whole step) so that every other bucketing can be priced without
+:func:`fit_staged_costs` measures those numbers on one staged step (its programs alone,
+then the whole step) so that every other bucketing can be priced without
 compiling it (:func:`predict_staged` needs only :func:`hlo_tools.stages.assign_stages`),
 and :func:`layouts` proposes the bucketings the search weighs: how many stages, and
 how the gradients are split between them.
@@ -60,6 +63,8 @@ class StagedCosts(NamedTuple):
         c_s_per_byte: all-reduce seconds per byte of a bucket.
         d_s: all-reduce seconds per bucket.
         overlap: phi in [0, 1]: compute rate while an all-reduce is in flight.
+        step_s: seconds per step outside the stages and buckets, added to the simulated
+            makespan.
     """
 
     node_s: np.ndarray
@@ -69,6 +74,7 @@ class StagedCosts(NamedTuple):
     c_s_per_byte: float = 0.0
     d_s: float = 0.0
     overlap: float = 1.0
+    step_s: float = 0.0
 
 
 def _reads(graph: DeviceGraph, assign: StageAssignment) -> list[set[int]]:
@@ -138,7 +144,7 @@ def predict_staged(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequ
                    costs: StagedCosts) -> float:
     """Predicted seconds per iteration of the staged enactment of ``buckets``."""
     assign = assign_stages(module, buckets, graph)
-    return simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s
+    return simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s + costs.step_s
 
 
 class LayoutPrediction(NamedTuple):
@@ -150,7 +156,8 @@ class LayoutPrediction(NamedTuple):
             what staging could reach with the first stage hiding nothing.
         fo_bound_s: the full-overlap bound of the staged program: the larger of its
             stages' and its buckets' summed seconds, with every dependency ignored
-            (:func:`disco_estimator.costs.simulator.full_overlap_bound`); at most ``unshared_s``.
+            (:func:`disco_estimator.costs.simulator.full_overlap_bound`), plus ``step_s``;
+            at most ``unshared_s``.
     """
 
     fitted_s: float
@@ -166,15 +173,16 @@ def predict_layouts(module: HloModule, graph: DeviceGraph,
     out = {}
     for name, buckets in bucketings.items():
         sim = staged_graph(graph, assign_stages(module, buckets, graph), costs)
-        out[name] = LayoutPrediction(simulate(sim, costs.overlap).iteration_s,
-                                     simulate(sim, 1.0).iteration_s,
-                                     full_overlap_bound(sim))
+        out[name] = LayoutPrediction(simulate(sim, costs.overlap).iteration_s + costs.step_s,
+                                     simulate(sim, 1.0).iteration_s + costs.step_s,
+                                     full_overlap_bound(sim) + costs.step_s)
     return out
 
 
 def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Sequence[int]],
                      node_s: np.ndarray, stage_s: Sequence[float], comm_s: Sequence[float],
-                     total_s: float, d_s: float | None = None) -> StagedCosts:
+                     total_s: float, d_s: float | None = None, overlap: float = 1.0
+                     ) -> StagedCosts:
     """Fits :class:`StagedCosts` to one staged step measured in context.
 
     Args:
@@ -186,23 +194,32 @@ def fit_staged_costs(module: HloModule, graph: DeviceGraph, buckets: Sequence[Se
         total_s: measured seconds per iteration of the whole staged step.
         d_s: all-reduce latency to keep (e.g. the in-context fit's); None fits it too
             when the buckets differ enough in size.
+        overlap: phi, kept as given. One step's total cannot tell a slower compute stream
+            under communication from a fixed cost per step; over 1 Gbit/s the fixed cost
+            explains every bucketing and phi below 1 does not (see :func:`fit_assignment`).
 
     Returns:
         ``compute_scale``, ``post_scale`` and ``stage_s`` by least squares over the
         stages (``0 <= stage_s <=`` the shortest stage's seconds),
-        ``c_s_per_byte`` and ``d_s`` over the buckets, and the ``overlap`` at which the
-        simulated step takes ``total_s`` (bisection; 1 when even full overlap is slower,
-        0 when even none is faster).
+        ``c_s_per_byte`` and ``d_s`` over the buckets, ``overlap``, and ``step_s``: what
+        ``total_s`` has beyond the simulated step (0 when the simulation is slower).
     """
     return fit_assignment(graph, assign_stages(module, buckets, graph), node_s, stage_s,
-                          comm_s, total_s, d_s)
+                          comm_s, total_s, d_s, overlap)
 
 
 def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarray,
                    stage_s: Sequence[float], comm_s: Sequence[float], total_s: float,
-                   d_s: float | None = None) -> StagedCosts:
+                   d_s: float | None = None, overlap: float = 1.0) -> StagedCosts:
     """:func:`fit_staged_costs` of a bucketing already assigned to stages
-    (:func:`hlo_tools.stages.assign_stages`); the same arguments otherwise."""
+    (:func:`hlo_tools.stages.assign_stages`); the same arguments otherwise.
+
+    The step's time beyond its simulation is charged once per step, not as a slower
+    compute stream: what a staged step spends outside its programs is the same for
+    every bucketing, while a phi fitted to absorb it would price each bucketing by how
+    long its compute runs under communication, the bucketings that start reducing
+    early the most (docs/findings.md, "A staged step's fixed cost").
+    """
     stage = np.asarray(assign.stage)
     model = np.zeros(assign.num_stages)
     mask = stage >= 0
@@ -217,20 +234,10 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
     else:
         d = 0.0 if d_s is None else float(d_s)
     c = float(max(0.0, (times - d).sum()) / max(nbytes.sum(), 1.0))
-    costs = StagedCosts(np.asarray(node_s, np.float64), scale, post_scale, per_stage, c, d)
-    sim = staged_graph(graph, assign, costs)
-    lo, hi = 0.0, 1.0
-    if simulate(sim, 1.0).iteration_s >= total_s:
-        return costs._replace(overlap=1.0)
-    if simulate(sim, 0.0).iteration_s <= total_s:
-        return costs._replace(overlap=0.0)
-    for _ in range(30):  # iteration time falls as phi grows
-        mid = (lo + hi) / 2
-        if simulate(sim, mid).iteration_s > total_s:
-            lo = mid
-        else:
-            hi = mid
-    return costs._replace(overlap=(lo + hi) / 2)
+    costs = StagedCosts(np.asarray(node_s, np.float64), scale, post_scale, per_stage, c, d,
+                        float(overlap))
+    simulated = simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s
+    return costs._replace(step_s=max(0.0, float(total_s) - simulated))
 
 
 def _fit_stages(model: np.ndarray, post: np.ndarray, measured: np.ndarray

@@ -371,10 +371,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
         entries: bucket counts, ``"plan"`` (the buckets of ``plans["plan_0"]``) and
             ``"auto"``: the staged cost model (:mod:`disco_estimator.costs.staged_cost`) fitted
             on one staged step measured here (after its self-test), then the ``top`` best
-            predicted bucketings of :func:`~disco_estimator.costs.staged_cost.layouts`, the best
-            one predicted with the streams not sharing the CPU (overlap 1) when it is not
-            among them: the fitted overlap also absorbs what is not overlap (the step's
-            fixed tail), so the fully overlapped ranking is measured too.
+            predicted bucketings of :func:`~disco_estimator.costs.staged_cost.layouts`.
         plans: the search's plans by name.
         costs: the cost model (process 0; None elsewhere).
         sync: the job's :class:`~disco_jax.pipeline.sync.Sync` (default: one process); every
@@ -387,8 +384,7 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
             :data:`~disco_jax.enactment.staged.CHUNK_BYTES`).
         afford: asked before each pick of ``"auto"`` is built, with the seconds the
             reference took to build (process 0's answer counts);
-            False: it and the rest are left out, and so is the unshared bound's pick
-            (None: every pick).
+            False: it and the rest are left out (None: every pick).
 
     Returns:
         ``(runs, info)``: the compiled staged steps by name, and (process 0) the
@@ -465,26 +461,19 @@ def staged_candidates(program: Program, entries: Sequence[Any], *,
         preds = {n: p.fitted_s for n, p in both.items()}
         best = sorted(preds, key=preds.__getitem__)[:top]
         pick = [n for n in best if n != ref]
-        # what staging within one step could reach if the two streams did not share the
-        # CPU: the first stage (the forward pass and more) hides nothing
-        unshared = {n: p.unshared_s for n, p in both.items()}
-        bound = min(unshared, key=unshared.__getitem__)
-        if bound != ref and bound not in pick and afford is None:
-            pick.append(bound)
         info = {**info, "predicted_s": preds, "reference": ref, "reference_s": total,
                 "fo_bound_s": {n: p.fo_bound_s for n, p in both.items()},
                 "parts": parts._asdict(),
                 # the computation alone, XLA-fused in stages: the step with every
                 # all-reduce hidden (the measured full-overlap bound)
                 "compute_s": float(sum(parts.stage_s)),
-                "unshared_bound": {"layout": bound, "predicted_s": unshared[bound]},
                 "fit": {k: float(v) for k, v in fit._asdict().items() if k != "node_s"}}
         say(f"staged fit on {ref} ({total * 1e3:.1f} ms): compute scale "
             f"{fit.compute_scale:.2f} (update {fit.post_scale:.2f}), "
             f"{fit.stage_s * 1e3:.2f} ms/stage, all-reduce "
-            f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, overlap "
-            f"{fit.overlap:.2f}; best predicted {best[0]} {preds[best[0]] * 1e3:.1f} ms "
-            f"({bound} {unshared[bound] * 1e3:.1f} ms if the streams did not share the CPU)")
+            f"{fit.c_s_per_byte * 2**20 * 1e3:.2f} ms/MiB + {fit.d_s * 1e3:.2f} ms, "
+            f"{fit.step_s * 1e3:.1f} ms/step; best predicted {best[0]} "
+            f"{preds[best[0]] * 1e3:.1f} ms")
     pick = sync.share("staged_pick", pick)
     for name in pick:
         if afford is not None and not sync.share(f"staged_afford_{name}", afford(build_s)):
