@@ -50,7 +50,7 @@ def worker(a: argparse.Namespace) -> None:
     quiet_gloo_loops(DEFAULT_LOOP_POLICY)
     import numpy as np
 
-    from disco_estimator.costs.staged_cost import fit_staged_costs, layouts
+    from disco_estimator.costs.staged_cost import fit_staged_costs, layouts, predict_layouts
     from disco_jax import zoo
     from disco_jax.enactment.staged import staged_step
     from disco_jax.pipeline.choose import measure
@@ -99,8 +99,6 @@ def worker(a: argparse.Namespace) -> None:
                                ref["stage_s"], ref["comm_s"], rows[REFERENCE]["total_s"])
         rules = {"step cost": fit, "fitted overlap": _fitted_overlap(
             program, cands[REFERENCE], fit, rows[REFERENCE]["total_s"])}
-        from disco_estimator.costs.staged_cost import predict_layouts
-
         for rule, costs in rules.items():
             for name, pred in predict_layouts(program.module, program.graph, cands,
                                               costs).items():
