@@ -16,12 +16,17 @@ import numpy as np
 import pytest
 
 import hlo_tools
-from disco_estimator.costs.cost_model import CostModel
+from disco_estimator.costs.cost_model import BackendConstants, CostModel
 from disco_jax import zoo
 from disco_jax.cli.bench import render_table
 from disco_jax.pipeline.bench import PROGRAMS
 from disco_jax.pipeline.choose import choice_tiers, choose, decide, measure
-from disco_jax.pipeline.fit import SAVING_SHARE_BOUNDS, calibrate_in_context, in_context_costs
+from disco_jax.pipeline.fit import (
+    SAVING_SHARE_BOUNDS,
+    calibrate_in_context,
+    fit_overlap_to_latency,
+    in_context_costs,
+)
 from disco_jax.pipeline.profile import profile_in_context
 from disco_jax.pipeline.search import search
 from hlo_tools import baselines as bl
@@ -251,6 +256,7 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert cal.tuple_latency_s is not None and cal.tuple_latency_s >= 0
     assert cal.d_s + cal.d_tuple_extra_s == pytest.approx(cal.tuple_latency_s)
     assert costs.hardware.allreduce.c_s_per_byte == cal.c_s_per_byte
+    _check_overlap(costs, cal)
     again, _ = calibrate_in_context(costs, module, measured)
     assert again.constants.compute_scale == pytest.approx(costs.constants.compute_scale,
                                                           rel=0.05)
@@ -263,6 +269,33 @@ def test_in_context_calibration_matches_both_programs(vgg):
     assert cal.c_s_per_byte == pytest.approx(1.9e-9)
     assert fitted.hardware.allreduce.c_s_per_byte == pytest.approx(1.9e-9)
     assert cal.d_s + cal.d_tuple_extra_s == pytest.approx(1e-4)
+    _check_overlap(fitted, cal)
+    # an overlap the user set is kept through the fit
+    given, _ = in_context_costs(module, "inproc4", measured, progress=False, overlap=0.5)
+    assert given.overlap == 0.5
+    kept, cal = calibrate_in_context(given, module, probed, fit_overlap=False)
+    assert kept.overlap == 0.5 and cal.overlap is None
+
+
+def _check_overlap(costs, cal):
+    """The fitted overlap is the phi up to the hardware file's at which the fitted
+    latency is the probe's (the bisection's own test is below): at 0, below the file's,
+    the programs asked for more."""
+    upper = BackendConstants.from_hardware(costs.hardware).overlap  # the file's
+    assert 0.0 <= cal.overlap <= upper and costs.overlap == cal.overlap
+    if cal.overlap == 0.0 < upper:
+        assert cal.d_s >= cal.tuple_latency_s, cal
+
+
+def test_fit_overlap_to_latency_finds_where_the_latency_crosses():
+    # D(phi) = 1 + 2 phi ms: the probe's 2 ms is met at phi 0.5, within 1/128
+    d_at = lambda phi: 1e-3 + 2e-3 * phi  # noqa: E731
+    assert fit_overlap_to_latency(d_at, 2e-3, 1.0) == pytest.approx(0.5, abs=1 / 128)
+    assert fit_overlap_to_latency(d_at, 0.5e-3, 1.0) == 0.0  # more than the probe at 0
+    # less than the probe up to the file's phi: the file's, never more
+    assert fit_overlap_to_latency(d_at, 5e-3, 1.0) == 1.0
+    assert fit_overlap_to_latency(d_at, 2e-3, 0.25) == 0.25
+    assert fit_overlap_to_latency(d_at, 2e-3, 0.0) == 0.0
 
 
 def _disco(*argv, timeout=900):

@@ -127,6 +127,7 @@ def test_simulate_profiles_in_context_and_reports_the_fit(vgg, capsys):
     assert ic["d_s"] >= 0 and ic["compute_scale"] > 0 and ic["saving_share"] > 0
     assert ic["wall_s"]["xla_default"] > 0  # XLA's default, measured too
     assert report["cost_model"]["saving_share"] == ic["saving_share"]
+    assert report["cost_model"]["overlap"] == ic["overlap"]
     assert "xla_combined" not in ic["wall_s"]  # one process: not measured
     assert ic["d_tuple_extra_s"] == 0.0
     for name in ("no_fusion", "one_bucket"):

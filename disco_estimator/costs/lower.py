@@ -337,8 +337,9 @@ def affine_simulation(module: HloModule, model: Callable[..., CostModel],
         steps: a nonzero step per constant.
 
     Returns:
-        ``at(*x)``: the simulated seconds per iteration at ``x`` (durations below 0,
-        far outside the range the steps span, count as 0).
+        ``at(*x, overlap=None)``: the simulated seconds per iteration at ``x`` (durations
+        below 0, far outside the range the steps span, count as 0), with the simulator's
+        phi ``overlap`` (None: the cost model's at ``x0``; phi sets no duration).
     """
     base_model = model(*x0)
     base = sim_graph_from_module(module, base_model)
@@ -348,13 +349,14 @@ def affine_simulation(module: HloModule, model: Callable[..., CostModel],
         x[i] += h
         slopes.append((sim_graph_from_module(module, model(*x)).duration_s
                        - base.duration_s) / h)
-    overlap = base_model.overlap
+    phi = base_model.overlap
 
-    def at(*x: float) -> float:
+    def at(*x: float, overlap: float | None = None) -> float:
         dur = base.duration_s.copy()
         for xi, x0i, slope in zip(x, x0, slopes, strict=True):
             dur += (xi - x0i) * slope
-        return simulate(base._replace(duration_s=np.maximum(dur, 0.0)), overlap).iteration_s
+        return simulate(base._replace(duration_s=np.maximum(dur, 0.0)),
+                        phi if overlap is None else overlap).iteration_s
 
     return at
 

@@ -419,7 +419,7 @@ def cost_model_in_context(module: Any, args: argparse.Namespace
                    "platform": platform, "wall_s": wall, "predicted_s": predicted,
                    "d_s": cal.d_s, "compute_scale": cal.compute_scale,
                    "saving_share": cal.saving_share, "d_tuple_extra_s": cal.d_tuple_extra_s,
-                   "copy_s_per_byte": cal.copy_s_per_byte}
+                   "copy_s_per_byte": cal.copy_s_per_byte, "overlap": costs.overlap}
 
 
 def _compiled_in_context(module: Any, hardware: Any, args: argparse.Namespace,

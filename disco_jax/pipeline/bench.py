@@ -257,6 +257,11 @@ def _fitted_programs(cal: Any) -> str:
             f"predicted {ms(cal.predicted_s[0])} / {ms(cal.predicted_s[1])} ms")
 
 
+def _phi(overlap: float | None) -> str:
+    """The fit's overlap phi for a progress line ("as given" where it was not fitted)."""
+    return "as given" if overlap is None else f"{overlap:.2f}"
+
+
 def _fused_choice(spec: Mapping[str, Any]) -> Any:
     """The job's fused-op estimator: the GNN of ``spec["gnn"]`` (a checkpoint), else the
     fallback rule (``disco bench`` resolved the user's choice to a checkpoint or none)."""
@@ -303,7 +308,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
         say(f"in-context fit: all-reduce D {cal.d_s * 1e3:.3f} ms, compute scale "
             f"{cal.compute_scale:.2f}, saving share {cal.saving_share:.2f}, extra "
             f"latency per buffer of a combined all-reduce "
-            f"{cal.d_tuple_extra_s * 1e3:.3f} ms, bucket copies "
+            f"{cal.d_tuple_extra_s * 1e3:.3f} ms, overlap {_phi(cal.overlap)}, bucket copies "
             f"{_gb_per_s(cal.copy_s_per_byte)} ({_fitted_programs(cal)})")
     bench = _bench_rounds(spec, details, sync, say)
     want = jax.jit(program.step)(*program.args)

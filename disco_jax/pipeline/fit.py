@@ -23,6 +23,7 @@ __all__ = [
     "COPY_RATE_BOUNDS",
     "C_BOUNDS",
     "COMPUTE_SCALE_BOUNDS",
+    "OVERLAP_STEPS",
     "SAVING_SHARE_BOUNDS",
     "Calibration",
     "CompiledFit",
@@ -32,6 +33,7 @@ __all__ = [
     "calibrate_in_context",
     "compiled_in_context_costs",
     "default_hardware",
+    "fit_overlap_to_latency",
     "in_context_costs",
 ]
 
@@ -72,7 +74,8 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
     then fitted to the same measurement (:func:`calibrate_in_context`). ``fused``: a
     fused-op estimator to use instead of the fallback rule (one with a ``bind`` method,
     e.g. the GNN, is bound to the cost model first), and ``overlap``: the compute and
-    communication overlap instead of the hardware file's, both set before the fit.
+    communication overlap instead of the hardware file's, both set before the fit (None:
+    the overlap is fitted with the rest, :func:`calibrate_in_context`).
 
     Returns:
         The cost model and its :class:`Calibration` (None without ``calibrate`` or a
@@ -99,7 +102,8 @@ def in_context_costs(module: HloModule, hardware: HardwareConfig | str,
         costs.set_fused_estimator(fused.bind(costs) if hasattr(fused, "bind") else fused)
     if not calibrate or measured is None:
         return costs, None
-    return calibrate_in_context(costs, module, measured, bench=bench)
+    return calibrate_in_context(costs, module, measured, bench=bench,
+                                fit_overlap=overlap is None)
 
 
 class Calibration(NamedTuple):
@@ -126,6 +130,8 @@ class Calibration(NamedTuple):
             (:func:`bucket_copy_rate`; None: not measured, the hardware file's).
         c_s_per_byte: the all-reduce's seconds per byte the model uses (the flat
             probe's in a lean profile of a job, else the hardware file's).
+        overlap: the simulator's phi fitted with ``D`` (:func:`fit_overlap_to_latency`;
+            None: not fitted, the cost model's kept).
 
     A lean profile (no one-bucket program) has ``None`` in the second place of
     ``wall_s`` and ``predicted_s``.
@@ -142,6 +148,7 @@ class Calibration(NamedTuple):
     tuple_latency_s: float | None = None
     copy_s_per_byte: float | None = None
     c_s_per_byte: float | None = None
+    overlap: float | None = None
 
 
 #: Range of the fitted saving share (below 0: fusion costs more than its parts).
@@ -206,7 +213,8 @@ def bucket_copy_rate(costs: CostModel, module: HloModule) -> float | None:
 
 
 def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContext, *,
-                         bench: bool = True) -> tuple[CostModel, Calibration]:
+                         bench: bool = True, fit_overlap: bool = True
+                         ) -> tuple[CostModel, Calibration]:
     """Fits the all-reduce latency ``D``, the compute scale and the saving share to the
     programs measured in context (:func:`profile_in_context`).
 
@@ -252,6 +260,16 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        autoencoder's 2.5 MB flat buffer at 2.5 times its traced 0.2 ms, which the fit of
        the compute scale then took out of every kernel.
 
+    5. With ``fit_overlap`` and the tuple probe measured, the simulator's overlap phi,
+       with 1.: the phi up to the hardware file's at which the fitted ``D`` equals the
+       probe's latency per buffer (:func:`fit_overlap_to_latency`). With the hardware
+       file's phi (fitted on small steps) the fit priced overlap a program did not have
+       as latency each all-reduce pays, and programs with many separate all-reduces came
+       out too slow (rnnlm at medium over 1 Gbit/s: ``D`` 6-9 ms against the probe's
+       0.4-0.7 ms, XLA's op fusion +12% and 1 MiB buckets +15%; docs/findings.md,
+       "Latency or overlap"). Without ``fit_overlap`` (an overlap the user set) the
+       cost model's phi is kept.
+
     A lean profile (:attr:`~disco_jax.pipeline.profile.InContext.lean`: no one-bucket
     program) has one program to fit the compute scale to and none to tell ``D`` apart
     from it: ``D`` is then the tuple probe's latency per buffer (the hardware file's
@@ -286,22 +304,26 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
     estimator = None if isinstance(costs.fused, FallbackFusedEstimator) else costs.fused
 
     def model(scale: float, d: float, share: float = costs.constants.saving_share,
-              extra: float = costs.hardware.allreduce.d_tuple_extra_s) -> CostModel:
+              extra: float = costs.hardware.allreduce.d_tuple_extra_s,
+              phi: float = costs.overlap) -> CostModel:
         ar = dataclasses.replace(costs.hardware.allreduce, d_s=d, d_tuple_extra_s=extra,
                                  c_s_per_byte=c)
         consts = dataclasses.replace(costs.constants, compute_scale=scale, saving_share=share,
                                      copy_s_per_byte=copy or costs.constants.copy_s_per_byte,
+                                     overlap=phi,
                                      source=f"{costs.constants.source} + in-context fit")
         return CostModel(dataclasses.replace(costs.hardware, allreduce=ar),
                          op_times=costs.op_times, constants=consts, fused=estimator)
 
-    def fit_fused(scale: float, d: float, extra: float) -> tuple[float, float | None]:
+    def fit_fused(scale: float, d: float, extra: float, phi: float = costs.overlap
+                  ) -> tuple[float, float | None]:
         """The saving share that prices XLA's fused program at its measured time."""
         share = costs.constants.saving_share
         if not has_fused:
             return share, None
         # solved for the share not granted, u = 1 - share, in which the time grows
-        at = affine_simulation(measured.fused, lambda u: model(scale, d, 1.0 - u, extra),
+        at = affine_simulation(measured.fused,
+                               lambda u: model(scale, d, 1.0 - u, extra, phi),
                                (1.0 - share,), (0.5,))
         lo, hi = SAVING_SHARE_BOUNDS
         kept, got = _fit_affine(at, measured.fused_wall_s, 1.0 - share, lambda u: 0.5,
@@ -321,34 +343,76 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     modules = (module, measured.one_bucket)
     want = np.array([measured.wall_s, measured.one_bucket_wall_s])
-
-    x = np.array([s0, max(d0, 1e-5)])
-    # both programs' node durations are affine in (scale, D) jointly
-    sims = [affine_simulation(m, model, tuple(x), (0.5 * x[0], 0.5 * x[1]))
+    x0 = np.array([s0, max(d0, 1e-5)])
+    # both programs' node durations are affine in (scale, D) jointly; phi sets none
+    sims = [affine_simulation(m, model, tuple(x0), (0.5 * x0[0], 0.5 * x0[1]))
             for m in modules]
-
-    def times(scale: float, d: float) -> np.ndarray:
-        return np.array([sim(scale, d) for sim in sims])
-
     lo, hi = np.array([0.25 * s0, 0.0]), np.array([8.0 * s0, 1.0])
-    for _ in range(2):
-        base = times(*x)
-        step = np.maximum(x * 0.5, [1e-3, 1e-5])
-        jac = np.stack([(times(x[0] + step[0], x[1]) - base) / step[0],
-                        (times(x[0], x[1] + step[1]) - base) / step[1]], axis=1)
-        try:
-            x = np.clip(x + np.linalg.solve(jac, want - base), lo, hi)
-        except np.linalg.LinAlgError:
-            break
-    got = times(*x)
+
+    def fit_pair(phi: float) -> tuple[np.ndarray, np.ndarray]:
+        """(scale, D) that price both programs at their measured times with overlap phi,
+        and the two predicted times."""
+        def times(scale: float, d: float) -> np.ndarray:
+            return np.array([sim(scale, d, overlap=phi) for sim in sims])
+
+        x = x0.copy()
+        for _ in range(2):
+            base = times(*x)
+            step = np.maximum(x * 0.5, [1e-3, 1e-5])
+            jac = np.stack([(times(x[0] + step[0], x[1]) - base) / step[0],
+                            (times(x[0], x[1] + step[1]) - base) / step[1]], axis=1)
+            try:
+                x = np.clip(x + np.linalg.solve(jac, want - base), lo, hi)
+            except np.linalg.LinAlgError:
+                break
+        return x, times(*x)
+
+    phi = costs.overlap
+    if fit_overlap and per_buffer is not None:
+        phi = fit_overlap_to_latency(lambda p: float(fit_pair(p)[0][1]), per_buffer, phi)
+    x, got = fit_pair(phi)
     extra = costs.hardware.allreduce.d_tuple_extra_s
     if per_buffer is not None:
         extra = per_buffer - float(x[1])
-    share, fused_got = fit_fused(*x, extra)  # XLA's default combines its all-reduces
-    cm = model(*x, share, extra)
+    # XLA's default combines its all-reduces
+    share, fused_got = fit_fused(*x, extra, phi)
+    cm = model(*x, share, extra, phi)
     return cm, Calibration(float(x[1]), float(x[0]), (float(want[0]), float(want[1])),
                            (float(got[0]), float(got[1])), share,
-                           measured.fused_wall_s, fused_got, extra, per_buffer, copy, c)
+                           measured.fused_wall_s, fused_got, extra, per_buffer, copy, c,
+                           phi if fit_overlap and per_buffer is not None else None)
+
+
+#: Bisection steps of :func:`fit_overlap_to_latency` (phi within 1/128 of its range).
+OVERLAP_STEPS = 6
+
+
+def fit_overlap_to_latency(d_at: Callable[[float], float], latency_s: float,
+                           upper: float) -> float:
+    """The overlap phi in ``[0, upper]`` at which the all-reduce latency fitted in
+    context, ``d_at(phi)``, equals the tuple probe's latency per buffer ``latency_s``.
+
+    The more computation the simulator lets run beside an all-reduce, the cheaper the
+    no-fusion program's separate all-reduces look against the one bucket's, and the more
+    latency each must carry to price it at its measured time: ``d_at`` grows with phi.
+    The probe measures that latency alone, so a fitted latency above it is overlap the
+    program did not have. Where even no overlap leaves more than the probe's latency per
+    all-reduce (each waits for the slower process, or its collective serializes beside
+    the computation), phi is 0 and the fitted latency keeps the rest; where ``upper``
+    (the hardware file's phi) leaves less, phi stays ``upper``: the fit takes out overlap
+    the programs did not show, and adds none the file's measurement did not (in one
+    process, at phi 1, the fit clamped ``D`` to 0 and missed the one-bucket program by
+    14%). Bisection between, :data:`OVERLAP_STEPS` steps.
+    """
+    if upper <= 0.0 or d_at(0.0) >= latency_s:
+        return 0.0
+    if d_at(upper) <= latency_s:
+        return upper
+    lo, hi = 0.0, upper
+    for _ in range(OVERLAP_STEPS):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if d_at(mid) < latency_s else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 #: The compute scale fitted to a compiled module run as written stays in this range.

@@ -577,7 +577,8 @@ def refit(program: Program, measured: InContext, costs: Any, calibration: Any,
     profile = pooled(measured, more, keep=keep)
     if calibration is None or not more:
         return Refit(costs, profile, None, hardware)
-    costs, fitted = calibrate_in_context(costs, program.module, profile)
+    costs, fitted = calibrate_in_context(costs, program.module, profile,
+                                         fit_overlap=calibration.overlap is not None)
     say(f"fit again with {where}' samples: all-reduce D {fitted.d_s * 1e3:.3f} "
         f"ms, compute scale {fitted.compute_scale:.2f}, saving share "
         f"{fitted.saving_share:.2f}")
