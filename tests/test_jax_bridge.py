@@ -356,19 +356,20 @@ def test_verified_versions(monkeypatch):
 
 
 def test_declared_range_matches_the_verified_versions():
-    """pyproject's jax range starts at the oldest verified version and ends before the
-    minor release after the newest (one home for the range: VERIFIED_VERSIONS)."""
+    """pyproject's jax range starts at the oldest verified version and ends at the first
+    release known not to work, after the newest verified one (one home for the range:
+    VERIFIED_VERSIONS and FIRST_UNSUPPORTED)."""
     import re
     import tomllib
     from pathlib import Path
 
-    from hlo_tools.jax_bridge.internals import version_tuple
+    from hlo_tools.jax_bridge.internals import FIRST_UNSUPPORTED, version_tuple
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
                             .read_text())["project"]
     verified = sorted(jb.VERIFIED_VERSIONS, key=version_tuple)
-    newest = version_tuple(verified[-1])
-    want = f">={verified[0]},<{newest[0]}.{newest[1] + 1}"
+    assert version_tuple(verified[-1]) < version_tuple(FIRST_UNSUPPORTED)
+    want = f">={verified[0]},<{FIRST_UNSUPPORTED}"
     for name in ("jax", "jaxlib"):
         spec = next(d for d in project["dependencies"] if re.match(rf"{name}\b[<>=]", d))
         assert spec.replace(" ", "") == f"{name}{want}", spec

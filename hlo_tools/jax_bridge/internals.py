@@ -45,6 +45,7 @@ from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 
 __all__ = [
+    "FIRST_UNSUPPORTED",
     "JAX_VERSION",
     "JAXLIB_VERSION",
     "VERIFIED_VERSIONS",
@@ -77,6 +78,10 @@ __all__ = [
 #: jax versions whose internals this module was checked on (jax and jaxlib alike):
 #: the whole test suite passes on each (CPU).
 VERIFIED_VERSIONS = frozenset({"0.10.2", "0.11.2", "0.12.0.1"})
+#: The first jax release the bridge is known not to work on, where pyproject's range ends:
+#: 0.12.1 turns ``jax_use_simplified_jaxpr_constants`` on, so closed-over constants become
+#: parameters of the lowered program, and 2-process gloo jobs stop in it.
+FIRST_UNSUPPORTED = "0.12.1"
 JAX_VERSION: str = jax.__version__
 JAXLIB_VERSION: str = jaxlib.version.__version__
 

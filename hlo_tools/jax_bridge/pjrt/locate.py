@@ -2,9 +2,10 @@
 
 Found from module specs alone, importing nothing: a ``jax_plugins`` package's
 ``__init__`` registers the plugin with jax as a side effect, and ``nvidia`` packages may
-preload CUDA libraries. A deviceless compile needs the plugin (the ``jax-cuda12-pjrt``
-or ``jax-cuda13-pjrt`` wheel) and ``ptxas`` with ``libdevice`` (the
-``nvidia-cuda-nvcc`` wheel, or a CUDA toolkit XLA finds by itself).
+preload CUDA libraries. A deviceless compile needs the plugin (the ``jax-cuda13-pjrt``
+or ``jax-cuda12-pjrt`` wheel) and ``ptxas`` with ``libdevice`` (CUDA 13: the
+``nvidia-cuda-nvcc`` and ``nvidia-nvvm`` wheels, which share ``nvidia/cu13``; CUDA 12:
+``nvidia-cuda-nvcc-cu12``; or a CUDA toolkit XLA finds by itself).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "CUDA_DATA_DIR_OPTION",
     "PLUGIN_ENV",
     "PLUGIN_MODULES",
+    "TOOL_PACKAGES",
     "cuda_data_dir",
     "cuda_libraries",
     "plugin_path",
@@ -35,6 +37,10 @@ PLUGIN_ENV = "DISCO_PJRT_PLUGIN"
 _PLUGIN_FILE = "xla_cuda_plugin.so"
 #: The XLA debug option naming the directory with ``bin/ptxas`` and ``nvvm/libdevice``.
 CUDA_DATA_DIR_OPTION = "xla_gpu_cuda_data_dir"
+#: The packages of the CUDA tool wheels holding ``bin/ptxas`` and ``nvvm/libdevice``,
+#: newest CUDA first: CUDA 13's ``nvidia-cuda-nvcc`` + ``nvidia-nvvm`` share one folder,
+#: CUDA 12's ``nvidia-cuda-nvcc-cu12`` holds both.
+TOOL_PACKAGES = ("nvidia.cu13", "nvidia.cuda_nvcc")
 #: Where XLA looks for a CUDA toolkit when not told (besides ``PATH``).
 _DEFAULT_CUDA_DIR = Path("/usr/local/cuda")
 
@@ -70,12 +76,14 @@ def _has_cuda_tools(folder: Path) -> bool:
 
 
 def cuda_data_dir() -> str | None:
-    """The ``nvidia-cuda-nvcc`` wheel's directory (``bin/ptxas``, ``nvvm/libdevice``):
-    what compiles pass as ``xla_gpu_cuda_data_dir`` so that XLA uses the wheel's tools
-    rather than whichever toolkit it would find first; None without the wheel."""
-    for folder in _package_dirs("nvidia.cuda_nvcc"):
-        if _has_cuda_tools(folder):
-            return str(folder)
+    """The CUDA tool wheels' directory (``bin/ptxas``, ``nvvm/libdevice``; see
+    :data:`TOOL_PACKAGES`): what compiles pass as ``xla_gpu_cuda_data_dir`` so that XLA
+    uses the wheels' tools rather than whichever toolkit it would find first; None
+    without the wheels."""
+    for package in TOOL_PACKAGES:
+        for folder in _package_dirs(package):
+            if _has_cuda_tools(folder):
+                return str(folder)
     return None
 
 
@@ -109,5 +117,5 @@ def unavailable_reason() -> str | None:
             return f"${PLUGIN_ENV} names no file: {given}"
         return "no CUDA PJRT plugin installed (jax-cuda12-pjrt or jax-cuda13-pjrt)"
     if ptxas_path() is None:
-        return "no ptxas found (install nvidia-cuda-nvcc-cu12 or a CUDA toolkit)"
+        return "no ptxas found (install nvidia-cuda-nvcc and nvidia-nvvm, or a CUDA toolkit)"
     return None
