@@ -3,7 +3,8 @@
 Everything the bridge needs from ``jax._src`` and ``xla_client`` goes through a small
 function here, so that a jax upgrade touches this file alone. The jax versions these
 internals were checked on are :data:`VERIFIED_VERSIONS`; importing the bridge under
-another version warns once (:func:`check_versions`).
+another version warns once (:func:`check_versions`). The supported range ends before
+:data:`FIRST_UNSUPPORTED`, the first release known not to work.
 
 What differs between the verified versions is written down where the difference is
 handled, one place per difference, named after the behaviour:
