@@ -262,13 +262,11 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
 
     5. With ``fit_overlap`` and the tuple probe measured, the simulator's overlap phi,
        with 1.: the phi up to the hardware file's at which the fitted ``D`` equals the
-       probe's latency per buffer (:func:`fit_overlap_to_latency`). With the hardware
-       file's phi (fitted on small steps) the fit priced overlap a program did not have
-       as latency each all-reduce pays, and programs with many separate all-reduces came
-       out too slow (rnnlm at medium over 1 Gbit/s: ``D`` 6-9 ms against the probe's
-       0.4-0.7 ms, XLA's op fusion +12% and 1 MiB buckets +15%; docs/findings.md,
-       "Latency or overlap"). Without ``fit_overlap`` (an overlap the user set) the
-       cost model's phi is kept.
+       probe's latency per buffer (:func:`fit_overlap_to_latency`). A phi held at the
+       hardware file's (fitted on small steps) turns overlap a program does not have into
+       latency each all-reduce pays, and prices programs with many separate all-reduces
+       too slow (docs/findings.md, "Latency or overlap"). Without ``fit_overlap`` (an
+       overlap the user set) the cost model's phi is kept.
 
     A lean profile (:attr:`~disco_jax.pipeline.profile.InContext.lean`: no one-bucket
     program) has one program to fit the compute scale to and none to tell ``D`` apart
@@ -400,9 +398,9 @@ def fit_overlap_to_latency(d_at: Callable[[float], float], latency_s: float,
     all-reduce (each waits for the slower process, or its collective serializes beside
     the computation), phi is 0 and the fitted latency keeps the rest; where ``upper``
     (the hardware file's phi) leaves less, phi stays ``upper``: the fit takes out overlap
-    the programs did not show, and adds none the file's measurement did not (in one
-    process, at phi 1, the fit clamped ``D`` to 0 and missed the one-bucket program by
-    14%). Bisection between, :data:`OVERLAP_STEPS` steps.
+    the programs did not show, and adds none the file's measurement did not (past it,
+    ``D`` reaches its floor of 0 and the two programs can no longer both be matched).
+    Bisection between, :data:`OVERLAP_STEPS` steps.
     """
     if upper <= 0.0 or d_at(0.0) >= latency_s:
         return 0.0
