@@ -10,8 +10,9 @@ and traces each program; then process 0 fits the cost model
 programs. Per class -- multi-op fusions, single-op fusions,
 kernel-library fusions (dots, convolutions), plain dots, the all-reduces, the rest --
 the table gives the priced and the traced seconds per iteration (process 0's trace), and
-per program the measured and predicted iteration (and each all-reduce's bytes, priced and
-traced seconds, in the JSON). A class priced far from its trace
+per program the measured and predicted iteration and the opcodes priced furthest from
+their trace (each opcode's and each all-reduce's priced and traced seconds in the JSON).
+A class priced far from its trace
 while the program's total is right shows where a fitted scale took another class's
 error.
 
@@ -58,6 +59,8 @@ OUT = ROOT / "benchmarks" / "results" / "kernel_classes.json"
 PROGRAMS = ("xla_default", "op_fusion")
 CLASSES = ("multi_op_fusion", "single_op_fusion", "library_fusion", "dot", "all_reduce",
            "other")
+#: Opcodes listed per program under the table, the furthest priced from their trace.
+TOP = 4
 #: Ops that are not work inside a fused computation.
 _PLUMBING = frozenset({"parameter", "constant", "bitcast", "tuple", "get-tuple-element"})
 
@@ -129,6 +132,7 @@ def _worker(args: argparse.Namespace) -> None:
         by_name = {i.name: i for i in graph.computation.instructions}
         traced = profiles[name].times_s
         classes = collections.defaultdict(lambda: {"n": 0, "priced_s": 0.0, "traced_s": 0.0})
+        opcodes = collections.defaultdict(lambda: {"n": 0, "priced_s": 0.0, "traced_s": 0.0})
         all_reduces = []
         for k, node in enumerate(sim.names):
             kind = kernel_class(by_name[node], compiled)
@@ -136,13 +140,17 @@ def _worker(args: argparse.Namespace) -> None:
             entry["n"] += 1
             entry["priced_s"] += float(sim.duration_s[k])
             entry["traced_s"] += traced.get(node, 0.0)
+            op = opcodes[f"{kind}:{by_name[node].opcode}"]
+            op["n"] += 1
+            op["priced_s"] += float(sim.duration_s[k])
+            op["traced_s"] += traced.get(node, 0.0)
             if kind == "all_reduce":
                 all_reduces.append([by_name[node].shape.byte_size(),
                                     float(sim.duration_s[k]), traced.get(node, 0.0)])
         programs[name] = {"measured_s": statistics.median(walls[name]),
                           "predicted_s": simulate(sim, costs.overlap).iteration_s,
                           "traced_sum_s": sum(traced.values()), "classes": dict(classes),
-                          "all_reduces": all_reduces}
+                          "opcodes": dict(opcodes), "all_reduces": all_reduces}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
               "calibration": cal._asdict(), "programs": programs}
     Path(args.out).write_text(json.dumps(record))
@@ -189,6 +197,12 @@ def render(records: list[dict[str, Any]]) -> str:
                      if c in p["classes"] else f"{'-':>19s}" for c in CLASSES]
             lines.append(f"{tag:12s} {r['setup']:12s} {name:12s} "
                          f"{ms(p['measured_s'])} {ms(p['predicted_s'])}  " + "  ".join(cells))
+            worst = sorted(p.get("opcodes", {}).items(),
+                           key=lambda kv: -abs(kv[1]["priced_s"] - kv[1]["traced_s"]))[:TOP]
+            if worst:
+                lines.append(f"{'':12s} most off: " + ", ".join(
+                    f"{op} x{v['n']} {v['priced_s'] * 1e3:.1f} / {v['traced_s'] * 1e3:.1f}"
+                    for op, v in worst))
         cal = r["calibration"]
         lines.append(f"{'':12s} fit: compute scale {cal['compute_scale']:.2f}, saving share "
                      f"{cal['saving_share']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "

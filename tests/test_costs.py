@@ -1018,6 +1018,50 @@ def test_profile_times_one_execution_per_call_site_and_folded_ops_at_their_produ
     assert times.estimate(view, transpose) == OpEstimate(0.0, False, "profile")
 
 
+def test_every_kernel_of_an_expanded_op_is_priced_on_that_op():
+    """XLA:CPU expands the max-pool gradient's ``select-and-scatter`` into kernels without
+    ``op_name`` (iotas, a variadic ``reduce-window``) that reach the op's ``scatter``
+    through several users: their time is the op's (dropped, the fitted compute scale
+    would spread it over every op)."""
+    import jax
+    import jax.numpy as jnp
+
+    from hlo_tools import jax_bridge
+
+    def pool(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
+                                     "VALID")
+
+    def f(x):
+        return jax.grad(lambda x: jnp.sum(pool(jnp.tanh(x)) ** 2))(x)
+
+    args = (np.random.default_rng(0).normal(size=(8, 32, 32, 16)).astype(np.float32),)
+    text = jax_bridge.extract(jax.jit(f), *args)
+    module = hlo_tools.parse(text)
+    sas = [i for i in module.entry.instructions if i.opcode == "select-and-scatter"]
+    assert len(sas) == 1, text
+    compiled = jax_bridge.compile_module(text, jax_bridge.InPlaceOf(jax.jit(f), args),
+                                         jax_bridge.CompileOptions(exact=True))
+    prof = profile_program(compiled, *args, iterations=3, warmup=1)
+    kernels = hlo_tools.parse(prof.hlo_text)
+    by_name = {i.name: i for _, i in kernels.instructions()}
+
+    def runs(name):  # the op a kernel runs: itself, or the only op of its wrapper
+        body = [i for c in by_name[name].called_computations
+                for i in kernels.computation(c).instructions if i.opcode != "parameter"]
+        return body[0] if len(body) == 1 else by_name[name]
+
+    unnamed = [n for n in prof.times_s if not runs(n).op_name]
+    assert unnamed, prof.hlo_text  # the expansion: kernels XLA gave no op_name
+    per_run = {n: t / max(prof.counts.get(n, 1.0), 1.0) for n, t in prof.times_s.items()}
+    times = ops.OpTimes()
+    times.add_program_profile(prof, original=module)
+    view = ops.module_view(module)
+    scatter = next(n for n in per_run if runs(n).opcode == "scatter")
+    assert times.estimate(view, sas[0]).time_s == pytest.approx(
+        per_run[scatter] + sum(per_run[n] for n in unnamed), rel=1e-6), prof.hlo_text
+
+
 def test_an_op_run_on_the_kernel_library_is_priced_at_that_time():
     """A plan compiled like the profiled program (library dots) runs the op on the
     library as well: the op's own key gets the library time, not a standalone time of

@@ -23,7 +23,7 @@ import math
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,8 @@ __all__ = [
 
 PROFILE_SCHEMA = 1
 _MIN_TIME_S = 1e-7
+#: Steps :func:`_original_path` walks from a kernel without ``op_name`` to its op.
+_CHAIN = 8
 
 
 # --------------------------------------------------------------------------- fallback model
@@ -491,8 +493,8 @@ def _map_single_ops(profile: ProgramProfile, compiled: Any, original: HloModule 
     totals: dict[str, float] = {}
     library: set[str] = set()
     for name, total in profile.times_s.items():
-        path = _original_path(compiled, users, name)
-        if path is None or _target(path) not in view.instr:
+        path = _original_path(compiled, users, name, lambda p: _target(p) in view.instr)
+        if path is None:
             continue
         folded = _folded_producer(view, path, _single_op(compiled.module,
                                                          compiled.instr[name]))
@@ -532,22 +534,43 @@ def _folded_producer(view: Any, path: str, kernel: HloInstruction) -> str | None
     return path[:path.rfind("/") + 1] + found[0]  # same call sites, the producer
 
 
-def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str) -> str | None:
+def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str,
+                   known: Callable[[str], bool]) -> str | None:
     """The ``op_name`` of the original op instance a compiled single-op kernel came from:
-    the original instruction's name prefixed by the call sites it was inlined through.
+    the original instruction's name prefixed by the call sites it was inlined through
+    (``known`` says which paths name an op of the original module).
 
-    A kernel without ``op_name`` that XLA split off an op (e.g. the ``reduce-window``
-    of a tree reduction) belongs to the op of its only user chain."""
-    for _ in range(8):
-        instr = compiled.instr.get(name)
+    A kernel without ``op_name`` that XLA split off an op belongs to that op: the op of
+    its only user chain (the ``reduce-window`` of a tree reduction), else the nearest op
+    downstream through any users (XLA:CPU expands ``select-and-scatter`` into iotas and
+    a variadic ``reduce-window`` without ``op_name``, which reach the ``scatter`` that
+    carries the op's through several tuple elements). A kernel left unmapped is time
+    the original program's ops lack, which the fitted compute scale would spread over
+    every op and then charge again in a program that runs that kernel itself."""
+    chain = name
+    for _ in range(_CHAIN):
+        instr = compiled.instr.get(chain)
         inner = _single_op(compiled.module, instr) if instr is not None else None
         if inner is None:
             return None
         if inner.op_name:
-            return inner.op_name
-        if len(users.get(name, ())) != 1:
-            return None
-        name = users[name][0]
+            return inner.op_name if known(inner.op_name) else None
+        if len(users.get(chain, ())) != 1:
+            break
+        chain = users[chain][0]
+    seen, frontier = {name}, [name]
+    for _ in range(_CHAIN):  # breadth first: the nearest users first
+        ahead = []
+        for user in (u for n in frontier for u in users.get(n, ())):
+            if user in seen:
+                continue
+            seen.add(user)
+            ahead.append(user)
+            instr = compiled.instr.get(user)
+            inner = _single_op(compiled.module, instr) if instr is not None else None
+            if inner is not None and inner.op_name and known(inner.op_name):
+                return inner.op_name
+        frontier = ahead
     return None
 
 
