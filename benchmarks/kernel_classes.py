@@ -136,14 +136,10 @@ def _worker(args: argparse.Namespace) -> None:
         all_reduces = []
         for k, node in enumerate(sim.names):
             kind = kernel_class(by_name[node], compiled)
-            entry = classes[kind]
-            entry["n"] += 1
-            entry["priced_s"] += float(sim.duration_s[k])
-            entry["traced_s"] += traced.get(node, 0.0)
-            op = opcodes[f"{kind}:{by_name[node].opcode}"]
-            op["n"] += 1
-            op["priced_s"] += float(sim.duration_s[k])
-            op["traced_s"] += traced.get(node, 0.0)
+            for entry in (classes[kind], opcodes[f"{kind}:{by_name[node].opcode}"]):
+                entry["n"] += 1
+                entry["priced_s"] += float(sim.duration_s[k])
+                entry["traced_s"] += traced.get(node, 0.0)
             if kind == "all_reduce":
                 all_reduces.append([by_name[node].shape.byte_size(),
                                     float(sim.duration_s[k]), traced.get(node, 0.0)])

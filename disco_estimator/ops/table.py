@@ -549,8 +549,7 @@ def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str,
     every op and then charge again in a program that runs that kernel itself."""
     chain = name
     for _ in range(_CHAIN):
-        instr = compiled.instr.get(chain)
-        inner = _single_op(compiled.module, instr) if instr is not None else None
+        inner = _kernel_op(compiled, chain)
         if inner is None:
             return None
         if inner.op_name:
@@ -566,12 +565,18 @@ def _original_path(compiled: Any, users: Mapping[str, list[str]], name: str,
                 continue
             seen.add(user)
             ahead.append(user)
-            instr = compiled.instr.get(user)
-            inner = _single_op(compiled.module, instr) if instr is not None else None
+            inner = _kernel_op(compiled, user)
             if inner is not None and inner.op_name and known(inner.op_name):
                 return inner.op_name
         frontier = ahead
     return None
+
+
+def _kernel_op(compiled: Any, name: str) -> HloInstruction | None:
+    """The op the compiled instruction ``name`` runs (:func:`_single_op`; None: no such
+    instruction, or not a single op)."""
+    instr = compiled.instr.get(name)
+    return _single_op(compiled.module, instr) if instr is not None else None
 
 
 def _single_op(module: HloModule, instr: HloInstruction) -> HloInstruction | None:
