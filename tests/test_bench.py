@@ -370,10 +370,17 @@ def test_disco_bench_in_a_two_process_gloo_job(tmp_path):
     # gloo's event loop at SCHED_BATCH by default (process 0's row: its one loop)
     assert (row["gloo_loop"], row["gloo_loops_quieted"]) == ("batch", 1)
     # staged candidates in both processes: the reference and the layouts process 0 picked
-    staged = row["staged"]
-    assert staged["reference"] in row["choice"]["medians_s"], row["choice"]
-    best = min(staged["predicted_s"], key=staged["predicted_s"].__getitem__)
-    assert best in row["choice"]["medians_s"], row["choice"]
+    staged, choice = row["staged"], row["choice"]
+    assert staged["reference"] in choice["medians_s"], choice
+    preds = {n: t for n, t in choice["predicted_s"].items() if n.startswith("staged")}
+    best = min(preds, key=preds.__getitem__)
+    assert best in choice["medians_s"], choice
+    # their step cost fitted again to the reference's median in the choice rounds: every
+    # staged prediction moved by the same seconds from the search's
+    shift = staged["choice_shift_s"]
+    assert shift is not None
+    for name, t in preds.items():
+        assert t == pytest.approx(choice["predicted_at_start_s"][name] + shift), name
     # two processes: the tuple probe was measured; each buffer of a combined all-reduce
     # pays its per-buffer latency, D plus the extra
     cal = row["calibration"]

@@ -93,6 +93,30 @@ def test_fit_recovers_the_costs_it_was_measured_with():
     assert fit(0.1).step_s == 0.0
 
 
+def test_restep_is_the_fit_again_with_the_reference_measured_again():
+    from disco_estimator.costs.staged_cost import restep
+
+    node_s = np.array([0.0, 1.0, 1.0, 0.0, 3.0, 0.0, 0.5, 1.0])
+    true = StagedCosts(node_s, compute_scale=2.0, post_scale=0.4, stage_s=0.25,
+                       c_s_per_byte=2e-3, d_s=0.5, overlap=0.4)
+    sim = staged_graph(GRAPH, ASSIGN, true)
+    stage_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if not c]
+    comm_s = [d for d, c in zip(sim.duration_s, sim.is_comm) if c]
+    simulated = simulate(sim, true.overlap).iteration_s
+
+    def fit(total_s):
+        return fit_assignment(GRAPH, ASSIGN, node_s, stage_s, comm_s, total_s, overlap=0.4)
+
+    # measured 0.3 s over its simulation, then 0.8 s over it (a slower machine), then
+    # under it: the step cost goes 0.3 -> 0.8 -> 0 s, and every prediction with it
+    first = fit(simulated + 0.3)
+    assert first.step_s == pytest.approx(0.3)
+    for again, step in ((simulated + 0.8, 0.8), (simulated - 0.5, 0.0)):
+        shift = restep(_makespan(first) + first.step_s, first.step_s, again)
+        assert shift == pytest.approx(step - 0.3)
+        assert first.step_s + shift == pytest.approx(fit(again).step_s)
+
+
 def test_fit_bounds_the_per_stage_cost_by_the_shortest_stage():
     # one stage holds all the modelled work: stage sums (0, 0, 4, 0), measured (1, 3, 5, 1)
     node_s = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0])

@@ -46,6 +46,7 @@ __all__ = [
     "LayoutPrediction",
     "predict_layouts",
     "predict_staged",
+    "restep",
     "staged_graph",
 ]
 
@@ -238,6 +239,29 @@ def fit_assignment(graph: DeviceGraph, assign: StageAssignment, node_s: np.ndarr
                         float(overlap))
     simulated = simulate(staged_graph(graph, assign, costs), costs.overlap).iteration_s
     return costs._replace(step_s=max(0.0, float(total_s) - simulated))
+
+
+def restep(reference_fitted_s: float, step_s: float, reference_s: float) -> float:
+    """Seconds every prediction of a staged fit moves by when the reference bucketing is
+    measured again (:func:`predict_layouts`' ``fitted_s`` and ``fo_bound_s`` alike).
+
+    Of the fitted numbers only ``step_s`` depends on the whole step's measured time (the
+    stages and buckets are fitted on their programs alone): it is what the reference's
+    time has beyond its simulation, at least 0. Measured again -- beside the programs it
+    is chosen among, on a machine that may have slowed since -- the reference gives a
+    new ``step_s``; every prediction holds the old one once.
+
+    Args:
+        reference_fitted_s: the reference's predicted seconds per iteration (its
+            simulation plus ``step_s``).
+        step_s: the fit's ``step_s``, seconds.
+        reference_s: the reference's new measurement, seconds per iteration.
+
+    Returns:
+        The new ``step_s`` less the old, seconds (negative: the predictions fall).
+    """
+    simulated = reference_fitted_s - step_s
+    return max(0.0, reference_s - simulated) - step_s
 
 
 def _fit_stages(model: np.ndarray, post: np.ndarray, measured: np.ndarray

@@ -36,7 +36,10 @@ This module adds:
    (:class:`~disco_jax.pipeline.optimize.Refit`, ``calibration_refit``;
    ``predicted_choice_fit_s``; the final choice's candidates, ``choice.predicted_s``,
    are priced by it, as they were measured in step 5) and under the search's own model
-   (``predicted_at_start_s``). The row keeps every round's sample (``samples_s``). With
+   (``predicted_at_start_s``). Staged programs keep the staged fit's prices, its step
+   cost fitted again to the reference bucketing's median in step 5's rounds beside the
+   other candidates (``staged.choice_shift_s``; not in ``predicted_at_start_s``). The
+   row keeps every round's sample (``samples_s``). With
    ``spec["compare_fused"]`` (GNN checkpoints) it predicts the final choice's
    candidates once more with that fit under each GNN as the fused-op estimator
    (``choice.predicted_by_estimator_s``: the same measurements under each estimator).
@@ -193,10 +196,27 @@ def _bench_rounds(spec: Mapping[str, Any], details: OptimizeDetails, sync: Any,
     return _Bench(finals, samples, best_bucketed, same, fit_samples)
 
 
-def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], tuple[dict, dict]]:
+def _staged_shift(details: OptimizeDetails) -> float | None:
+    """Seconds the staged fit's predictions move by when its step cost is fitted again to
+    the reference bucketing's median in the choice rounds
+    (:func:`~disco_estimator.costs.staged_cost.restep`), as the cost model is fitted again
+    to those rounds; None where no staged reference ran there."""
+    from disco_estimator.costs.staged_cost import restep
+
+    info = details.candidates.staged_info
+    ref = info.get("reference")
+    again = details.choice.medians_s.get(ref) if ref else None
+    if again is None or ref not in info.get("predicted_s", {}):
+        return None
+    return restep(info["predicted_s"][ref], info["fit"]["step_s"], again)
+
+
+def _predictor(details: OptimizeDetails, best_bucketed: str
+               ) -> Callable[..., tuple[dict, dict]]:
     """Step 7's predictions: a function of a cost model giving the six programs' (and
     ``fo``) and the final choice's candidates' predicted seconds, XLA's programs parsed
-    once for every model."""
+    once for every model; ``remeasured`` (default) prices the staged programs with the
+    step cost fitted again to the choice rounds (:func:`_staged_shift`)."""
     from disco_estimator.costs.lower import (
         predict_module,
         sim_graph,
@@ -216,8 +236,12 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
     compiled = {n: bl.module_from_compiled(runs[n])
                 for n in (*bl.BASELINES, *bucketed, *swept)}
 
-    def predictions(cm: Any) -> tuple[dict[str, float], dict[str, float]]:
+    shift = _staged_shift(details) or 0.0
+
+    def predictions(cm: Any, remeasured: bool = True
+                    ) -> tuple[dict[str, float], dict[str, float]]:
         """The six programs' and the final choice's candidates' predicted seconds."""
+        move = shift if remeasured else 0.0
         predicted: dict[str, float] = {}
         for baseline in bl.BASELINES:
             predicted[baseline] = predict_module(compiled[baseline], cm)
@@ -225,8 +249,9 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
         pred_plans = {n: simulate_plan(graph, plan, cm).iteration_s
                       for n, plan in plans.items()}
         predicted["bucketed"] = pred_bucketed[best_bucketed]
-        # staged programs: the search's model priced them (staged_candidates)
-        pred_staged = {n: staged_info["predicted_s"].get(n) for n in staged}
+        # staged programs: the staged fit priced them (staged_candidates)
+        pred_staged = {n: (t if t is None else t + move)
+                       for n, t in ((n, staged_info["predicted_s"].get(n)) for n in staged)}
         pred_swept = {n: predict_module(compiled[n], cm) for n in swept}
         pred_choice = {**pred_bucketed, **pred_swept, **pred_plans, **pred_staged,
                        **{n: predicted[n] for n in CANDIDATE_BASELINES}}
@@ -234,7 +259,7 @@ def _predictor(details: OptimizeDetails, best_bucketed: str) -> Callable[[Any], 
         # FO: the chosen program with every AllReduce hidden (its full-overlap bound),
         # under the model that priced it: a staged program's under the staged model
         if name in staged and name in staged_info.get("fo_bound_s", {}):
-            predicted["fo"] = staged_info["fo_bound_s"][name]
+            predicted["fo"] = staged_info["fo_bound_s"][name] + move
         elif name in staged:
             predicted["fo"] = full_overlap_bound(sim_graph(graph, plans["plan_0"], cm))
         elif name in plans:
@@ -342,16 +367,17 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
             bench_costs = rounds.costs
     say("predicting every program")
     predictions = _predictor(details, bench.best_bucketed)
-    priced: dict[int, tuple[dict, dict]] = {}
+    priced: dict[tuple[int, bool], tuple[dict, dict]] = {}
 
-    def under(cm: Any) -> tuple[dict, dict]:
-        if id(cm) not in priced:
-            priced[id(cm)] = predictions(cm)
-        return priced[id(cm)]
+    def under(cm: Any, remeasured: bool = True) -> tuple[dict, dict]:
+        key = (id(cm), remeasured)
+        if key not in priced:
+            priced[key] = predictions(cm, remeasured)
+        return priced[key]
 
     predicted = under(bench_costs)[0]
     choice_predicted, pred_choice = under(choice_costs)
-    start_predicted, start_choice = under(at_start)
+    start_predicted, start_choice = under(at_start, remeasured=False)
     by_estimator = None
     if spec.get("compare_fused") and chosen is not None and cal is not None:
         # the same measurements and candidates under other fused-op estimators
@@ -380,7 +406,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "wins": choice.wins, "against": choice.against,
                    "predicted_s": pred_choice, "predicted_at_start_s": start_choice,
                    "predicted_by_estimator_s": by_estimator},
-        "staged": {k: v for k, v in cands.staged_info.items() if k != "predicted_s"},
+        "staged": {**{k: v for k, v in cands.staged_info.items() if k != "predicted_s"},
+                   "choice_shift_s": _staged_shift(details)},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,
         "facts": {"jax_version": jax.__version__, "num_devices": jax.device_count(),
