@@ -17,7 +17,8 @@ range's width on each median): what a model that knew each program's true time w
 score against measurements this noisy, at best. Per file and overall: the mean of the
 three taus, the mean absolute error per program, and how many programs are predicted
 within 10%, over all and over the programs beyond the fit's (no fusion and XLA's default
-are the fit's own programs).
+are the fit's own programs). A model measured in several files counts once, by its row in
+the last of them.
 
 ``--predictions`` picks the row's predictions: ``predicted_s`` (the model fitted to the
 bench's own rounds where the row has one, ``calibration_bench``), ``choice_fit`` (fitted
@@ -213,6 +214,22 @@ def _summary_line(label: str, s: dict[str, Any]) -> str:
             f"{allowed_cell} {cells}   within 10%: {s['within_10']:.0%}{beyond_cell}")
 
 
+def latest_rows(per_file: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Each model, setup and size once: its row in the last file given that has one (a
+    model measured again replaces its earlier row; the files keep their order)."""
+    last = {(r["model"], r["setup"], r["size"]): name
+            for name, rs in per_file.items() for r in rs}
+    out = {}
+    for name, rs in per_file.items():
+        kept = [r for r in rs if last[(r["model"], r["setup"], r["size"])] == name]
+        for r in rs:
+            if r not in kept:
+                print(f"{r['model']} {r['setup']} {r['size']}: the row of "
+                      f"{last[(r['model'], r['setup'], r['size'])]} replaces {name}'s")
+        out[name] = kept
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         per_file[path.name] = [r for r in (row_ranking(row, args.predictions) for row in rows)
                                if r is not None]
+    per_file = latest_rows(per_file)
     every = [r for rs in per_file.values() for r in rs]
     total = summarize(every)
     print(render(per_file, total))

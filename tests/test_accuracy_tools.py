@@ -205,6 +205,16 @@ def test_the_tau_the_measurement_allows() -> None:
     assert s["mean_tau_allowed"] == 1.0 and s["within_10_beyond_fit"] == 0.0
 
 
+def test_ranking_counts_a_model_measured_again_once() -> None:
+    def r(model: str, tau: float) -> dict:
+        return {"model": model, "setup": "inproc4", "size": "large", "tau": tau}
+
+    got = RK.latest_rows({"a.json": [r("resnet", 0.2), r("vgg", 1.0)],
+                          "b.json": [r("bert", 0.6)], "c.json": [r("resnet", 0.8)]})
+    assert got == {"a.json": [r("vgg", 1.0)], "b.json": [r("bert", 0.6)],
+                   "c.json": [r("resnet", 0.8)]}
+
+
 def test_unfinished_compiles(tmp_path: Path) -> None:
     (tmp_path / "p0.log").write_text("start a\ndone a\nstart b\n")
     (tmp_path / "p1.log").write_text("start c\ndone c\nstart b\ndone b\nstart d\n")
