@@ -9,7 +9,8 @@ and traces each program; then process 0 fits the cost model
 (:func:`~disco_jax.pipeline.fit.in_context_costs`) and prices every instruction of XLA's
 programs. Per class -- multi-op fusions, single-op fusions,
 kernel-library fusions (dots, convolutions), plain dots, the all-reduces, the rest --
-the table gives the priced and the traced seconds per iteration (process 0's trace), and
+the table gives the priced and the traced seconds per iteration (process 0's trace; a
+loop's kernels in their own classes, each with its share of the loop's price), and
 per program the measured and predicted iteration and the opcodes priced furthest from
 their trace (each opcode's and each all-reduce's priced and traced seconds in the JSON).
 A class priced far from its trace
@@ -83,6 +84,25 @@ def kernel_class(instr: Any, module: Any) -> str:
     return "other"
 
 
+def loop_parts(costs: Any, module: Any, instr: Any, priced_s: float) -> list[tuple[Any, float]]:
+    """The instructions of a ``while`` loop's condition and body that take time, each with
+    its share of the loop's priced seconds per iteration ``priced_s``: the cost model
+    prices a loop as its trip count times the sum of their times, so each gets that
+    proportion (its trips included). Empty for any other instruction."""
+    import hlo_tools
+
+    if instr.opcode != "while":
+        return []
+    times = []
+    for name in instr.called_computations:
+        graph = hlo_tools.device_graph(module, module.computation(name))
+        gc = costs.graph_costs(graph)
+        times += [(i, float(t)) for i, t in zip(graph.computation.instructions, gc.time_s)
+                  if t > 0]
+    total = sum(t for _, t in times)
+    return [(i, priced_s * t / total) for i, t in times] if total > 0 else []
+
+
 def _worker(args: argparse.Namespace) -> None:
     """One process of the job; process 0 writes the record to ``args.out``."""
     from disco_jax.activator import initialize_from_env
@@ -135,14 +155,19 @@ def _worker(args: argparse.Namespace) -> None:
         opcodes = collections.defaultdict(lambda: {"n": 0, "priced_s": 0.0, "traced_s": 0.0})
         all_reduces = []
         for k, node in enumerate(sim.names):
-            kind = kernel_class(by_name[node], compiled)
-            for entry in (classes[kind], opcodes[f"{kind}:{by_name[node].opcode}"]):
-                entry["n"] += 1
-                entry["priced_s"] += float(sim.duration_s[k])
-                entry["traced_s"] += traced.get(node, 0.0)
-            if kind == "all_reduce":
-                all_reduces.append([by_name[node].shape.byte_size(),
-                                    float(sim.duration_s[k]), traced.get(node, 0.0)])
+            instr, priced = by_name[node], float(sim.duration_s[k])
+            inside = loop_parts(costs, compiled, instr, priced)
+            # a loop's kernels in their own classes; the loop keeps what is left
+            rows = [(instr, priced - sum(p for _, p in inside))] + inside
+            for inner, seconds in rows:
+                kind = kernel_class(inner, compiled)
+                for entry in (classes[kind], opcodes[f"{kind}:{inner.opcode}"]):
+                    entry["n"] += 1
+                    entry["priced_s"] += seconds
+                    entry["traced_s"] += traced.get(inner.name, 0.0)
+                if kind == "all_reduce":
+                    all_reduces.append([inner.shape.byte_size(), seconds,
+                                        traced.get(inner.name, 0.0)])
         programs[name] = {"measured_s": statistics.median(walls[name]),
                           "predicted_s": simulate(sim, costs.overlap).iteration_s,
                           "traced_sum_s": sum(traced.values()), "classes": dict(classes),
