@@ -22,7 +22,8 @@ the last of them.
 
 ``--predictions`` picks the row's predictions: ``predicted_s`` (the model fitted to the
 bench's own rounds where the row has one, ``calibration_bench``), ``choice_fit`` (fitted
-with the final choice's rounds pooled in) or ``start`` (the search's model).
+with the final choice's rounds pooled in) or ``start`` (the search's model). ``--restep``
+prices a staged choice of an older row as the bench now does (:func:`restepped`).
 
 The rows come from bench files (``benchmarks/results/bench*.json``, or ``--run``: the
 bench is run first, one file per size and setup, as ``disco bench`` with the README's
@@ -142,6 +143,28 @@ def row_ranking(row: dict[str, Any], predictions: str = "bench") -> dict[str, An
             "bootstrap": samples is not None, "error": errors}
 
 
+def restepped(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with a staged choice priced as ``disco bench`` now prices it, its staged
+    step cost fitted again to the reference bucketing's median in the choice rounds
+    (:func:`~disco_estimator.costs.staged_cost.restep`), for rows written before the bench
+    did so; any other row as it is."""
+    from disco_estimator.costs.staged_cost import restep
+
+    staged, choice = row.get("staged") or {}, row.get("choice") or {}
+    name, ref = choice.get("disco") or "", staged.get("reference")
+    start = choice.get("predicted_at_start_s") or {}
+    again = (choice.get("medians_s") or {}).get(ref)
+    if ("choice_shift_s" in staged or not name.startswith("staged") or again is None
+            or ref not in start or name not in start):
+        return row
+    shift = restep(start[ref], staged["fit"]["step_s"], again)
+    out = dict(row)
+    for key in ("predicted_s", "predicted_choice_fit_s"):
+        if "disco" in (row.get(key) or {}):
+            out[key] = {**row[key], "disco": start[name] + shift}
+    return out
+
+
 def summarize(rankings: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean tau, mean absolute error per program and the share within 10%."""
     if not rankings:
@@ -241,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predictions", choices=sorted(PREDICTIONS), default="bench",
                     help="the row's predictions to rank (default: %(default)s, the model "
                          "fitted to the bench's own rounds where the row has one)")
+    ap.add_argument("--restep", action="store_true",
+                    help="price a staged choice of rows written before disco bench fitted "
+                         "the staged step cost again to the choice rounds as it now does")
     ap.add_argument("--out", default=str(RESULTS / "ranking.json"))
     args = ap.parse_args(argv)
     paths = [Path(f) for f in args.files]
@@ -255,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as err:
             print(f"{path}: not a bench result file ({err})", file=sys.stderr)
             return 2
+        if args.restep:
+            rows = [restepped(row) for row in rows]
         per_file[path.name] = [r for r in (row_ranking(row, args.predictions) for row in rows)
                                if r is not None]
     per_file = latest_rows(per_file)
@@ -263,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(per_file, total))
     write_result(args.out, {"files": {n: {"rows": rs, "summary": summarize(rs)}
                                       for n, rs in per_file.items()},
-                            "summary": total, "predictions": args.predictions})
+                            "summary": total, "predictions": args.predictions,
+                            "restep": args.restep})
     print(f"wrote {args.out}")
     return 0
 

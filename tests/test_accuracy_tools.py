@@ -215,6 +215,22 @@ def test_ranking_counts_a_model_measured_again_once() -> None:
                    "c.json": [r("resnet", 0.8)]}
 
 
+def test_ranking_restep_prices_an_older_staged_choice_as_the_bench_now_does() -> None:
+    # the staged fit: reference 1.0 s measured as priced (step cost 0.1 s over a 0.9 s
+    # simulation); the choice rounds measured it at 1.2 s: every staged price +0.2 s
+    row = {"model": "m", "setup": "gloo2", "size": "tiny",
+           "staged": {"reference": "staged_k4_r1", "fit": {"step_s": 0.1}},
+           "choice": {"disco": "staged_k2_r1", "medians_s": {"staged_k4_r1": 1.2},
+                      "predicted_at_start_s": {"staged_k4_r1": 1.0, "staged_k2_r1": 0.8}},
+           "predicted_s": {"no_fusion": 2.0, "disco": 0.8}}
+    got = RK.restepped(row)
+    assert got["predicted_s"] == {"no_fusion": 2.0, "disco": pytest.approx(1.0)}
+    # a row the bench already priced so, or a choice that is not staged: as it is
+    for done in ({**row, "staged": {**row["staged"], "choice_shift_s": 0.2}},
+                 {**row, "choice": {**row["choice"], "disco": "xla_default"}}):
+        assert RK.restepped(done) is done
+
+
 def test_unfinished_compiles(tmp_path: Path) -> None:
     (tmp_path / "p0.log").write_text("start a\ndone a\nstart b\n")
     (tmp_path / "p1.log").write_text("start c\ndone c\nstart b\ndone b\nstart d\n")
