@@ -7,7 +7,8 @@ XLA's default again, and a module that differs between the processes. Then, in a
 block, two batches of per-device modules spread over the processes (``spread``), the
 second with a module XLA rejects. It runs the programs and writes whether they compute
 what ``jax.jit`` (or numpy) computes, a digest of the step's results, the errors, and the
-blocks' counts.
+blocks' counts; then a single-device module of its own (``Standalone``) and the route
+probe's answer.
 """
 
 from __future__ import annotations
@@ -130,6 +131,21 @@ def main() -> None:
                                      rtol=1e-5))
     out["spread_ok"] = [bool(np.allclose(np.asarray(run([[x]])[0][0]), want_ops[op](xx),
                                          rtol=1e-5)) for op, run in zip(ops, batch)]
+    # a module of its own on this process's device, and the route probe (which runs one)
+    neg = jb.compile_module(_STAGE.replace("tanh", "negate"), jb.Standalone())
+    (got,) = neg(np.asarray(x))
+    out["standalone_ok"] = bool(np.allclose(got, -xx, rtol=1e-5))
+    probed = jb.probe_route()
+    out["route"] = probed.name
+    # the job's route: every process's probe agrees, or the job takes buckets with the
+    # reason of a process whose probe did not find hand-written fusions compile
+    from disco_jax.pipeline.candidates import job_route
+    from disco_jax.pipeline.sync import job_sync
+
+    out["job_route"] = list(job_route(probed, job_sync("route_agreed")))
+    failed = (jb.Route(jb.BUCKETS, probed.platform, "no fusion here")
+              if jax.process_index() == 1 else probed)
+    out["job_route_failed"] = list(job_route(failed, job_sync("route_failed")))
     out["counts"] = {"compiled": shared.compiled, "loaded": shared.loaded,
                      "local": shared.local}
     out["spread_counts"] = {"compiled": spreading.compiled, "loaded": spreading.loaded,

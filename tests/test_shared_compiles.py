@@ -42,5 +42,14 @@ def test_process_0_compiles_and_process_1_loads(tmp_path):
         assert row["spread_ok"] == [True] * 4, row
         assert "bad_add" in row["spread_error"], row
     assert rows[0]["spread_error"] == rows[1]["spread_error"]
+    # a standalone module runs on the process's own device in both (assigned to global
+    # device 0, process 1's failed: "local device count is 0"), so the route probe
+    # finds hand-written fusions compile in both, and both compile plans alike
+    assert [row["standalone_ok"] for row in rows] == [True, True]
+    assert [row["route"] for row in rows] == ["exact", "exact"]
+    assert [row["job_route"][0] for row in rows] == ["exact", "exact"]
+    # one process's probe failing: the job takes buckets in both, with its reason
+    for row in rows:
+        assert row["job_route_failed"] == ["buckets", "cpu", "process 1: no fusion here"]
     assert rows[0]["spread_counts"] == {"compiled": 4, "loaded": 2, "local": 0}
     assert rows[1]["spread_counts"] == {"compiled": 2, "loaded": 4, "local": 0}

@@ -23,6 +23,7 @@ __all__ = [
     "baseline_program",
     "build_candidates",
     "enactment_route",
+    "job_route",
     "plan_compile_options",
     "staged_candidates",
     "staged_compiles",
@@ -80,6 +81,22 @@ def enactment_route(route: str | None, platform: str) -> Any:
     if route not in ROUTES:
         raise ValueError(f"route must be one of {', '.join(ROUTES)} or None, got {route!r}")
     return Route(route, platform, "asked for")
+
+
+def job_route(route: Any, sync: Sync) -> Any:
+    """The route every process of a job takes: ``route`` where every process's probe
+    found the same, else :data:`~hlo_tools.jax_bridge.BUCKETS` with the reason of the
+    first process whose probe did not find hand-written fusions compile. A plan is one
+    program of the job: compiled as written in one process and with XLA's fusion on in
+    another, XLA's fusion passes rewrite the hand-written fusions there (its verifier
+    then rejected them, or the processes ran different programs)."""
+    from hlo_tools.jax_bridge import BUCKETS, EXACT, Route
+
+    answers = sync.gather("plan_route", [route.name, route.reason])
+    if all(name == route.name for name, _ in answers):
+        return route
+    pid, (_, reason) = next((i, a) for i, a in enumerate(answers) if a[0] != EXACT)
+    return Route(BUCKETS, route.platform, f"process {pid}: {reason}")
 
 
 def plan_compile_options(route: Any) -> dict[str, Any]:
@@ -216,38 +233,19 @@ def build_candidates(program: Program, plans_json: Sequence[Any], route: Any, *,
 
     def plan(name: str) -> None:
         """Compiles a plan; one XLA rejects (in any process of a job) is left out of the
-        choice, with its text kept in the temp directory and a line that says why.
-
-        A plan XLA rejects is compiled once more, when the budget leaves time for it,
-        before it is left out: in 2-process jobs XLA:CPU (jaxlib 0.12) has rejected a
-        plan in process 1 with a verifier error ("Fused computation shape f32[8,32,1] is
-        not equal to the fusion shape f32[8,32]") and, in some runs, compiled the same
-        text when asked again. Every process of a job compiles it again, or none does
-        (process 0's budget decides): a process that compiled alone would wait for its
-        owner's program in a shared compile (:meth:`Sync.compiles_shared`) forever."""
+        choice, with its text kept in the temp directory and a line that says why."""
         plan_text = to_text(apply_plan(program.module, plans[name], program.graph, backend=backend))
         options = CompileOptions(exact=how["exact"], library=how.get("library", False),
                                  extra=how.get("compiler_options"))
-
-        def attempt(tag: str) -> list[str | None]:
-            """Compiles it; every process's error (None: compiled)."""
-            error = None
-            try:
-                compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args),
-                                                      options))
-            except HloCompileError as err:
-                where = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
-                kept = Path(tempfile.gettempdir()) / \
-                    f"disco_rejected_{name}{where}_{os.getpid()}.hlo"
-                kept.write_text(plan_text)
-                error = f"{str(err).splitlines()[0][:200]}; text in {kept}"
-            return sync.gather(f"compiled{tag}_{name}", error)
-
-        errors = attempt("")
-        if any(errors):
-            again = not budget.limited or budget.left_s() >= plan_compiles * budget.compile_s()
-            if sync.share(f"compile_again_{name}", again):
-                errors = attempt("_again")
+        error = None
+        try:
+            compiled(name, lambda: compile_module(plan_text, InPlaceOf(step, args), options))
+        except HloCompileError as err:
+            where = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
+            kept = Path(tempfile.gettempdir()) / f"disco_rejected_{name}{where}_{os.getpid()}.hlo"
+            kept.write_text(plan_text)
+            error = f"{str(err).splitlines()[0][:200]}; text in {kept}"
+        errors = sync.gather(f"compiled_{name}", error)
         if any(errors):
             runs.pop(name, None)
             say(f"{name}: XLA rejected it, left out ({next(e for e in errors if e)})")

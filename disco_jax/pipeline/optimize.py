@@ -408,6 +408,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         baseline_program,
         build_candidates,
         enactment_route,
+        job_route,
     )
     from disco_jax.pipeline.choose import choice_tiers, decide, measure
     from disco_jax.pipeline.fit import default_hardware
@@ -441,7 +442,7 @@ def optimize_step(step: Callable[..., Any], args: Sequence[Any], *,
         fused = (fused_estimator if fused_estimator is not None
                  else choose_fused_estimator(platform=program.platform))
         lap("lower")
-        plan_route = enactment_route(route, program.platform)
+        plan_route = job_route(enactment_route(route, program.platform), sync)
         hardware = hardware or default_hardware(jax.process_count(), program.platform)
         graph = program.graph
         start = "compiling XLA's default" if budget.limited else "profiling in context"

@@ -333,8 +333,9 @@ def _standalone(hlo_text: str, target: Standalone, options: CompileOptions
     if target.replicas < 1 or len(devices) < target.replicas:
         raise HloCompileError(f"{target.replicas} replicas requested, {platform} has "
                               f"{len(local)} local devices")
-    executable, program_shape, given = _load(hlo_text, devices, options, device_ids=None,
-                                             share=False)
+    # assigned to this process's own devices: the first global ids belong to process 0
+    executable, program_shape, given = _load(hlo_text, devices, options,
+                                             device_ids=[d.id for d in devices], share=False)
     result = program_shape.result_shape()
     return StandaloneHlo(
         executable=executable,
