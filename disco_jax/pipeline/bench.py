@@ -211,12 +211,13 @@ def _staged_shift(details: OptimizeDetails) -> float | None:
     return restep(info["predicted_s"][ref], info["fit"]["step_s"], again)
 
 
-def _predictor(details: OptimizeDetails, best_bucketed: str
+def _predictor(details: OptimizeDetails, best_bucketed: str, shift: float
                ) -> Callable[..., tuple[dict, dict]]:
     """Step 7's predictions: a function of a cost model giving the six programs' (and
     ``fo``) and the final choice's candidates' predicted seconds, XLA's programs parsed
-    once for every model; ``remeasured`` (default) prices the staged programs with the
-    step cost fitted again to the choice rounds (:func:`_staged_shift`)."""
+    once for every model; ``remeasured`` (default) moves the staged programs' by
+    ``shift`` seconds, their step cost fitted again to the choice rounds
+    (:func:`_staged_shift`)."""
     from disco_estimator.costs.lower import (
         predict_module,
         sim_graph,
@@ -235,8 +236,6 @@ def _predictor(details: OptimizeDetails, best_bucketed: str
     # XLA's programs as it runs them
     compiled = {n: bl.module_from_compiled(runs[n])
                 for n in (*bl.BASELINES, *bucketed, *swept)}
-
-    shift = _staged_shift(details) or 0.0
 
     def predictions(cm: Any, remeasured: bool = True
                     ) -> tuple[dict[str, float], dict[str, float]]:
@@ -366,7 +365,8 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
             row["calibration_bench"] = rounds.calibration._asdict()
             bench_costs = rounds.costs
     say("predicting every program")
-    predictions = _predictor(details, bench.best_bucketed)
+    shift = _staged_shift(details)
+    predictions = _predictor(details, bench.best_bucketed, shift or 0.0)
     priced: dict[tuple[int, bool], tuple[dict, dict]] = {}
 
     def under(cm: Any, remeasured: bool = True) -> tuple[dict, dict]:
@@ -407,7 +407,7 @@ def bench_row(spec: Mapping[str, Any]) -> dict[str, Any] | None:
                    "predicted_s": pred_choice, "predicted_at_start_s": start_choice,
                    "predicted_by_estimator_s": by_estimator},
         "staged": {**{k: v for k, v in cands.staged_info.items() if k != "predicted_s"},
-                   "choice_shift_s": _staged_shift(details)},
+                   "choice_shift_s": shift},
         "disco_max_abs_diff": diff,
         "job_s": time.perf_counter() - t_job,
         "facts": {"jax_version": jax.__version__, "num_devices": jax.device_count(),
