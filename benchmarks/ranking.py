@@ -240,17 +240,16 @@ def _summary_line(label: str, s: dict[str, Any]) -> str:
 def latest_rows(per_file: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """Each model, setup and size once: its row in the last file given that has one (a
     model measured again replaces its earlier row; the files keep their order)."""
-    last = {(r["model"], r["setup"], r["size"]): name
-            for name, rs in per_file.items() for r in rs}
-    out = {}
+    def key(r: dict[str, Any]) -> tuple:
+        return r["model"], r["setup"], r["size"]
+
+    last = {key(r): name for name, rs in per_file.items() for r in rs}
     for name, rs in per_file.items():
-        kept = [r for r in rs if last[(r["model"], r["setup"], r["size"])] == name]
         for r in rs:
-            if r not in kept:
-                print(f"{r['model']} {r['setup']} {r['size']}: the row of "
-                      f"{last[(r['model'], r['setup'], r['size'])]} replaces {name}'s")
-        out[name] = kept
-    return out
+            if last[key(r)] != name:
+                print(f"{' '.join(map(str, key(r)))}: the row of {last[key(r)]} replaces "
+                      f"{name}'s")
+    return {name: [r for r in rs if last[key(r)] == name] for name, rs in per_file.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

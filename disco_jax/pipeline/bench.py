@@ -249,8 +249,8 @@ def _predictor(details: OptimizeDetails, best_bucketed: str, shift: float
                       for n, plan in plans.items()}
         predicted["bucketed"] = pred_bucketed[best_bucketed]
         # staged programs: the staged fit priced them (staged_candidates)
-        pred_staged = {n: (t if t is None else t + move)
-                       for n, t in ((n, staged_info["predicted_s"].get(n)) for n in staged)}
+        fitted = staged_info["predicted_s"]
+        pred_staged = {n: fitted[n] + move if n in fitted else None for n in staged}
         pred_swept = {n: predict_module(compiled[n], cm) for n in swept}
         pred_choice = {**pred_bucketed, **pred_swept, **pred_plans, **pred_staged,
                        **{n: predicted[n] for n in CANDIDATE_BASELINES}}
