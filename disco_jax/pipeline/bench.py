@@ -249,7 +249,7 @@ def _predictor(details: OptimizeDetails, best_bucketed: str, shift: float
                       for n, plan in plans.items()}
         predicted["bucketed"] = pred_bucketed[best_bucketed]
         # staged programs: the staged fit priced them (staged_candidates)
-        fitted = staged_info["predicted_s"]
+        fitted = staged_info.get("predicted_s", {})
         pred_staged = {n: fitted[n] + move if n in fitted else None for n in staged}
         pred_swept = {n: predict_module(compiled[n], cm) for n in swept}
         pred_choice = {**pred_bucketed, **pred_swept, **pred_plans, **pred_staged,
