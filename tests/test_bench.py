@@ -477,3 +477,31 @@ def test_the_share_is_the_measured_gain_over_the_bounds_and_never_negative():
     # a measured gain past the predicted bound (2.5x against 1.5x) is all of it, not 300%
     row["measured_s"]["disco"] = 0.8
     assert "100%" in render_table([row]) and "300%" not in render_table([row])
+
+
+@pytest.mark.parametrize("start", [5.0, -3.0])
+def test_the_saving_share_fit_prices_xla_default_from_either_bound(vgg, start):
+    """The saving share is fitted so that the cost model itself, not the affine
+    stand-in the fit solves on, prices XLA's fused program at its measurement: from a
+    share at which the stand-in's kernels sit on the floor (5) or far from it (-3)."""
+    import dataclasses
+
+    from disco_estimator.costs.lower import simulated_s
+
+    step, args, module, _ = vgg
+    measured = profile_in_context(step, args, module, rounds=3)
+    costs, cal = in_context_costs(module, "inproc4", measured, progress=False)
+
+    def at_share(model: CostModel, share: float) -> CostModel:
+        consts = dataclasses.replace(model.constants, saving_share=share)
+        return CostModel(model.hardware, op_times=model.op_times, constants=consts)
+
+    # a time the fit can reach: XLA's program with no saving granted (share 0)
+    want = simulated_s(measured.fused, at_share(costs, 0.0))
+    assert want != pytest.approx(simulated_s(measured.fused, at_share(costs, start)),
+                                 rel=0.05)
+    fitted, got = calibrate_in_context(at_share(costs, start), module,
+                                       measured._replace(fused_wall_s=want))
+    assert got.saving_share == pytest.approx(0.0, abs=0.05), got
+    assert simulated_s(measured.fused, fitted) == pytest.approx(want, rel=0.01), got
+    assert got.fused_predicted_s == pytest.approx(simulated_s(measured.fused, fitted))

@@ -25,6 +25,8 @@ __all__ = [
     "COMPUTE_SCALE_BOUNDS",
     "OVERLAP_STEPS",
     "SAVING_SHARE_BOUNDS",
+    "SHARE_REBUILDS",
+    "SHARE_TOLERANCE",
     "Calibration",
     "CompiledFit",
     "bucket_copies",
@@ -154,6 +156,13 @@ class Calibration(NamedTuple):
 #: Range of the fitted saving share (below 0: fusion costs more than its parts).
 SAVING_SHARE_BOUNDS = (-3.0, 5.0)
 
+#: At most this many stand-ins of XLA's fused program are built for the saving share's
+#: fit, each at the previous one's solution (:func:`calibrate_in_context`, 2.).
+SHARE_REBUILDS = 4
+#: The saving share's fit stops once the fused program is priced this close to its
+#: measurement (a fraction of it).
+SHARE_TOLERANCE = 0.01
+
 #: Range of the measured seconds per byte of a bucket's copies (0.5-500 GB/s).
 COPY_RATE_BOUNDS = (2e-12, 2e-9)
 
@@ -237,8 +246,13 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        from XLA's default compilation of the step, when it was measured: the same
        computation, fused as XLA fuses, its all-reduces combined as XLA combines them
        (priced with 3.'s latency per buffer). Its simulated time falls affinely as the
-       share grows (until kernels reach the cost model's floor): solved once and refined
-       once, clamped to :data:`SAVING_SHARE_BOUNDS`. XLA's fusion
+       share grows until kernels reach the cost model's floor, which bends it: solved
+       on an affine stand-in built at share 1 (no kernel on the floor), then on one
+       built again at each solution, until the fused program is priced within
+       :data:`SHARE_TOLERANCE` of its measurement (at most :data:`SHARE_REBUILDS`
+       stand-ins), clamped to :data:`SAVING_SHARE_BOUNDS`. (One stand-in built where
+       kernels sat on the floor saw them as fixed and extrapolated far past it: a share
+       at the lower bound that priced the fused program at 2.5 times its measurement.) XLA's fusion
        of the one-bucket program would add its flat bucket's copies and all-reduce,
        which XLA's fusion slows down beyond their unfused price, to what the scale
        measures.
@@ -319,14 +333,26 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
         share = costs.constants.saving_share
         if not has_fused:
             return share, None
-        # solved for the share not granted, u = 1 - share, in which the time grows
-        at = affine_simulation(measured.fused,
-                               lambda u: model(scale, d, 1.0 - u, extra, phi),
-                               (1.0 - share,), (0.5,))
         lo, hi = SAVING_SHARE_BOUNDS
-        kept, got = _fit_affine(at, measured.fused_wall_s, 1.0 - share, lambda u: 0.5,
-                                1.0 - hi, 1.0 - lo)
-        return 1.0 - kept, got
+        want = measured.fused_wall_s
+
+        def stand_in(u: float) -> Callable[..., float]:
+            return affine_simulation(measured.fused,
+                                     lambda v: model(scale, d, 1.0 - v, extra, phi),
+                                     (u,), (0.5,))
+
+        # solved for the share not granted, u = 1 - share, in which the time grows; from
+        # share 1, where no kernel is on the floor
+        u = 0.0
+        at = stand_in(u)
+        for _ in range(SHARE_REBUILDS):
+            new, _ = _fit_affine(at, want, u, lambda v: 0.5, 1.0 - hi, 1.0 - lo)
+            if new == u:  # the stand-in's own point: a bound, or a time that does not grow
+                break
+            at, u = stand_in(new), new
+            if abs(at(u) - want) <= SHARE_TOLERANCE * want:
+                break
+        return 1.0 - u, at(u)  # a stand-in is exact where it was built
 
     if measured.lean:
         d = d0 if per_buffer is None else per_buffer
