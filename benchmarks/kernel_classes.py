@@ -17,9 +17,10 @@ A class priced far from its trace
 while the program's total is right shows where a fitted scale took another class's
 error.
 
-``--variant NAME=DIR`` runs the same jobs on the checkout in ``DIR`` too (its full
-profile: with this checkout's script, on that code), each job right after this
-checkout's.
+``--models`` names zoo models or held-out steps of ``benchmarks/heldout_steps.py``
+(``--size small``). ``--variant NAME=DIR`` runs the same jobs on the checkout in ``DIR``
+too (its full profile: with this checkout's script, on that code), each job right after
+this checkout's.
 
 Run from the repository root (``gloo2-1gbit``: as root, in a private network namespace
 with ``tc`` on its loopback, as ``disco bench`` runs it)::
@@ -64,6 +65,16 @@ CLASSES = ("multi_op_fusion", "single_op_fusion", "library_fusion", "dot", "all_
 TOP = 4
 #: Ops that are not work inside a fused computation.
 _PLUMBING = frozenset({"parameter", "constant", "bitcast", "tuple", "get-tuple-element"})
+
+
+def job_spec(model: str, size: str) -> dict[str, str]:
+    """The ``disco bench`` job spec of a zoo model, or of a held-out step of
+    ``benchmarks/heldout_steps.py`` by its name (at its sizes: ``tiny``, ``small``)."""
+    from benchmarks.heldout_steps import STEPS
+
+    if model in STEPS:
+        return {"model": model, "size": size, "step": f"benchmarks.heldout_steps:{model}"}
+    return {"model": model, "size": size}
 
 
 def kernel_class(instr: Any, module: Any) -> str:
@@ -128,7 +139,7 @@ def _worker(args: argparse.Namespace) -> None:
 
     jax.devices()
     quiet_gloo_loops(DEFAULT_LOOP_POLICY)  # as disco bench runs its jobs
-    step, args_ = make_step({"model": args.model, "size": args.size}, jax.device_count())
+    step, args_ = make_step(job_spec(args.model, args.size), jax.device_count())
     module = hlo_tools.parse(jax.jit(step).lower(*args_).as_text(dialect="hlo"))
     sync = job_sync("kernel_classes")
     runs = {name: bl.compile_baseline(step, args_, name) for name in args.programs.split(",")}
@@ -237,7 +248,8 @@ def main() -> None:
     from hlo_tools.baselines import BASELINES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="bert,transformer")
+    parser.add_argument("--models", default="bert,transformer",
+                        help="zoo models, or held-out steps of benchmarks/heldout_steps.py")
     parser.add_argument("--size", default="medium")
     parser.add_argument("--setups", default="gloo2-1gbit")
     parser.add_argument("--programs", default=",".join(PROGRAMS),
