@@ -1121,3 +1121,69 @@ def test_an_affine_simulation_is_the_simulation_at_every_point():
     fused = affine_simulation(module, lambda f: model(1.5, 2e-4, f), (1.0,), (-0.5,))
     for f in (-0.5, 0.2, 1.0):
         assert fused(f) == pytest.approx(simulated_s(module, model(1.5, 2e-4, f)), rel=1e-9)
+
+
+def test_fused_programs_pay_no_wait_beyond_the_probes_latency():
+    """A gradient all-reduce of one buffer pays ``D`` less ``fused_wait_s`` (``D`` above
+    the tuple probe's latency per buffer) times the share of the step's ops that run in
+    kernels of several ops: all of ``D`` with nothing fused, XLA's fusions counted by
+    their bodies' ops; nothing changes where ``D`` is not above the probe's latency, or
+    in one process."""
+    import random
+
+    import jax
+
+    from disco_estimator.allreduce import AllReduceModel
+    from disco_jax import zoo
+    from hlo_tools import baselines as bl
+
+    step, args = zoo.get("vgg")(jax.device_count(), "tiny")
+    module = hlo_tools.parse(hlo_tools.extract(step, *args))
+    fused = bl.module_from_compiled(bl.compile_baseline(step, args, "op_fusion"))
+    hw = load_hardware("gloo2")
+
+    def priced(extra: float, m: hlo_tools.ir.HloModule) -> tuple[C.CostModel, dict, float]:
+        model = AllReduceModel(1e-9, 1e-3, 0, 0.0, extra)
+        costs = C.CostModel(dataclasses.replace(hw, allreduce=model), constants=EXACT)
+        graph = device_graph(m)
+        sim = sim_graph(graph, P.initial_plan(graph), costs)
+        gc = costs.graph_costs(graph)
+        waits = {sim.names[k]: float(sim.duration_s[k]) for k in range(len(sim.names))
+                 if gc.pays_d[graph.names.index(sim.names[k])]}
+        return costs, waits, simulate(sim, 0.0).iteration_s
+
+    for m in (module, fused):
+        costs, plain, _ = priced(0.0, m)
+        assert costs.fused_wait_s == 0.0 and len(plain) >= 2
+        graph = device_graph(m)
+        for name, seconds in plain.items():
+            nbytes = graph.computation.instructions[graph.names.index(name)].shape.byte_size()
+            assert seconds == pytest.approx(costs.allreduce_time(nbytes))
+    costs, unfused, _ = priced(-8e-4, module)
+    assert costs.fused_wait_s == pytest.approx(8e-4)
+    one_process = load_hardware("inproc4")
+    assert C.CostModel(dataclasses.replace(one_process, allreduce=AllReduceModel(
+        1e-9, 1e-3, 0, 0.0, -8e-4)), constants=EXACT).fused_wait_s == 0.0
+    assert unfused == priced(0.0, module)[1]  # nothing fused: all of D
+    gc = costs.graph_costs(device_graph(fused))
+    share = gc.ops[gc.ops > 1].sum() / gc.ops.sum()
+    assert 0.5 < share < 1.0  # XLA fuses most of vgg's ops
+    costs, less, fast = priced(-8e-4, fused)
+    _, full, slow = priced(0.0, fused)
+    for name, seconds in less.items():
+        assert seconds == pytest.approx(full[name] - share * 8e-4)
+    assert fast < slow
+    # a plan's fusion groups count by their members
+    graph = device_graph(module)
+    plan = P.random_moves(P.FusionSpace(graph), P.initial_plan(graph), random.Random(0), 200)
+    plain_sim = sim_graph(graph, plan, priced(0.0, module)[0])
+    costs = priced(-8e-4, module)[0]
+    sim = sim_graph(graph, plan, costs)
+    gc = costs.graph_costs(graph)
+    copied = {g for _, g in plan.dups}
+    grouped = sum(gc.ops[members].sum() for gid, members in plan.groups().items()
+                  if len(members) > 1 or gid in copied)
+    assert grouped > 0
+    comm = sim.is_comm & (plain_sim.duration_s > 0)
+    cut = plain_sim.duration_s[comm] - sim.duration_s[comm]
+    assert cut.max() == pytest.approx(grouped / gc.ops.sum() * 8e-4)

@@ -247,6 +247,11 @@ class GraphCosts:
         source: ``[N]`` where each time came from (``profile``, ``op_bench``,
             ``model:<class>``, ``free``, ``allreduce``, ``fusion``, ``control``).
         is_comm: ``[N]`` nodes that run on the communication channel.
+        pays_d: ``[N]`` collectives priced with one latency ``D``: a gradient all-reduce
+            of one buffer (not a tuple of them, not the tiny buffers' short path).
+        ops: ``[N]`` how many of the step's ops each node's kernel runs: 1 for an op that
+            takes time alone, its body's ops for an as-written ``fusion``, 0 for nodes
+            without a kernel and for collectives.
         out_bytes: ``[N]`` bytes of each node's output buffer (0: aliases or persistent).
         write_bytes: ``[N]`` bytes each node writes when run alone.
         traffic: ``[N]`` bytes each node reads and writes when run alone.
@@ -309,6 +314,8 @@ class GraphCosts:
         self.time_s = np.zeros(n, dtype=np.float64)
         self.estimated = np.zeros(n, dtype=np.bool_)
         self.is_comm = np.zeros(n, dtype=np.bool_)
+        self.pays_d = np.zeros(n, dtype=np.bool_)
+        self.ops = np.zeros(n, dtype=np.int64)
         self.out_bytes = np.zeros(n, dtype=np.int64)
         self.write_bytes = np.array([i.shape.byte_size() for i in instrs], dtype=np.int64)
         self.source: list[str] = [""] * n
@@ -317,6 +324,10 @@ class GraphCosts:
             t, est, src, comm, out = costs.node_cost(graph, k, instr)
             self.time_s[k], self.estimated[k], self.source[k] = t, est, src
             self.is_comm[k], self.out_bytes[k] = comm, out
+            if comm:
+                self.pays_d[k] = costs.pays_latency(instr)
+            elif t > 0:
+                self.ops[k] = costs.kernel_ops(graph.module, instr)
             if graph.kinds[k] in (NodeKind.PARAMETER, NodeKind.CONSTANT):
                 persistent += self.write_bytes[k]
         self.persistent_bytes = int(persistent)
@@ -500,6 +511,42 @@ class CostModel:
         linear = getattr(model, "linear", model)  # MeasuredAllReduce keeps its fit
         return linear.c_s_per_byte * float(nbytes) + sum(linear.tuple_latency(b)
                                                          for b in buffers)
+
+    @property
+    def fused_wait_s(self) -> float:
+        """Seconds of an all-reduce's in-context latency ``D`` beyond the tuple probe's
+        latency per buffer (``-d_tuple_extra_s`` where positive) in a job of several
+        XLA:CPU processes; 0 elsewhere. ``D`` is fitted on the no-fusion program, whose
+        gradient all-reduces each wait beside hundreds of small kernels; in a gloo job
+        XLA's fused programs do not show that wait: their separate all-reduces measure
+        about as fast as the same gradients combined. In one process of several
+        devices they do not (XLA's op fusion measured 4-11% slower than XLA's default
+        on resnet), and off XLA:CPU a tuple pays one latency (docs/findings.md, "The
+        wait between unfused kernels"). :func:`~disco_estimator.costs.lower.sim_graph`
+        takes it off a program's all-reduces by the share of its ops that run fused."""
+        hw = self.hardware.hardware
+        if hw.get("backend", "cpu") != "cpu" or int(hw.get("num_processes", 1)) < 2:
+            return 0.0
+        linear = getattr(self._allreduce, "linear", self._allreduce)
+        return max(0.0, -linear.d_tuple_extra_s)
+
+    def pays_latency(self, instr: HloInstruction) -> bool:
+        """Whether a collective is priced with one latency ``D``: an all-reduce of one
+        buffer above the tiny buffers' short path."""
+        if not instr.opcode.startswith("all-reduce") or instr.opcode.endswith("-done") \
+                or instr.shape.is_tuple:
+            return False
+        linear = getattr(self._allreduce, "linear", self._allreduce)
+        return linear.latency(instr.shape.byte_size()) == linear.d_s
+
+    def kernel_ops(self, module: HloModule, instr: HloInstruction) -> int:
+        """How many of the step's ops the kernel of ``instr`` runs: an as-written
+        fusion's body ops that take time alone (at least 1), else 1."""
+        if instr.opcode not in ("fusion", "fusion-start"):
+            return 1
+        comp = module.computation(instr.called_computations[0])
+        body = self.graph_costs(self._body_graph(module, comp))
+        return max(1, int(np.count_nonzero(body.time_s)))
 
     def copy_time(self, nbytes: float) -> float:
         """Seconds of one copy kernel moving ``nbytes`` (read once, written once)."""

@@ -60,7 +60,12 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
       writes it, a compute node concatenating the gradients into a flat buffer, one
       communication node ``T = C * bytes + D`` for the whole buffer, and k compute nodes
       slicing each gradient back out (the reshapes are bitcasts); the copies are priced
-      by :meth:`~disco_estimator.costs.cost_model.CostModel.copy_time`.
+      by :meth:`~disco_estimator.costs.cost_model.CostModel.copy_time`;
+    * an all-reduce that pays the latency ``D`` (one buffer, or a bucket) pays it less
+      :meth:`~disco_estimator.costs.cost_model.CostModel.fused_wait_s` times the share
+      of the step's ops that run in kernels of several ops (a plan's fusion groups, a
+      fusion XLA wrote): ``D`` is fitted on the program with nothing fused, where each
+      all-reduce also waits beside small kernels.
 
     Dependencies follow the plan's group-contracted graph. Parameters and constants are
     zero-time nodes whose bytes are persistent; tuples, ``get-tuple-element``, bitcasts
@@ -123,6 +128,12 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
                   dur, nbytes, names)
     extra = _fill_buckets(gc, costs, order, starts, lens, sim_start, np.flatnonzero(bucket),
                           dur, comm, nbytes, names)
+    wait = costs.fused_wait_s
+    if wait > 0.0:
+        fused_ops = gc.ops[order[fusion[run_of_pos]]].sum() + gc.ops[hd][gc.ops[hd] > 1].sum()
+        share = float(fused_ops) / max(int(gc.ops.sum()), 1)
+        waits = np.concatenate([at[gc.pays_d[hd]], sim_start[bucket] + 1])
+        dur[waits] = np.maximum(dur[waits] - share * wait, 0.0)
     if extra[0].size:
         src, dst = np.concatenate([src, extra[0]]), np.concatenate([dst, extra[1]])
     if costs.constants.compute_scale != 1.0:
