@@ -520,10 +520,10 @@ class CostModel:
         gradient all-reduces each wait beside hundreds of small kernels; in a gloo job
         XLA's fused programs do not show that wait: their separate all-reduces measure
         about as fast as the same gradients combined. In one process of several
-        devices they do not (XLA's op fusion measured 4-11% slower than XLA's default
-        on resnet), and off XLA:CPU a tuple pays one latency (docs/findings.md, "The
-        wait between unfused kernels"). :func:`~disco_estimator.costs.lower.sim_graph`
-        takes it off a program's all-reduces by the share of its ops that run fused."""
+        devices they do not, and off XLA:CPU a tuple pays one latency
+        (docs/findings.md, "The wait between unfused kernels").
+        :func:`~disco_estimator.costs.lower.sim_graph` takes it off a program's
+        all-reduces by the share of its ops that run fused."""
         hw = self.hardware.hardware
         if hw.get("backend", "cpu") != "cpu" or int(hw.get("num_processes", 1)) < 2:
             return 0.0

@@ -250,12 +250,10 @@ def calibrate_in_context(costs: CostModel, module: HloModule, measured: InContex
        on an affine stand-in built at share 1 (no kernel on the floor), then on one
        built again at each solution, until the fused program is priced within
        :data:`SHARE_TOLERANCE` of its measurement (at most :data:`SHARE_REBUILDS`
-       stand-ins), clamped to :data:`SAVING_SHARE_BOUNDS`. (One stand-in built where
-       kernels sat on the floor saw them as fixed and extrapolated far past it: a share
-       at the lower bound that priced the fused program at 2.5 times its measurement.) XLA's fusion
-       of the one-bucket program would add its flat bucket's copies and all-reduce,
-       which XLA's fusion slows down beyond their unfused price, to what the scale
-       measures.
+       stand-ins), clamped to :data:`SAVING_SHARE_BOUNDS`: a stand-in built where
+       kernels sit on the floor sees them as fixed. XLA's fusion of the one-bucket
+       program would add its flat bucket's copies and all-reduce, which XLA's fusion
+       slows down beyond their unfused price, to what the scale measures.
     3. The extra latency of each buffer of a variadic all-reduce
        (:attr:`~disco_estimator.allreduce.AllReduceModel.d_tuple_extra_s`), from the tuple
        probe when it was measured: XLA:CPU reduces the buffers of a combined
