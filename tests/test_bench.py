@@ -490,7 +490,7 @@ def test_the_saving_share_fit_prices_xla_default_from_either_bound(vgg, start):
 
     step, args, module, _ = vgg
     measured = profile_in_context(step, args, module, rounds=3)
-    costs, cal = in_context_costs(module, "inproc4", measured, progress=False)
+    costs, _ = in_context_costs(module, "inproc4", measured, progress=False)
 
     def at_share(model: CostModel, share: float) -> CostModel:
         consts = dataclasses.replace(model.constants, saving_share=share)
