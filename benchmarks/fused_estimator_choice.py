@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.heldout_steps import STEPS  # noqa: E402
+from benchmarks.heldout_steps import STEPS, job_spec  # noqa: E402
 from benchmarks.provenance import write_result  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "fused_estimator_choice.json"
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for setup in args.setups.split(","):
         for step in args.steps.split(","):
-            spec = {"model": step, "step": f"benchmarks.heldout_steps:{step}",
-                    "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
+            spec = {**job_spec(step, args.size), "setup": setup, "hardware": setup,
+                    "seed": 0,
                     "time_budget_s": args.time_budget, "top_k": args.top_k, "rounds": 3,
                     "choice_rounds": 5, "min_sample_s": 0.1, "pin_cpus": True,
                     "compare_fused": args.checkpoints.split(",")}

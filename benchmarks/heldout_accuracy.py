@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.heldout_steps import STEPS  # noqa: E402
+from benchmarks.heldout_steps import STEPS, job_spec  # noqa: E402
 from benchmarks.provenance import write_result  # noqa: E402
 from disco_estimator.gloo import DEFAULT_LOOP_POLICY, LOOP_CHOICES  # noqa: E402
 from disco_jax.pipeline.bench import SETUPS, run_job  # noqa: E402
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for setup in args.setups.split(","):
         for step in args.steps.split(","):
-            spec = {"model": step, "step": f"benchmarks.heldout_steps:{step}",
-                    "setup": setup, "hardware": setup, "size": args.size, "seed": 0,
+            spec = {**job_spec(step, args.size), "setup": setup, "hardware": setup,
+                    "seed": 0,
                     "time_budget_s": args.time_budget, "top_k": 3, "rounds": args.rounds,
                     "choice_rounds": 4, "min_sample_s": 0.1, "pin_cpus": True, "gnn": args.gnn,
                     "gloo_loop": args.gloo_loop, "profile": args.profile}

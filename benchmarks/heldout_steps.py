@@ -24,6 +24,12 @@ from disco_jax.zoo import common
 
 STEPS = ("autoencoder", "conv1d", "mixer", "gru")
 
+
+def job_spec(name: str, size: str) -> dict[str, str]:
+    """The ``disco bench`` job spec of the held-out step ``name`` at ``size``
+    (:func:`disco_jax.pipeline.bench.make_step` builds it by its ``step``)."""
+    return {"model": name, "step": f"benchmarks.heldout_steps:{name}", "size": size}
+
 _SIZES = {
     "autoencoder": {"tiny": dict(features=32, hidden=(24, 8), batch=8),
                     "small": dict(features=512, hidden=(384, 256, 64), batch=16)},

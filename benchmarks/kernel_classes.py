@@ -70,10 +70,10 @@ _PLUMBING = frozenset({"parameter", "constant", "bitcast", "tuple", "get-tuple-e
 def job_spec(model: str, size: str) -> dict[str, str]:
     """The ``disco bench`` job spec of a zoo model, or of a held-out step of
     ``benchmarks/heldout_steps.py`` by its name (at its sizes: ``tiny``, ``small``)."""
-    from benchmarks.heldout_steps import STEPS
+    from benchmarks import heldout_steps
 
-    if model in STEPS:
-        return {"model": model, "size": size, "step": f"benchmarks.heldout_steps:{model}"}
+    if model in heldout_steps.STEPS:
+        return heldout_steps.job_spec(model, size)
     return {"model": model, "size": size}
 
 

@@ -130,7 +130,8 @@ def sim_graph(graph: DeviceGraph, plan: Plan, costs: CostModel) -> SimGraph:
                           dur, comm, nbytes, names)
     wait = costs.fused_wait_s
     if wait > 0.0:
-        fused_ops = gc.ops[order[fusion[run_of_pos]]].sum() + gc.ops[hd][gc.ops[hd] > 1].sum()
+        alone = gc.ops[hd]  # a single node's kernel: fused where XLA wrote a fusion
+        fused_ops = gc.ops[order[fusion[run_of_pos]]].sum() + alone[alone > 1].sum()
         share = float(fused_ops) / max(int(gc.ops.sum()), 1)
         waits = np.concatenate([at[gc.pays_d[hd]], sim_start[bucket] + 1])
         dur[waits] = np.maximum(dur[waits] - share * wait, 0.0)
