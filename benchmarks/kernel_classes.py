@@ -15,7 +15,14 @@ per program the measured and predicted iteration and the opcodes priced furthest
 their trace (each opcode's and each all-reduce's priced and traced seconds in the JSON).
 A class priced far from its trace
 while the program's total is right shows where a fitted scale took another class's
-error.
+error. Beside them, the time no class holds: ``host``, a call's wall time beyond the
+trace's iteration (dispatch, the result's wait), and ``idle``, the gaps within the
+iteration in which no instruction ran.
+
+The jobs run as ``disco bench`` runs its own (``--no-pin`` to leave them unpinned): each
+process of a gloo job pinned to a CPU of its own, XLA:CPU's thread pool at the staged
+enactment's size. Unpinned, the two processes share the two CPUs as the scheduler
+places them, and a held-out step measures up to twice its pinned time.
 
 ``--models`` names zoo models or held-out steps of ``benchmarks/heldout_steps.py``
 (``--size small``). ``--variant NAME=DIR`` runs the same jobs on the checkout in ``DIR``
@@ -116,14 +123,19 @@ def loop_parts(costs: Any, module: Any, instr: Any, priced_s: float) -> list[tup
 
 def _worker(args: argparse.Namespace) -> None:
     """One process of the job; process 0 writes the record to ``args.out``."""
-    from disco_jax.activator import initialize_from_env
+    from disco_jax.activator import PROCESS_ID_ENV, initialize_from_env
 
+    if args.pin and PROCESS_ID_ENV in os.environ:  # as disco bench pins a gloo job's processes
+        from disco_estimator.gloo import pin_to_own_cpu
+
+        pin_to_own_cpu(int(os.environ[PROCESS_ID_ENV]))
     initialize_from_env()
     import inspect
 
     import jax
 
     import hlo_tools
+    from benchmarks.accuracy_worker import iteration_stats
     from disco_estimator.costs.cost_model import cover
     from disco_estimator.costs.lower import sim_graph
     from disco_estimator.costs.simulator import simulate
@@ -148,8 +160,15 @@ def _worker(args: argparse.Namespace) -> None:
     full = ({"xla_default": default}
             if "lean" in inspect.signature(profile_in_context).parameters else {})
     measured = profile_in_context(step, args_, module, sync=sync, **full)
-    profiles = {n: trace.profile_program(r, *args_, iterations=5, warmup=2)
-                for n, r in runs.items()}
+    profiles, idle = {}, {}
+    for name, run in runs.items():
+        with tempfile.TemporaryDirectory(prefix="disco_classes_trace_") as tmp:
+            profiles[name] = trace.profile_program(run, *args_, iterations=5, warmup=2,
+                                                   trace_dir=tmp)
+            events = trace.op_events(trace.read_trace_events(trace.find_trace_file(tmp)),
+                                     profiles[name].module)
+        idle[name] = statistics.median(it["span_s"] - it["busy_s"]
+                                       for it in iteration_stats(events, frozenset()))
     walls = measure(runs, args_, rounds=5, min_sample_s=0.3, sync=sync, tag="classes")
     if jax.process_index() != 0:
         return
@@ -181,7 +200,10 @@ def _worker(args: argparse.Namespace) -> None:
                                         traced.get(inner.name, 0.0)])
         programs[name] = {"measured_s": statistics.median(walls[name]),
                           "predicted_s": simulate(sim, costs.overlap).iteration_s,
-                          "traced_sum_s": sum(traced.values()), "classes": dict(classes),
+                          "traced_sum_s": sum(traced.values()),
+                          "host_s": statistics.median(profiles[name].wall_times_s)
+                          - statistics.median(profiles[name].trace_iteration_s),
+                          "idle_s": idle[name], "classes": dict(classes),
                           "opcodes": dict(opcodes), "all_reduces": all_reduces}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
               "calibration": cal._asdict(), "programs": programs}
@@ -189,11 +211,14 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _job(model: str, size: str, setup: str, timeout_s: float, code: Path,
-         programs: str) -> dict[str, Any]:
+         programs: str, pin: bool = True) -> dict[str, Any]:
     """Runs one job of the checkout ``code`` (in a private network namespace with the
     setup's link when it has one; one process of the setup's devices where the setup has
-    one process) and returns process 0's record."""
+    one process) and returns process 0's record. With ``pin``, as ``disco bench`` runs
+    its jobs: each process of a gloo job on a CPU of its own, XLA:CPU's pool at
+    :data:`~disco_jax.enactment.staged.POOL_THREADS` threads."""
     from disco_estimator.gloo import child_env
+    from disco_jax.enactment.staged import POOL_THREADS
     from disco_jax.pipeline.bench import SETUPS
 
     link = SETUPS[setup]
@@ -201,7 +226,7 @@ def _job(model: str, size: str, setup: str, timeout_s: float, code: Path,
         out = Path(tmp) / "p0.json"
         worker = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
                   "--size", size, "--setup", setup, "--programs", programs,
-                  "--out", str(out)]
+                  "--out", str(out)] + ([] if pin else ["--no-pin"])
         launch = [sys.executable, "-m", "disco_jax", "launch", "-n", str(link.processes),
                   "--timeout", str(int(timeout_s)), "--", *worker]
         cmd = launch if link.processes > 1 else worker
@@ -209,7 +234,8 @@ def _job(model: str, size: str, setup: str, timeout_s: float, code: Path,
             tc = (f"ip link set lo up && tc qdisc replace dev lo root tbf rate {link.rate} "
                   f"burst {link.burst} latency 100ms && ")
             cmd = ["unshare", "-n", "bash", "-c", tc + shlex.join(launch)]
-        env = {**child_env(link.devices), "KERNEL_CLASSES_CODE": str(code),
+        env = {**child_env(link.devices, {"NPROC": str(POOL_THREADS)} if pin else None),
+               "KERNEL_CLASSES_CODE": str(code),
                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
         subprocess.run(cmd, check=True, cwd=code, timeout=timeout_s + 60, env=env,
                        stdout=subprocess.DEVNULL)
@@ -231,8 +257,10 @@ def render(records: list[dict[str, Any]]) -> str:
                          f"{ms(p['measured_s'])} {ms(p['predicted_s'])}  " + "  ".join(cells))
             worst = sorted(p.get("opcodes", {}).items(),
                            key=lambda kv: -abs(kv[1]["priced_s"] - kv[1]["traced_s"]))[:TOP]
+            waits = (f"host {p['host_s'] * 1e3:.2f}, idle {p['idle_s'] * 1e3:.2f} ms; "
+                     if "idle_s" in p else "")
             if worst:
-                lines.append(f"{'':12s} most off: " + ", ".join(
+                lines.append(f"{'':12s} {waits}most off: " + ", ".join(
                     f"{op} x{v['n']} {v['priced_s'] * 1e3:.1f} / {v['traced_s'] * 1e3:.1f}"
                     for op, v in worst))
         cal = r["calibration"]
@@ -240,7 +268,8 @@ def render(records: list[dict[str, Any]]) -> str:
                      f"{cal['saving_share']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "
                      f"{cal['c_s_per_byte'] * 2**20 * 1e3:.2f} ms/MiB")
     lines.append("ms per iteration; priced: the fitted cost model's seconds of the class's "
-                 "instructions; traced: process 0's trace")
+                 "instructions; traced: process 0's trace; host: its calls' wall time beyond "
+                 "the trace's iteration; idle: within the iteration, no instruction running")
     return "\n".join(lines)
 
 
@@ -257,6 +286,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run each job on the checkout in DIR")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="leave the processes unpinned (disco bench --no-pin)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -277,7 +308,7 @@ def main() -> None:
             for name, code in variants:
                 print(f"{model} {args.size} {setup} {name} ...", flush=True)
                 records.append({**_job(model, args.size, setup, args.timeout, code,
-                                       args.programs),
+                                       args.programs, args.pin),
                                 "variant": name})
     print(render(records))
     write_result(args.out, {"size": args.size, "records": records})
