@@ -3,7 +3,8 @@ trace: a job per zoo model and setup (2 gloo processes, or ``inproc4``'s one pro
 devices), fitted as ``disco bench`` fits it.
 
 Each job (every process alike) lowers the step, compiles XLA's programs (``--programs``:
-XLA's default and ``op_fusion`` by default; ``no_fusion`` and ``allreduce_fusion`` too),
+XLA's default and ``op_fusion`` by default; ``no_fusion`` and ``allreduce_fusion`` too,
+and ``bucketed``, hand bucketing in 1 MiB buckets with XLA's fusion on),
 takes the product's in-context profile (:func:`~disco_jax.pipeline.profile.profile_in_context`)
 and traces each program; then process 0 fits the cost model
 (:func:`~disco_jax.pipeline.fit.in_context_costs`) and prices every instruction of XLA's
@@ -68,6 +69,9 @@ OUT = ROOT / "benchmarks" / "results" / "kernel_classes.json"
 PROGRAMS = ("xla_default", "op_fusion")
 CLASSES = ("multi_op_fusion", "single_op_fusion", "library_fusion", "dot", "all_reduce",
            "other")
+#: The bucket size of ``--programs bucketed`` (hand bucketing, XLA's fusion on): the
+#: smallest of ``disco bench``'s sweep.
+BUCKET_BYTES = 1 << 20
 #: Opcodes listed per program under the table, the furthest priced from their trace.
 TOP = 4
 #: Ops that are not work inside a fused computation.
@@ -154,7 +158,9 @@ def _worker(args: argparse.Namespace) -> None:
     step, args_ = make_step(job_spec(args.model, args.size), jax.device_count())
     module = hlo_tools.parse(jax.jit(step).lower(*args_).as_text(dialect="hlo"))
     sync = job_sync("kernel_classes")
-    runs = {name: bl.compile_baseline(step, args_, name) for name in args.programs.split(",")}
+    runs = {name: (bl.compile_bucketed(step, args_, BUCKET_BYTES).run if name == "bucketed"
+                   else bl.compile_baseline(step, args_, name))
+            for name in args.programs.split(",")}
     default = runs.get("xla_default") or bl.compile_baseline(step, args_, "xla_default")
     # the full profile: with XLA's default as its fused program where the code has one
     full = ({"xla_default": default}
@@ -282,7 +288,8 @@ def main() -> None:
     parser.add_argument("--size", default="medium")
     parser.add_argument("--setups", default="gloo2-1gbit")
     parser.add_argument("--programs", default=",".join(PROGRAMS),
-                        help=f"XLA's programs to price, of {', '.join(BASELINES)}")
+                        help=f"XLA's programs to price, of {', '.join(BASELINES)}, "
+                             "and bucketed (1 MiB buckets)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run each job on the checkout in DIR")
@@ -293,7 +300,7 @@ def main() -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--setup", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    unknown = set(args.programs.split(",")) - set(BASELINES)
+    unknown = set(args.programs.split(",")) - set(BASELINES) - {"bucketed"}
     if unknown:
         parser.error(f"--programs: unknown {', '.join(sorted(unknown))} "
                      f"(of {', '.join(BASELINES)})")
