@@ -25,6 +25,10 @@ process of a gloo job pinned to a CPU of its own, XLA:CPU's thread pool at the s
 enactment's size. Unpinned, the two processes share the two CPUs as the scheduler
 places them, and a held-out step measures up to twice its pinned time.
 
+``--share-fits PROGRAMS`` fits the saving share again to each of these programs in turn
+(at the job's measured median of it, in place of XLA's default in the profile) and
+prints every program's error under each fit: which program pins the share best.
+
 ``--models`` names zoo models or held-out steps of ``benchmarks/heldout_steps.py``
 (``--size small``). ``--variant NAME=DIR`` runs the same jobs on the checkout in ``DIR``
 too (its full profile: with this checkout's script, on that code), each job right after
@@ -141,7 +145,7 @@ def _worker(args: argparse.Namespace) -> None:
     import hlo_tools
     from benchmarks.accuracy_worker import iteration_stats
     from disco_estimator.costs.cost_model import cover
-    from disco_estimator.costs.lower import sim_graph
+    from disco_estimator.costs.lower import predict_module, sim_graph
     from disco_estimator.costs.simulator import simulate
     from disco_estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
     from disco_estimator.ops import trace
@@ -179,6 +183,14 @@ def _worker(args: argparse.Namespace) -> None:
     if jax.process_index() != 0:
         return
     costs, cal = in_context_costs(module, args.setup, measured, progress=False)
+    share_fits = {}
+    for fused in filter(None, args.share_fits.split(",")):
+        # the share fitted to another of the job's programs, at this job's median of it
+        refit = measured._replace(fused=bl.module_from_compiled(runs[fused]),
+                                  fused_wall_s=statistics.median(walls[fused]))
+        other, other_cal = in_context_costs(module, args.setup, refit, progress=False)
+        share_fits[fused] = {"saving_share": other_cal.saving_share, "predicted_s": {
+            n: predict_module(bl.module_from_compiled(r), other) for n, r in runs.items()}}
     programs = {}
     for name, run in runs.items():
         compiled = bl.module_from_compiled(run)
@@ -212,12 +224,12 @@ def _worker(args: argparse.Namespace) -> None:
                           "idle_s": idle[name], "classes": dict(classes),
                           "opcodes": dict(opcodes), "all_reduces": all_reduces}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
-              "calibration": cal._asdict(), "programs": programs}
+              "calibration": cal._asdict(), "programs": programs, "share_fits": share_fits}
     Path(args.out).write_text(json.dumps(record))
 
 
 def _job(model: str, size: str, setup: str, timeout_s: float, code: Path,
-         programs: str, pin: bool = True) -> dict[str, Any]:
+         programs: str, pin: bool = True, share_fits: str = "") -> dict[str, Any]:
     """Runs one job of the checkout ``code`` (in a private network namespace with the
     setup's link when it has one; one process of the setup's devices where the setup has
     one process) and returns process 0's record. With ``pin``, as ``disco bench`` runs
@@ -232,7 +244,7 @@ def _job(model: str, size: str, setup: str, timeout_s: float, code: Path,
         out = Path(tmp) / "p0.json"
         worker = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
                   "--size", size, "--setup", setup, "--programs", programs,
-                  "--out", str(out)] + ([] if pin else ["--no-pin"])
+                  "--out", str(out), "--share-fits", share_fits] + ([] if pin else ["--no-pin"])
         launch = [sys.executable, "-m", "disco_jax", "launch", "-n", str(link.processes),
                   "--timeout", str(int(timeout_s)), "--", *worker]
         cmd = launch if link.processes > 1 else worker
@@ -269,6 +281,11 @@ def render(records: list[dict[str, Any]]) -> str:
                 lines.append(f"{'':12s} {waits}most off: " + ", ".join(
                     f"{op} x{v['n']} {v['priced_s'] * 1e3:.1f} / {v['traced_s'] * 1e3:.1f}"
                     for op, v in worst))
+        for fused, fit in r.get("share_fits", {}).items():
+            lines.append(f"{'':12s} share fitted to {fused}: {fit['saving_share']:.2f}; "
+                         "error " + ", ".join(
+                             f"{n} {fit['predicted_s'][n] / p['measured_s'] - 1:+.0%}"
+                             for n, p in r["programs"].items()))
         cal = r["calibration"]
         lines.append(f"{'':12s} fit: compute scale {cal['compute_scale']:.2f}, saving share "
                      f"{cal['saving_share']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "
@@ -293,6 +310,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run each job on the checkout in DIR")
+    parser.add_argument("--share-fits", default="", metavar="PROGRAMS",
+                        help="also fit the saving share to each of these of --programs "
+                             "(in place of XLA's default) and predict every program")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="leave the processes unpinned (disco bench --no-pin)")
     parser.add_argument("--out", default=str(OUT))
@@ -303,7 +323,10 @@ def main() -> None:
     unknown = set(args.programs.split(",")) - set(BASELINES) - {"bucketed"}
     if unknown:
         parser.error(f"--programs: unknown {', '.join(sorted(unknown))} "
-                     f"(of {', '.join(BASELINES)})")
+                     f"(of {', '.join(BASELINES)}, bucketed)")
+    unknown = set(filter(None, args.share_fits.split(","))) - set(args.programs.split(","))
+    if unknown:
+        parser.error(f"--share-fits: {', '.join(sorted(unknown))} not in --programs")
     if args.worker:
         _worker(args)
         return
@@ -315,7 +338,7 @@ def main() -> None:
             for name, code in variants:
                 print(f"{model} {args.size} {setup} {name} ...", flush=True)
                 records.append({**_job(model, args.size, setup, args.timeout, code,
-                                       args.programs, args.pin),
+                                       args.programs, args.pin, args.share_fits),
                                 "variant": name})
     print(render(records))
     write_result(args.out, {"size": args.size, "records": records})
