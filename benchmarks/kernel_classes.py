@@ -183,19 +183,19 @@ def _worker(args: argparse.Namespace) -> None:
     if jax.process_index() != 0:
         return
     costs, cal = in_context_costs(module, args.setup, measured, progress=False)
+    compiled = {name: bl.module_from_compiled(run) for name, run in runs.items()}
     share_fits = {}
     for fused in filter(None, args.share_fits.split(",")):
         # the share fitted to another of the job's programs, at this job's median of it
-        refit = measured._replace(fused=bl.module_from_compiled(runs[fused]),
+        refit = measured._replace(fused=compiled[fused],
                                   fused_wall_s=statistics.median(walls[fused]))
         other, other_cal = in_context_costs(module, args.setup, refit, progress=False)
         share_fits[fused] = {"saving_share": other_cal.saving_share, "predicted_s": {
-            n: predict_module(bl.module_from_compiled(r), other) for n, r in runs.items()}}
+            name: predict_module(mod, other) for name, mod in compiled.items()}}
     programs = {}
-    for name, run in runs.items():
-        compiled = bl.module_from_compiled(run)
-        cover(costs, compiled)
-        graph = hlo_tools.device_graph(compiled)
+    for name, mod in compiled.items():
+        cover(costs, mod)
+        graph = hlo_tools.device_graph(mod)
         sim = sim_graph(graph, initial_plan(graph), costs)
         by_name = {i.name: i for i in graph.computation.instructions}
         traced = profiles[name].times_s
@@ -204,11 +204,11 @@ def _worker(args: argparse.Namespace) -> None:
         all_reduces = []
         for k, node in enumerate(sim.names):
             instr, priced = by_name[node], float(sim.duration_s[k])
-            inside = loop_parts(costs, compiled, instr, priced)
+            inside = loop_parts(costs, mod, instr, priced)
             # a loop's kernels in their own classes; the loop keeps what is left
             rows = [(instr, priced - sum(p for _, p in inside))] + inside
             for inner, seconds in rows:
-                kind = kernel_class(inner, compiled)
+                kind = kernel_class(inner, mod)
                 for entry in (classes[kind], opcodes[f"{kind}:{inner.opcode}"]):
                     entry["n"] += 1
                     entry["priced_s"] += seconds
