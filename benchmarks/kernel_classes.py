@@ -18,7 +18,11 @@ A class priced far from its trace
 while the program's total is right shows where a fitted scale took another class's
 error. Beside them, the time no class holds: ``host``, a call's wall time beyond the
 trace's iteration (dispatch, the result's wait), and ``idle``, the gaps within the
-iteration in which no instruction ran.
+iteration in which no instruction ran, of it the ``handoffs`` (an instruction that starts
+on another pool thread than the one before it, after a gap: the wait for that thread to
+wake), and ``concurrent``, the time in which two or more instructions ran at once. Each of
+these is from the traced calls, whose wall time (``traced``) is the profiler's; compare
+them with one another, not with ``meas``, measured untraced at another time.
 
 The jobs run as ``disco bench`` runs its own (``--no-pin`` to leave them unpinned): each
 process of a gloo job pinned to a CPU of its own, XLA:CPU's thread pool at the staged
@@ -129,6 +133,49 @@ def loop_parts(costs: Any, module: Any, instr: Any, priced_s: float) -> list[tup
     return [(i, priced_s * t / total) for i, t in times] if total > 0 else []
 
 
+def thread_waits(raw_events: list[dict[str, Any]], module: str) -> dict[str, float]:
+    """Where one program's traced iterations wait between threads, from the trace's raw
+    events (each instruction with the thread that ran it).
+
+    A *handoff* is an instruction that starts on another thread than the one before it,
+    after a gap in which nothing ran: the work moved to another of XLA:CPU's pool
+    threads and waited for it to wake. ``concurrent``: time in which two or more
+    instructions ran at once.
+
+    Returns:
+        Medians over the iterations: ``handoffs`` (count), ``handoff_s`` (their gaps,
+        seconds), ``concurrent_s`` and ``busy_s`` (union of the instructions' intervals).
+    """
+    by_run: dict[str, list[tuple[float, float, Any]]] = collections.defaultdict(list)
+    for e in raw_events:
+        a = e.get("args") or {}
+        if e.get("ph") == "X" and "hlo_op" in a and a.get("hlo_module") == module \
+                and a.get("run_id") is not None:
+            start = float(e["ts"]) * 1e-6
+            by_run[str(a["run_id"])].append((start, start + float(e.get("dur", 0)) * 1e-6,
+                                             e.get("tid")))
+    rows = []
+    for evs in by_run.values():
+        evs.sort(key=lambda ev: ev[0])
+        n, gap_s, busy, end, tid = 0, 0.0, 0.0, evs[0][0], evs[0][2]
+        for start, stop, thread in evs:
+            if start > end:
+                if thread != tid:
+                    n, gap_s = n + 1, gap_s + (start - end)
+                busy += stop - start
+            elif stop > end:
+                busy += stop - end
+            end, tid = max(end, stop), thread
+        points = sorted([(a, 1) for a, _, _ in evs] + [(b, -1) for _, b, _ in evs])
+        depth, last, both = 0, points[0][0], 0.0
+        for t, step in points:
+            both += (t - last) if depth >= 2 else 0.0
+            depth, last = depth + step, t
+        rows.append((n, gap_s, both, busy))
+    return {key: statistics.median(r[k] for r in rows)
+            for k, key in enumerate(("handoffs", "handoff_s", "concurrent_s", "busy_s"))}
+
+
 def _worker(args: argparse.Namespace) -> None:
     """One process of the job; process 0 writes the record to ``args.out``."""
     from disco_jax.activator import PROCESS_ID_ENV, initialize_from_env
@@ -170,15 +217,16 @@ def _worker(args: argparse.Namespace) -> None:
     full = ({"xla_default": default}
             if "lean" in inspect.signature(profile_in_context).parameters else {})
     measured = profile_in_context(step, args_, module, sync=sync, **full)
-    profiles, idle = {}, {}
+    profiles, idle, waits = {}, {}, {}
     for name, run in runs.items():
         with tempfile.TemporaryDirectory(prefix="disco_classes_trace_") as tmp:
             profiles[name] = trace.profile_program(run, *args_, iterations=5, warmup=2,
                                                    trace_dir=tmp)
-            events = trace.op_events(trace.read_trace_events(trace.find_trace_file(tmp)),
-                                     profiles[name].module)
+            raw = trace.read_trace_events(trace.find_trace_file(tmp))
+        events = trace.op_events(raw, profiles[name].module)
         idle[name] = statistics.median(it["span_s"] - it["busy_s"]
                                        for it in iteration_stats(events, frozenset()))
+        waits[name] = thread_waits(raw, profiles[name].module)
     walls = measure(runs, args_, rounds=5, min_sample_s=0.3, sync=sync, tag="classes")
     if jax.process_index() != 0:
         return
@@ -221,7 +269,9 @@ def _worker(args: argparse.Namespace) -> None:
                           "traced_sum_s": sum(traced.values()),
                           "host_s": statistics.median(profiles[name].wall_times_s)
                           - statistics.median(profiles[name].trace_iteration_s),
-                          "idle_s": idle[name], "classes": dict(classes),
+                          "idle_s": idle[name],
+                          "traced_wall_s": statistics.median(profiles[name].wall_times_s),
+                          **waits[name], "classes": dict(classes),
                           "opcodes": dict(opcodes), "all_reduces": all_reduces}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
               "calibration": cal._asdict(), "programs": programs, "share_fits": share_fits}
@@ -277,6 +327,10 @@ def render(records: list[dict[str, Any]]) -> str:
                            key=lambda kv: -abs(kv[1]["priced_s"] - kv[1]["traced_s"]))[:TOP]
             waits = (f"host {p['host_s'] * 1e3:.2f}, idle {p['idle_s'] * 1e3:.2f} ms; "
                      if "idle_s" in p else "")
+            if "handoffs" in p:
+                waits += (f"traced {p['traced_wall_s'] * 1e3:.2f} ms a call, "
+                          f"{p['handoffs']:.0f} handoffs {p['handoff_s'] * 1e3:.2f} ms, "
+                          f"concurrent {p['concurrent_s'] * 1e3:.2f} ms; ")
             if worst:
                 lines.append(f"{'':12s} {waits}most off: " + ", ".join(
                     f"{op} x{v['n']} {v['priced_s'] * 1e3:.1f} / {v['traced_s'] * 1e3:.1f}"
@@ -292,7 +346,10 @@ def render(records: list[dict[str, Any]]) -> str:
                      f"{cal['c_s_per_byte'] * 2**20 * 1e3:.2f} ms/MiB")
     lines.append("ms per iteration; priced: the fitted cost model's seconds of the class's "
                  "instructions; traced: process 0's trace; host: its calls' wall time beyond "
-                 "the trace's iteration; idle: within the iteration, no instruction running")
+                 "the trace's iteration; idle: within the iteration, no instruction running; "
+                 "traced: a traced call's wall time; handoffs: instructions that started on "
+                 "another thread after a gap, and the gaps; concurrent: two or more "
+                 "instructions running")
     return "\n".join(lines)
 
 
