@@ -31,7 +31,11 @@ places them, and a held-out step measures up to twice its pinned time.
 
 ``--share-fits PROGRAMS`` fits the saving share again to each of these programs in turn
 (at the job's measured median of it, in place of XLA's default in the profile) and
-prints every program's error under each fit: which program pins the share best.
+prints every program's error under each fit: which program pins the share best. The
+name ``traced`` sets the share instead where XLA's default's fusions of several ops are
+priced at their traced time (:func:`traced_share`). Per program, the fusions of several
+ops are also priced with no saving granted and at the fused-op estimator's price (share
+0 and 1).
 
 ``--models`` names zoo models or held-out steps of ``benchmarks/heldout_steps.py``
 (``--size small``). ``--variant NAME=DIR`` runs the same jobs on the checkout in ``DIR``
@@ -133,6 +137,22 @@ def loop_parts(costs: Any, module: Any, instr: Any, priced_s: float) -> list[tup
     return [(i, priced_s * t / total) for i, t in times] if total > 0 else []
 
 
+def traced_share(at_share: dict[str, float], traced_s: float, scale: float) -> float:
+    """The saving share at which a program's fusions of several ops are priced at their
+    traced time: their price falls linearly from ``at_share["0.0"]`` (no saving granted)
+    to ``at_share["1.0"]`` (the estimator's price), compute-scaled both, against the
+    traced seconds times the compute ``scale``; the floor that stops a kernel's price
+    far above share 1 is left out. Clamped to the fit's bounds; 1 where fusion saves
+    nothing."""
+    from disco_jax.pipeline.fit import SAVING_SHARE_BOUNDS
+
+    none, full = at_share["0.0"], at_share["1.0"]
+    if none <= full:
+        return 1.0
+    lo, hi = SAVING_SHARE_BOUNDS
+    return min(max((none - scale * traced_s) / (none - full), lo), hi)
+
+
 def thread_waits(raw_events: list[dict[str, Any]], module: str) -> dict[str, float]:
     """Where one program's traced iterations wait between threads, from the trace's raw
     events (each instruction with the thread that ran it).
@@ -185,16 +205,18 @@ def _worker(args: argparse.Namespace) -> None:
 
         pin_to_own_cpu(int(os.environ[PROCESS_ID_ENV]))
     initialize_from_env()
+    import dataclasses
     import inspect
 
     import jax
 
     import hlo_tools
     from benchmarks.accuracy_worker import iteration_stats
-    from disco_estimator.costs.cost_model import cover
+    from disco_estimator.costs.cost_model import CostModel, cover
     from disco_estimator.costs.lower import predict_module, sim_graph
     from disco_estimator.costs.simulator import simulate
     from disco_estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
+    from disco_estimator.interface import FallbackFusedEstimator
     from disco_estimator.ops import trace
     from disco_jax.pipeline.bench import make_step
     from disco_jax.pipeline.choose import measure
@@ -234,6 +256,8 @@ def _worker(args: argparse.Namespace) -> None:
     compiled = {name: bl.module_from_compiled(run) for name, run in runs.items()}
     share_fits = {}
     for fused in filter(None, args.share_fits.split(",")):
+        if fused == "traced":
+            continue
         # the share fitted to another of the job's programs, at this job's median of it
         refit = measured._replace(fused=compiled[fused],
                                   fused_wall_s=statistics.median(walls[fused]))
@@ -264,7 +288,19 @@ def _worker(args: argparse.Namespace) -> None:
                 if kind == "all_reduce":
                     all_reduces.append([inner.shape.byte_size(), seconds,
                                         traced.get(inner.name, 0.0)])
+        # XLA's fusions of several ops at no saving granted and at the estimator's price
+        at_share = {}
+        for share in (0.0, 1.0):
+            alt = CostModel(costs.hardware, op_times=costs.op_times,
+                            constants=dataclasses.replace(costs.constants, saving_share=share),
+                            fused=None if isinstance(costs.fused, FallbackFusedEstimator)
+                            else costs.fused)
+            alt_sim = sim_graph(graph, initial_plan(graph), alt)
+            at_share[str(share)] = sum(
+                float(alt_sim.duration_s[k]) for k, node in enumerate(alt_sim.names)
+                if kernel_class(by_name[node], mod) == "multi_op_fusion")
         programs[name] = {"measured_s": statistics.median(walls[name]),
+                          "multi_op_fusion_at_share_s": at_share,
                           "predicted_s": simulate(sim, costs.overlap).iteration_s,
                           "traced_sum_s": sum(traced.values()),
                           "host_s": statistics.median(profiles[name].wall_times_s)
@@ -273,6 +309,17 @@ def _worker(args: argparse.Namespace) -> None:
                           "traced_wall_s": statistics.median(profiles[name].wall_times_s),
                           **waits[name], "classes": dict(classes),
                           "opcodes": dict(opcodes), "all_reduces": all_reduces}
+    if "traced" in args.share_fits.split(","):
+        xd = programs["xla_default"]
+        share = traced_share(xd["multi_op_fusion_at_share_s"],
+                             xd["classes"].get("multi_op_fusion", {}).get("traced_s", 0.0),
+                             costs.constants.compute_scale)
+        alt = CostModel(costs.hardware, op_times=costs.op_times,
+                        constants=dataclasses.replace(costs.constants, saving_share=share),
+                        fused=None if isinstance(costs.fused, FallbackFusedEstimator)
+                        else costs.fused)
+        share_fits["traced"] = {"saving_share": share, "predicted_s": {
+            name: predict_module(mod, alt) for name, mod in compiled.items()}}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
               "calibration": cal._asdict(), "programs": programs, "share_fits": share_fits}
     Path(args.out).write_text(json.dumps(record))
@@ -340,6 +387,12 @@ def render(records: list[dict[str, Any]]) -> str:
                          "error " + ", ".join(
                              f"{n} {fit['predicted_s'][n] / p['measured_s'] - 1:+.0%}"
                              for n, p in r["programs"].items()))
+        for name, p in r["programs"].items():
+            if p.get("multi_op_fusion_at_share_s", {}).get("1.0"):
+                at = p["multi_op_fusion_at_share_s"]
+                lines.append(f"{'':12s} {name}: fusions of several ops priced "
+                             f"{at['0.0'] * 1e3:.2f} ms granted no saving, "
+                             f"{at['1.0'] * 1e3:.2f} ms at the estimator's price")
         cal = r["calibration"]
         lines.append(f"{'':12s} fit: compute scale {cal['compute_scale']:.2f}, saving share "
                      f"{cal['saving_share']:.2f}, D {cal['d_s'] * 1e3:.3f} ms, C "
@@ -369,7 +422,8 @@ def main() -> None:
                         help="also run each job on the checkout in DIR")
     parser.add_argument("--share-fits", default="", metavar="PROGRAMS",
                         help="also fit the saving share to each of these of --programs "
-                             "(in place of XLA's default) and predict every program")
+                             "(in place of XLA's default; traced: to XLA's default's traced "
+                             "fusions) and predict every program")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="leave the processes unpinned (disco bench --no-pin)")
     parser.add_argument("--out", default=str(OUT))
@@ -381,9 +435,12 @@ def main() -> None:
     if unknown:
         parser.error(f"--programs: unknown {', '.join(sorted(unknown))} "
                      f"(of {', '.join(BASELINES)}, bucketed)")
-    unknown = set(filter(None, args.share_fits.split(","))) - set(args.programs.split(","))
+    fits = set(filter(None, args.share_fits.split(",")))
+    unknown = fits - set(args.programs.split(",")) - {"traced"}
     if unknown:
         parser.error(f"--share-fits: {', '.join(sorted(unknown))} not in --programs")
+    if "traced" in fits and "xla_default" not in args.programs.split(","):
+        parser.error("--share-fits traced: needs xla_default in --programs")
     if args.worker:
         _worker(args)
         return
