@@ -21,7 +21,7 @@ trace's iteration (dispatch, the result's wait), and ``idle``, the gaps within t
 iteration in which no instruction ran, of it the ``handoffs`` (an instruction that starts
 on another pool thread than the one before it, after a gap: the wait for that thread to
 wake), and ``concurrent``, the time in which two or more instructions ran at once. Each of
-these is from the traced calls, whose wall time (``traced``) is the profiler's; compare
+these is from the traced calls, whose wall time (``traced call``) is the profiler's; compare
 them with one another, not with ``meas``, measured untraced at another time.
 
 The jobs run as ``disco bench`` runs its own (``--no-pin`` to leave them unpinned): each
@@ -153,6 +153,21 @@ def traced_share(at_share: dict[str, float], traced_s: float, scale: float) -> f
     return min(max((none - scale * traced_s) / (none - full), lo), hi)
 
 
+def with_share(costs: Any, share: float) -> Any:
+    """``costs`` with the saving share set to ``share``: the same op times, hardware and
+    constants otherwise (the fallback rule bound to the new model; another fused-op
+    estimator kept)."""
+    import dataclasses
+
+    from disco_estimator.costs.cost_model import CostModel
+    from disco_estimator.interface import FallbackFusedEstimator
+
+    return CostModel(costs.hardware, op_times=costs.op_times,
+                     constants=dataclasses.replace(costs.constants, saving_share=share),
+                     fused=None if isinstance(costs.fused, FallbackFusedEstimator)
+                     else costs.fused)
+
+
 def thread_waits(raw_events: list[dict[str, Any]], module: str) -> dict[str, float]:
     """Where one program's traced iterations wait between threads, from the trace's raw
     events (each instruction with the thread that ran it).
@@ -205,18 +220,16 @@ def _worker(args: argparse.Namespace) -> None:
 
         pin_to_own_cpu(int(os.environ[PROCESS_ID_ENV]))
     initialize_from_env()
-    import dataclasses
     import inspect
 
     import jax
 
     import hlo_tools
     from benchmarks.accuracy_worker import iteration_stats
-    from disco_estimator.costs.cost_model import CostModel, cover
+    from disco_estimator.costs.cost_model import cover
     from disco_estimator.costs.lower import predict_module, sim_graph
     from disco_estimator.costs.simulator import simulate
     from disco_estimator.gloo import DEFAULT_LOOP_POLICY, quiet_gloo_loops
-    from disco_estimator.interface import FallbackFusedEstimator
     from disco_estimator.ops import trace
     from disco_jax.pipeline.bench import make_step
     from disco_jax.pipeline.choose import measure
@@ -291,11 +304,7 @@ def _worker(args: argparse.Namespace) -> None:
         # XLA's fusions of several ops at no saving granted and at the estimator's price
         at_share = {}
         for share in (0.0, 1.0):
-            alt = CostModel(costs.hardware, op_times=costs.op_times,
-                            constants=dataclasses.replace(costs.constants, saving_share=share),
-                            fused=None if isinstance(costs.fused, FallbackFusedEstimator)
-                            else costs.fused)
-            alt_sim = sim_graph(graph, initial_plan(graph), alt)
+            alt_sim = sim_graph(graph, initial_plan(graph), with_share(costs, share))
             at_share[str(share)] = sum(
                 float(alt_sim.duration_s[k]) for k, node in enumerate(alt_sim.names)
                 if kernel_class(by_name[node], mod) == "multi_op_fusion")
@@ -314,10 +323,7 @@ def _worker(args: argparse.Namespace) -> None:
         share = traced_share(xd["multi_op_fusion_at_share_s"],
                              xd["classes"].get("multi_op_fusion", {}).get("traced_s", 0.0),
                              costs.constants.compute_scale)
-        alt = CostModel(costs.hardware, op_times=costs.op_times,
-                        constants=dataclasses.replace(costs.constants, saving_share=share),
-                        fused=None if isinstance(costs.fused, FallbackFusedEstimator)
-                        else costs.fused)
+        alt = with_share(costs, share)
         share_fits["traced"] = {"saving_share": share, "predicted_s": {
             name: predict_module(mod, alt) for name, mod in compiled.items()}}
     record = {"model": args.model, "size": args.size, "setup": args.setup,
@@ -375,7 +381,7 @@ def render(records: list[dict[str, Any]]) -> str:
             waits = (f"host {p['host_s'] * 1e3:.2f}, idle {p['idle_s'] * 1e3:.2f} ms; "
                      if "idle_s" in p else "")
             if "handoffs" in p:
-                waits += (f"traced {p['traced_wall_s'] * 1e3:.2f} ms a call, "
+                waits += (f"traced call {p['traced_wall_s'] * 1e3:.2f} ms, "
                           f"{p['handoffs']:.0f} handoffs {p['handoff_s'] * 1e3:.2f} ms, "
                           f"concurrent {p['concurrent_s'] * 1e3:.2f} ms; ")
             if worst:
@@ -400,7 +406,7 @@ def render(records: list[dict[str, Any]]) -> str:
     lines.append("ms per iteration; priced: the fitted cost model's seconds of the class's "
                  "instructions; traced: process 0's trace; host: its calls' wall time beyond "
                  "the trace's iteration; idle: within the iteration, no instruction running; "
-                 "traced: a traced call's wall time; handoffs: instructions that started on "
+                 "traced call: its wall time; handoffs: instructions that started on "
                  "another thread after a gap, and the gaps; concurrent: two or more "
                  "instructions running")
     return "\n".join(lines)

@@ -124,6 +124,43 @@ def test_iteration_stats_from_events() -> None:
     assert W._union_s([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
 
 
+def test_thread_waits_counts_handoffs_concurrency_and_busy_time() -> None:
+    kc = _load("kernel_classes")
+
+    def raw(op, ts, dur, tid, run="1", module="m"):  # a trace event, microseconds
+        return {"ph": "X", "ts": ts, "dur": dur, "tid": tid,
+                "args": {"hlo_op": op, "hlo_module": module, "run_id": run}}
+
+    # run 1: a on t1 [0, 10); b on t2 after a 5 us gap [15, 25) -- a handoff; c on t2
+    # [20, 30) beside b (5 us at once); d on t2 after a gap [40, 45) -- same thread, no
+    # handoff. Busy: 10 + 15 + 5 = 30 us.
+    events = [raw("a", 0, 10, 1), raw("b", 15, 10, 2), raw("c", 20, 10, 2),
+              raw("d", 40, 5, 2), raw("other", 0, 99, 3, module="n"),
+              {"ph": "M", "name": "thread_name", "tid": 1}]
+    got = kc.thread_waits(events, "m")
+    assert got["handoffs"] == 1
+    assert got["handoff_s"] == pytest.approx(5e-6)
+    assert got["concurrent_s"] == pytest.approx(5e-6)
+    assert got["busy_s"] == pytest.approx(30e-6)
+    # a second iteration with no handoff: the medians fall halfway
+    got = kc.thread_waits(events + [raw("a", 100, 10, 1, run="2"),
+                                    raw("b", 110, 10, 1, run="2")], "m")
+    assert got["handoffs"] == 0.5
+    assert got["busy_s"] == pytest.approx(25e-6)
+
+
+def test_traced_share_solves_the_linear_price_and_clamps() -> None:
+    kc = _load("kernel_classes")
+    from disco_jax.pipeline.fit import SAVING_SHARE_BOUNDS
+
+    # priced 2.0 with no saving, 0.5 at share 1: a trace of 1.25 (x scale 1) is share 0.5
+    assert kc.traced_share({"0.0": 2.0, "1.0": 0.5}, 1.25, 1.0) == pytest.approx(0.5)
+    assert kc.traced_share({"0.0": 2.0, "1.0": 0.5}, 0.625, 2.0) == pytest.approx(0.5)
+    assert kc.traced_share({"0.0": 2.0, "1.0": 0.5}, 100.0, 1.0) == SAVING_SHARE_BOUNDS[0]
+    assert kc.traced_share({"0.0": 2.0, "1.0": 0.5}, -100.0, 1.0) == SAVING_SHARE_BOUNDS[1]
+    assert kc.traced_share({"0.0": 0.5, "1.0": 0.5}, 0.1, 1.0) == 1.0
+
+
 # --------------------------------------------------------------------------- bookkeeping
 
 
