@@ -26,6 +26,8 @@ Run from the repository root::
 
     python benchmarks/heldout_accuracy.py [--steps autoencoder,gru] [--setups gloo2] \
         [--profile lean]
+    python benchmarks/heldout_accuracy.py --runs benchmarks/results/heldout_accuracy_a.json \
+        benchmarks/results/heldout_accuracy_b.json   # several runs of the same code
 
 Prints a table and writes ``benchmarks/results/heldout_accuracy.json``.
 """
@@ -118,6 +120,64 @@ def summarize(rows: list[dict], setups: list[str]) -> dict[str, dict]:
     return summary
 
 
+def signed_errors(row: dict) -> dict[str, float]:
+    """``pred / meas - 1`` for the programs :func:`errors` scores (same names), signed:
+    above 0 priced slow."""
+    out = {}
+    for name in errors(row):
+        if name.startswith("choice:"):
+            c = row["choice"]
+            out[name] = c["predicted_s"][name[7:]] / c["medians_s"][name[7:]] - 1
+        else:
+            out[name] = row["predicted_s"][name] / row["measured_s"][name] - 1
+    return out
+
+
+def across_runs(runs: list[dict], top: int = 8) -> dict[str, dict]:
+    """Several runs of the same code, per setup: each run's mean error, the mean over the
+    runs (the verdict a single run is too noisy for) and the programs that hold the most
+    of the error over all runs -- (step, program) with the search's plans as one
+    ``choice:plan`` -- each with its share of the summed error and its signed errors.
+
+    Args:
+        runs: the JSON of each run (``rows`` as :func:`main` writes them).
+        top: how many programs to list per setup.
+    """
+    out: dict[str, dict] = {}
+    setups = list(dict.fromkeys(r["setup"] for run in runs for r in run["rows"]))
+    for setup in setups:
+        means, by_program = [], {}
+        for run in runs:
+            errs = []
+            for row in run["rows"]:
+                if row["setup"] != setup or "error" in row:  # a job that failed
+                    continue
+                errs += list(errors(row).values())
+                for name, e in signed_errors(row).items():
+                    key = "choice:plan" if name.startswith("choice:plan_") else name
+                    by_program.setdefault(f"{row['model']} {key}", []).append(e)
+            if errs:
+                means.append(statistics.mean(errs))
+        total = sum(abs(e) for v in by_program.values() for e in v) or 1.0
+        worst = sorted(by_program.items(), key=lambda kv: -sum(map(abs, kv[1])))[:top]
+        out[setup] = {"run_means": means,
+                      "mean_over_runs": statistics.mean(means) if means else None,
+                      "largest": [{"program": k, "share": sum(map(abs, v)) / total,
+                                   "signed_errors": v} for k, v in worst]}
+    return out
+
+
+def print_runs(summary: dict[str, dict]) -> None:
+    """The table of :func:`across_runs`."""
+    for setup, s in summary.items():
+        runs = ", ".join(f"{m:.1%}" for m in s["run_means"])
+        print(f"{setup}: mean error per run {runs}; over the {len(s['run_means'])} runs "
+              f"{s['mean_over_runs']:.1%}")
+        for p in s["largest"]:
+            signed = " ".join(f"{e:+.0%}" for e in p["signed_errors"])
+            print(f"  {p['program']:36s} {p['share']:6.1%} of the error  {signed}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,11 +193,28 @@ def main(argv: list[str] | None = None) -> int:
                          "default: %(default)s)")
     ap.add_argument("--profile", choices=("full", "lean"), default="full",
                     help="the in-context profile of every job (default: %(default)s)")
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", help=f"the JSON to write (default: {OUT.name} in "
+                                  "benchmarks/results/; with --runs, none)")
     ap.add_argument("--reuse", metavar="JSON",
                     help="measure nothing: score the rows of an earlier run's JSON again "
                          "and write them with the summary to --out")
+    ap.add_argument("--runs", nargs="+", metavar="JSON",
+                    help="measure nothing: several runs' JSON of the same code, their mean "
+                         "error per setup, its mean over the runs and the programs that "
+                         "hold the most of it (written to --out when given)")
     args = ap.parse_args(argv)
+    if args.runs:
+        try:
+            runs = [json.loads(Path(f).read_text()) for f in args.runs]
+        except (OSError, json.JSONDecodeError) as err:
+            ap.error(f"--runs: {err}")
+        summary = across_runs(runs)
+        print_runs(summary)
+        if args.out:
+            write_result(args.out, {"runs": args.runs, "summary": summary})
+            print(f"wrote {args.out}", file=sys.stderr)
+        return 0
+    args.out = args.out or str(OUT)
     if args.reuse:
         old = json.loads(Path(args.reuse).read_text())
         rows = old["rows"]

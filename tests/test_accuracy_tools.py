@@ -161,6 +161,30 @@ def test_traced_share_solves_the_linear_price_and_clamps() -> None:
     assert kc.traced_share({"0.0": 0.5, "1.0": 0.5}, 0.1, 1.0) == 1.0
 
 
+def test_heldout_runs_mean_over_runs_and_largest_programs() -> None:
+    ha = _load("heldout_accuracy")
+
+    def row(setup, pred_bucketed, pred_plan):
+        # measured 1.0 s each; XLA's default is fitted, so it is not scored
+        return {"model": "gru", "setup": setup,
+                "measured_s": {"bucketed": 1.0, "xla_default": 1.0},
+                "predicted_s": {"bucketed": pred_bucketed, "xla_default": 2.0},
+                "choice": {"disco": "plan_0", "medians_s": {"plan_0": 1.0, "plan_1": 1.0},
+                           "predicted_s": {"plan_0": pred_plan, "plan_1": 1.0}}}
+
+    runs = [{"rows": [row("gloo2", 1.3, 0.9)]}, {"rows": [row("gloo2", 1.5, 1.1)]}]
+    got = ha.across_runs(runs, top=2)["gloo2"]
+    # run 1: |0.3|, |-0.1|, 0 -> 0.1333; run 2: 0.5, 0.1, 0 -> 0.2
+    assert got["run_means"] == pytest.approx([0.4 / 3, 0.2])
+    assert got["mean_over_runs"] == pytest.approx((0.4 / 3 + 0.2) / 2)
+    first, second = got["largest"]
+    assert first["program"] == "gru bucketed"
+    assert first["signed_errors"] == pytest.approx([0.3, 0.5])
+    assert first["share"] == pytest.approx(0.8 / 1.0)
+    assert second["program"] == "gru choice:plan"  # plan_0 and plan_1 as one
+    assert second["signed_errors"] == pytest.approx([-0.1, 0.0, 0.1, 0.0])
+
+
 # --------------------------------------------------------------------------- bookkeeping
 
 
