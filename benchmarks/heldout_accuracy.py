@@ -61,10 +61,10 @@ def fitted(row: dict) -> set[str]:
         {"disco"} if row["choice"]["disco"] == "xla_default" else set())
 
 
-def errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
-    """``|pred - meas| / meas`` per program of a row: the final six (the no-fusion
-    baseline included: XLA's pipeline, not the fitted exact program) and the final
-    choice's candidates (``choice:<name>``), less the programs the fit measured
+def signed_errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
+    """``(pred - meas) / meas`` per program of a row (above 0: priced slow): the final six
+    (the no-fusion baseline included: XLA's pipeline, not the fitted exact program) and
+    the final choice's candidates (``choice:<name>``), less the programs the fit measured
     (:func:`fitted`). ``key``: the row's predictions to score, ``predicted_s`` (the fit
     with the final choice's samples pooled in) or ``predicted_at_start_s`` (the search's
     fit, from the job's first minute); rows without it score ``predicted_s``."""
@@ -72,12 +72,17 @@ def errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
         key = "predicted_s"
     out = {}
     for name, meas in row["measured_s"].items():
-        out[name] = abs(row[key][name] - meas) / meas
+        out[name] = (row[key][name] - meas) / meas
     for name, meas in row["choice"]["medians_s"].items():
-        out[f"choice:{name}"] = abs(row["choice"][key][name] - meas) / meas
+        out[f"choice:{name}"] = (row["choice"][key][name] - meas) / meas
     for name in fitted(row):
         out.pop(name, None)
     return out
+
+
+def errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
+    """``|pred - meas| / meas`` per program of a row (:func:`signed_errors`)."""
+    return {name: abs(e) for name, e in signed_errors(row, key).items()}
 
 
 def repeats(row: dict) -> list[float]:
@@ -120,19 +125,6 @@ def summarize(rows: list[dict], setups: list[str]) -> dict[str, dict]:
     return summary
 
 
-def signed_errors(row: dict) -> dict[str, float]:
-    """``pred / meas - 1`` for the programs :func:`errors` scores (same names), signed:
-    above 0 priced slow."""
-    out = {}
-    for name in errors(row):
-        if name.startswith("choice:"):
-            c = row["choice"]
-            out[name] = c["predicted_s"][name[7:]] / c["medians_s"][name[7:]] - 1
-        else:
-            out[name] = row["predicted_s"][name] / row["measured_s"][name] - 1
-    return out
-
-
 def across_runs(runs: list[dict], top: int = 8) -> dict[str, dict]:
     """Several runs of the same code, per setup: each run's mean error, the mean over the
     runs (the verdict a single run is too noisy for) and the programs that hold the most
@@ -152,8 +144,8 @@ def across_runs(runs: list[dict], top: int = 8) -> dict[str, dict]:
             for row in run["rows"]:
                 if row["setup"] != setup or "error" in row:  # a job that failed
                     continue
-                errs += list(errors(row).values())
                 for name, e in signed_errors(row).items():
+                    errs.append(abs(e))
                     key = "choice:plan" if name.startswith("choice:plan_") else name
                     by_program.setdefault(f"{row['model']} {key}", []).append(e)
             if errs:

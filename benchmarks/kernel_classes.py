@@ -277,6 +277,7 @@ def _worker(args: argparse.Namespace) -> None:
         other, other_cal = in_context_costs(module, args.setup, refit, progress=False)
         share_fits[fused] = {"saving_share": other_cal.saving_share, "predicted_s": {
             name: predict_module(mod, other) for name, mod in compiled.items()}}
+    at_shares = {str(share): with_share(costs, share) for share in (0.0, 1.0)}
     programs = {}
     for name, mod in compiled.items():
         cover(costs, mod)
@@ -303,9 +304,9 @@ def _worker(args: argparse.Namespace) -> None:
                                         traced.get(inner.name, 0.0)])
         # XLA's fusions of several ops at no saving granted and at the estimator's price
         at_share = {}
-        for share in (0.0, 1.0):
-            alt_sim = sim_graph(graph, initial_plan(graph), with_share(costs, share))
-            at_share[str(share)] = sum(
+        for share, alt in at_shares.items():
+            alt_sim = sim_graph(graph, initial_plan(graph), alt)
+            at_share[share] = sum(
                 float(alt_sim.duration_s[k]) for k, node in enumerate(alt_sim.names)
                 if kernel_class(by_name[node], mod) == "multi_op_fusion")
         programs[name] = {"measured_s": statistics.median(walls[name]),
