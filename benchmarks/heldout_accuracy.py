@@ -28,6 +28,8 @@ Run from the repository root::
         [--profile lean]
     python benchmarks/heldout_accuracy.py --runs benchmarks/results/heldout_accuracy_a.json \
         benchmarks/results/heldout_accuracy_b.json   # several runs of the same code
+    python benchmarks/heldout_accuracy.py --runs new_1.json new_2.json \
+        --against old_1.json old_2.json   # beside another code's runs, taken in turn
 
 Prints a table and writes ``benchmarks/results/heldout_accuracy.json``.
 """
@@ -125,11 +127,25 @@ def summarize(rows: list[dict], setups: list[str]) -> dict[str, dict]:
     return summary
 
 
+def program_key(row: dict, name: str) -> str:
+    """The program a signed error of ``row`` belongs to across runs: ``<step> <program>``,
+    the search's plans (``choice:plan_<i>``) as one ``choice:plan``."""
+    return f"{row['model']} {'choice:plan' if name.startswith('choice:plan_') else name}"
+
+
+def run_errors(run: dict, setup: str) -> list[tuple[str, float]]:
+    """``(program_key, signed error)`` of every program a run scored in ``setup``
+    (:func:`signed_errors`; jobs that failed are left out)."""
+    return [(program_key(row, name), e) for row in run["rows"]
+            if row["setup"] == setup and "error" not in row
+            for name, e in signed_errors(row).items()]
+
+
 def across_runs(runs: list[dict], top: int = 8) -> dict[str, dict]:
     """Several runs of the same code, per setup: each run's mean error, the mean over the
     runs (the verdict a single run is too noisy for) and the programs that hold the most
-    of the error over all runs -- (step, program) with the search's plans as one
-    ``choice:plan`` -- each with its share of the summed error and its signed errors.
+    of the error over all runs (:func:`program_key`), each with its share of the summed
+    error and its signed errors.
 
     Args:
         runs: the JSON of each run (``rows`` as :func:`main` writes them).
@@ -140,22 +156,54 @@ def across_runs(runs: list[dict], top: int = 8) -> dict[str, dict]:
     for setup in setups:
         means, by_program = [], {}
         for run in runs:
-            errs = []
-            for row in run["rows"]:
-                if row["setup"] != setup or "error" in row:  # a job that failed
-                    continue
-                for name, e in signed_errors(row).items():
-                    errs.append(abs(e))
-                    key = "choice:plan" if name.startswith("choice:plan_") else name
-                    by_program.setdefault(f"{row['model']} {key}", []).append(e)
+            errs = run_errors(run, setup)
+            for key, e in errs:
+                by_program.setdefault(key, []).append(e)
             if errs:
-                means.append(statistics.mean(errs))
+                means.append(statistics.mean(abs(e) for _, e in errs))
         total = sum(abs(e) for v in by_program.values() for e in v) or 1.0
         worst = sorted(by_program.items(), key=lambda kv: -sum(map(abs, kv[1])))[:top]
         out[setup] = {"run_means": means,
                       "mean_over_runs": statistics.mean(means) if means else None,
                       "largest": [{"program": k, "share": sum(map(abs, v)) / total,
                                    "signed_errors": v} for k, v in worst]}
+    return out
+
+
+def _means_over(runs: list[dict], setup: str, programs: set[str]) -> list[float]:
+    """Each run's mean error in ``setup`` over only ``programs`` (none: no means)."""
+    return [statistics.mean(abs(e) for k, e in run_errors(run, setup) if k in programs)
+            for run in runs if programs]
+
+
+def against(runs: list[dict], baseline: list[dict]) -> dict[str, dict]:
+    """Runs of this code beside runs of a baseline code taken in turn with them (so that
+    the machine's drift between runs falls on both alike), per setup both measured.
+
+    Each side's mean error per run and over its runs (:func:`across_runs`), then the same
+    over only the programs (:func:`program_key`) that every run of both scored, so that
+    a code which measures more programs (more plans, say) is not judged on more, and per
+    pair of runs (this code's i-th against the baseline's i-th) the difference of those
+    means (above 0: this code is further off).
+    """
+    mine, theirs = across_runs(runs), across_runs(baseline)
+    out: dict[str, dict] = {}
+    for setup in mine:
+        if setup not in theirs:
+            continue
+        scored = [{k for k, _ in run_errors(run, setup)} for run in runs + baseline]
+        common = set.intersection(*scored) if scored else set()
+        a, b = (_means_over(side, setup, common) for side in (runs, baseline))
+        out[setup] = {
+            "run_means": mine[setup]["run_means"],
+            "mean_over_runs": mine[setup]["mean_over_runs"],
+            "baseline_run_means": theirs[setup]["run_means"],
+            "baseline_mean_over_runs": theirs[setup]["mean_over_runs"],
+            "common_programs": sorted(common),
+            "common_run_means": a, "baseline_common_run_means": b,
+            "common_mean_over_runs": statistics.mean(a) if a else None,
+            "baseline_common_mean_over_runs": statistics.mean(b) if b else None,
+            "paired_diffs": [x - y for x, y in zip(a, b)]}
     return out
 
 
@@ -168,6 +216,23 @@ def print_runs(summary: dict[str, dict]) -> None:
         for p in s["largest"]:
             signed = " ".join(f"{e:+.0%}" for e in p["signed_errors"])
             print(f"  {p['program']:36s} {p['share']:6.1%} of the error  {signed}")
+
+
+def print_against(summary: dict[str, dict]) -> None:
+    """The table of :func:`against`."""
+    def pct(xs: list[float]) -> str:
+        return ", ".join(f"{x:.1%}" for x in xs)
+
+    for setup, s in summary.items():
+        print(f"{setup}: this code {s['mean_over_runs']:.1%} over {len(s['run_means'])} runs "
+              f"({pct(s['run_means'])}); baseline {s['baseline_mean_over_runs']:.1%} over "
+              f"{len(s['baseline_run_means'])} ({pct(s['baseline_run_means'])})")
+        if s["common_programs"]:
+            diffs = " ".join(f"{d:+.1%}" for d in s["paired_diffs"])
+            print(f"  on the {len(s['common_programs'])} (step, program) both scored: this code "
+                  f"{s['common_mean_over_runs']:.1%} ({pct(s['common_run_means'])}), "
+                  f"baseline {s['baseline_common_mean_over_runs']:.1%} "
+                  f"({pct(s['baseline_common_run_means'])}); per pair {diffs}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,16 +259,31 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure nothing: several runs' JSON of the same code, their mean "
                          "error per setup, its mean over the runs and the programs that "
                          "hold the most of it (written to --out when given)")
+    ap.add_argument("--against", nargs="+", metavar="JSON",
+                    help="with --runs: runs of a baseline code taken in turn with them; "
+                         "both sides' mean error, also over the programs both scored, "
+                         "and the difference per pair of runs")
     args = ap.parse_args(argv)
+    if args.against and not args.runs:
+        ap.error("--against compares with --runs: give this code's runs there")
     if args.runs:
         try:
             runs = [json.loads(Path(f).read_text()) for f in args.runs]
         except (OSError, json.JSONDecodeError) as err:
             ap.error(f"--runs: {err}")
-        summary = across_runs(runs)
-        print_runs(summary)
+        if args.against:
+            try:
+                baseline = [json.loads(Path(f).read_text()) for f in args.against]
+            except (OSError, json.JSONDecodeError) as err:
+                ap.error(f"--against: {err}")
+            summary = against(runs, baseline)
+            print_against(summary)
+        else:
+            summary = across_runs(runs)
+            print_runs(summary)
         if args.out:
-            write_result(args.out, {"runs": args.runs, "summary": summary})
+            write_result(args.out, {"runs": args.runs, "against": args.against,
+                                    "summary": summary})
             print(f"wrote {args.out}", file=sys.stderr)
         return 0
     args.out = args.out or str(OUT)

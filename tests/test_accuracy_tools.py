@@ -185,6 +185,34 @@ def test_heldout_runs_mean_over_runs_and_largest_programs() -> None:
     assert second["signed_errors"] == pytest.approx([-0.1, 0.0, 0.1, 0.0])
 
 
+def test_heldout_against_scores_both_codes_on_the_programs_both_measured() -> None:
+    ha = _load("heldout_accuracy")
+
+    def run(pred_bucketed, plans=None):
+        # measured 1.0 s each; XLA's default is fitted, so it is not scored
+        plans = plans or {}
+        return {"rows": [{"model": "gru", "setup": "gloo2",
+                          "measured_s": {"bucketed": 1.0, "xla_default": 1.0},
+                          "predicted_s": {"bucketed": pred_bucketed, "xla_default": 2.0},
+                          "choice": {"disco": "xla_default",
+                                     "medians_s": {k: 1.0 for k in plans},
+                                     "predicted_s": plans}}]}
+
+    # this code also scores a plan (+40%) that the baseline never measured
+    mine = [run(1.1, {"plan_0": 1.4}), run(0.8, {"plan_0": 1.4})]
+    theirs = [run(1.3), run(1.1)]
+    got = ha.against(mine, theirs)["gloo2"]
+    assert got["run_means"] == pytest.approx([0.25, 0.3])
+    assert got["baseline_mean_over_runs"] == pytest.approx(0.2)
+    assert got["common_programs"] == ["gru bucketed"]
+    assert got["common_run_means"] == pytest.approx([0.1, 0.2])
+    assert got["baseline_common_run_means"] == pytest.approx([0.3, 0.1])
+    assert got["paired_diffs"] == pytest.approx([-0.2, 0.1])
+    assert got["common_mean_over_runs"] == pytest.approx(0.15)
+    # a setup only one side measured is not compared
+    assert ha.against(mine, [{"rows": []}]) == {}
+
+
 # --------------------------------------------------------------------------- bookkeeping
 
 
