@@ -189,8 +189,9 @@ def against(runs: list[dict], baseline: list[dict]) -> dict[str, dict]:
     mine, theirs = across_runs(runs), across_runs(baseline)
     out: dict[str, dict] = {}
     for setup in mine:
-        if setup not in theirs:
-            continue
+        if setup not in theirs or None in (mine[setup]["mean_over_runs"],
+                                           theirs[setup]["mean_over_runs"]):
+            continue  # a setup one side did not measure, or whose every job failed
         scored = [{k for k, _ in run_errors(run, setup)} for run in runs + baseline]
         common = set.intersection(*scored) if scored else set()
         a, b = (_means_over(side, setup, common) for side in (runs, baseline))
@@ -267,16 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.against and not args.runs:
         ap.error("--against compares with --runs: give this code's runs there")
     if args.runs:
-        try:
-            runs = [json.loads(Path(f).read_text()) for f in args.runs]
-        except (OSError, json.JSONDecodeError) as err:
-            ap.error(f"--runs: {err}")
-        if args.against:
+        def read(files: list[str], flag: str) -> list[dict]:
             try:
-                baseline = [json.loads(Path(f).read_text()) for f in args.against]
+                return [json.loads(Path(f).read_text()) for f in files]
             except (OSError, json.JSONDecodeError) as err:
-                ap.error(f"--against: {err}")
-            summary = against(runs, baseline)
+                ap.error(f"{flag}: {err}")
+
+        runs = read(args.runs, "--runs")
+        if args.against:
+            summary = against(runs, read(args.against, "--against"))
             print_against(summary)
         else:
             summary = across_runs(runs)
