@@ -171,9 +171,9 @@ def across_runs(runs: list[dict], top: int = 8) -> dict[str, dict]:
 
 
 def _means_over(runs: list[dict], setup: str, programs: set[str]) -> list[float]:
-    """Each run's mean error in ``setup`` over only ``programs`` (none: no means)."""
+    """Each run's mean error in ``setup`` over only ``programs``, which every run scored."""
     return [statistics.mean(abs(e) for k, e in run_errors(run, setup) if k in programs)
-            for run in runs if programs]
+            for run in runs]
 
 
 def against(runs: list[dict], baseline: list[dict]) -> dict[str, dict]:
@@ -192,9 +192,10 @@ def against(runs: list[dict], baseline: list[dict]) -> dict[str, dict]:
         if setup not in theirs or None in (mine[setup]["mean_over_runs"],
                                            theirs[setup]["mean_over_runs"]):
             continue  # a setup one side did not measure, or whose every job failed
-        scored = [{k for k, _ in run_errors(run, setup)} for run in runs + baseline]
-        common = set.intersection(*scored) if scored else set()
-        a, b = (_means_over(side, setup, common) for side in (runs, baseline))
+        common = set.intersection(*({k for k, _ in run_errors(run, setup)}
+                                    for run in runs + baseline))
+        a, b = ((_means_over(side, setup, common) if common else [])
+                for side in (runs, baseline))
         out[setup] = {
             "run_means": mine[setup]["run_means"],
             "mean_over_runs": mine[setup]["mean_over_runs"],
