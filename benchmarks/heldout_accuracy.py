@@ -9,7 +9,10 @@ program is ``|predicted - measured| / measured``. The in-context fit matches thr
 programs exactly (no fusion and no fusion with one bucket, both with library dots; XLA's
 default); the programs scored here are all others, compiled differently (XLA's fusion
 without its combiner, buckets, plans; XLA's default is left out). With ``--profile
-lean`` (the profile a short budget takes) the fit has no one-bucket program.
+lean`` (the profile a short budget takes) the fit has no one-bucket program. Rows of the
+code before 0ffdcc7, whose fit matched XLA's fusion of the one-bucket program instead of
+XLA's default, leave out hand bucketing with one bucket and score XLA's default
+(:func:`fitted`).
 
 Two predictions of each program are scored: with the job's fit taken again on the fit's
 programs with the samples of the final choice's rounds pooled in (``mean err``: the
@@ -54,13 +57,34 @@ from disco_jax.pipeline.bench import SETUPS, run_job  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "heldout_accuracy.json"
 
 
+def fit_program(row: dict) -> str:
+    """The fused program a row's in-context fit priced exactly: ``xla_default`` (XLA's
+    default, since 0ffdcc7 and in every lean profile) or ``one_bucket`` (XLA's fusion of
+    the one-bucket program, which the fused-op scale was fitted to before: rows whose
+    calibration has a ``fused_scale`` and no ``c_s_per_byte``, which came with the move)."""
+    cal = row.get("calibration") or {}
+    old = "fused_scale" in cal and "c_s_per_byte" not in cal and row.get("profile") != "lean"
+    return "one_bucket" if old else "xla_default"
+
+
 def fitted(row: dict) -> set[str]:
-    """The programs of a row that the in-context fit measured itself: XLA's default (as
-    a candidate of the final choice, and as DisCo when it is the choice). Rows of runs
-    before the fit measured XLA's default in every profile are scored by today's rule
-    with ``--reuse``."""
-    return {"xla_default", "choice:xla_default"} | (
-        {"disco"} if row["choice"]["disco"] == "xla_default" else set())
+    """The programs of a row that its in-context fit measured itself (:func:`fit_program`),
+    so that a row of either code is scored on its held-out programs only. XLA's default:
+    as a candidate of the final choice, and as DisCo when it is the choice. XLA's fusion
+    of the one-bucket program: hand bucketing with one bucket, as ``bucketed``, as a
+    candidate and as DisCo when it is the choice."""
+    choice = row["choice"]
+    if fit_program(row) == "xla_default":
+        ones = {"xla_default"}
+        out = {"xla_default", "choice:xla_default"}
+    else:
+        ones = {n for n, k in choice.get("bucket_counts", {}).items() if k == 1}
+        out = {f"choice:{n}" for n in ones}
+        if choice["bucketed"] in ones:
+            out.add("bucketed")
+    if choice["disco"] in ones:
+        out.add("disco")
+    return out
 
 
 def signed_errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
@@ -182,9 +206,10 @@ def against(runs: list[dict], baseline: list[dict]) -> dict[str, dict]:
 
     Each side's mean error per run and over its runs (:func:`across_runs`), then the same
     over only the programs (:func:`program_key`) that every run of both scored, so that
-    a code which measures more programs (more plans, say) is not judged on more, and per
-    pair of runs (this code's i-th against the baseline's i-th) the difference of those
-    means (above 0: this code is further off).
+    a code which measures more programs (more plans, say) is not judged on more, nor on
+    a program the other code's fit measured (:func:`fitted`), and per pair of runs (this
+    code's i-th against the baseline's i-th) the difference of those means (above 0:
+    this code is further off).
     """
     mine, theirs = across_runs(runs), across_runs(baseline)
     out: dict[str, dict] = {}

@@ -213,6 +213,40 @@ def test_heldout_against_scores_both_codes_on_the_programs_both_measured() -> No
     assert ha.against(mine, [{"rows": []}]) == {}
 
 
+def test_heldout_scores_each_code_on_what_its_own_fit_did_not_measure() -> None:
+    ha = _load("heldout_accuracy")
+
+    def run(calibration, pred_bucketed, pred_default):
+        # measured 1.0 s each; hand bucketing with one bucket, DisCo chose it
+        return {"rows": [{"model": "gru", "setup": "gloo2", "calibration": calibration,
+                          "measured_s": {"bucketed": 1.0, "xla_default": 1.0, "disco": 1.0,
+                                         "op_fusion": 1.0},
+                          "predicted_s": {"bucketed": pred_bucketed,
+                                          "xla_default": pred_default,
+                                          "disco": pred_bucketed, "op_fusion": 1.2},
+                          "choice": {"disco": "bucketed_1MiB", "bucketed": "bucketed_1MiB",
+                                     "bucket_counts": {"bucketed_1MiB": 1},
+                                     "medians_s": {"bucketed_1MiB": 1.0},
+                                     "predicted_s": {"bucketed_1MiB": pred_bucketed}}}]}
+
+    # the code before 0ffdcc7 fitted XLA's fusion of the one-bucket program: hand
+    # bucketing with one bucket is its fitted program, XLA's default a held-out one
+    old = run({"fused_scale": 0.5, "d_s": 1e-4}, 1.0, 1.5)
+    assert ha.fit_program(old["rows"][0]) == "one_bucket"
+    assert ha.signed_errors(old["rows"][0]) == pytest.approx(
+        {"xla_default": 0.5, "op_fusion": 0.2})
+    new = run({"saving_share": 0.7, "c_s_per_byte": 1e-10, "d_s": 1e-4}, 1.4, 1.0)
+    assert ha.fit_program(new["rows"][0]) == "xla_default"
+    assert ha.signed_errors(new["rows"][0]) == pytest.approx(
+        {"bucketed": 0.4, "disco": 0.4, "choice:bucketed_1MiB": 0.4, "op_fusion": 0.2})
+    # side by side, neither code is judged on a program either fit measured
+    got = ha.against([new], [old])["gloo2"]
+    assert got["common_programs"] == ["gru op_fusion"]
+    assert got["paired_diffs"] == pytest.approx([0.0])
+    assert got["run_means"] == pytest.approx([(0.4 * 3 + 0.2) / 4])
+    assert got["baseline_mean_over_runs"] == pytest.approx(0.35)
+
+
 # --------------------------------------------------------------------------- bookkeeping
 
 
