@@ -75,16 +75,13 @@ def fitted(row: dict) -> set[str]:
     candidate and as DisCo when it is the choice."""
     choice = row["choice"]
     if fit_program(row) == "xla_default":
-        ones = {"xla_default"}
+        names = {"xla_default"}  # the fitted program's names among the choice's
         out = {"xla_default", "choice:xla_default"}
     else:
-        ones = {n for n, k in choice.get("bucket_counts", {}).items() if k == 1}
-        out = {f"choice:{n}" for n in ones}
-        if choice["bucketed"] in ones:
-            out.add("bucketed")
-    if choice["disco"] in ones:
-        out.add("disco")
-    return out
+        names = {n for n, k in choice.get("bucket_counts", {}).items() if k == 1}
+        out = {f"choice:{n}" for n in names} | (
+            {"bucketed"} if choice["bucketed"] in names else set())
+    return out | ({"disco"} if choice["disco"] in names else set())
 
 
 def signed_errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
