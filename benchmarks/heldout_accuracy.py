@@ -61,7 +61,7 @@ def fit_program(row: dict) -> str:
     """The fused program a row's in-context fit priced exactly: ``xla_default`` (XLA's
     default, since 0ffdcc7 and in every lean profile) or ``one_bucket`` (XLA's fusion of
     the one-bucket program, which the fused-op scale was fitted to before: rows whose
-    calibration has a ``fused_scale`` and no ``c_s_per_byte``, which came with the move)."""
+    calibration has a ``fused_scale`` and no ``c_s_per_byte``, which 0ffdcc7 added)."""
     cal = row.get("calibration") or {}
     old = "fused_scale" in cal and "c_s_per_byte" not in cal and row.get("profile") != "lean"
     return "one_bucket" if old else "xla_default"
@@ -76,12 +76,11 @@ def fitted(row: dict) -> set[str]:
     choice = row["choice"]
     if fit_program(row) == "xla_default":
         names = {"xla_default"}  # the fitted program's names among the choice's
-        out = {"xla_default", "choice:xla_default"}
     else:
         names = {n for n, k in choice.get("bucket_counts", {}).items() if k == 1}
-        out = {f"choice:{n}" for n in names} | (
-            {"bucketed"} if choice["bucketed"] in names else set())
-    return out | ({"disco"} if choice["disco"] in names else set())
+    columns = {"xla_default": "xla_default", "bucketed": choice.get("bucketed"),
+               "disco": choice["disco"]}  # the final columns by the program each ran
+    return {f"choice:{n}" for n in names} | {c for c, n in columns.items() if n in names}
 
 
 def signed_errors(row: dict, key: str = "predicted_s") -> dict[str, float]:
